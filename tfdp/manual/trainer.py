@@ -1,0 +1,136 @@
+"""The from-scratch training loop: the textbook's algorithm, one visible step at a time.
+
+Every step: split the global batch across the devices; on each device, a forward and backward
+pass of its own replica under its own ``GradientTape``, with the loss summed over its shard and
+divided by the *global* batch size (so the per-device gradients add up to the gradient of the
+mean loss); an allreduce sums the gradients; every replica applies the same SGD update and so
+stays identical to the others. The step is compiled with ``tf.function`` unless ``eager``.
+"""
+
+import time
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tfdp import data, schedule
+from tfdp.manual.allreduce import ALLREDUCE
+from tfdp.manual.replicate import replicate, shard_sizes, split_batch
+from tfdp.models import lenet
+
+_IMAGES = tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8)
+_LABELS = tf.TensorSpec([None], tf.int64)
+
+
+def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool = False):
+    """``step(images, labels, lr) -> (loss, correct)`` over the global batch, updating replicas."""
+    reduce = ALLREDUCE[allreduce]
+    dtype = replicas[0]["W1"].dtype
+
+    def step(images, labels, lr):
+        n = tf.cast(tf.shape(labels)[0], dtype)
+        grads, losses, correct = [], [], []
+        for device, params, (x, y) in zip(devices, replicas, split_batch(images, labels, devices)):
+            with tf.device(device):
+                with tf.GradientTape() as tape:
+                    logits = lenet.apply(params, data.to_float(x, dtype))
+                    per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+                    loss = tf.reduce_sum(per_example) / n  # / global batch: grads then add up
+                grads.append(tape.gradient(loss, list(params.values())))
+                losses.append(loss)
+                correct.append(_count_correct(logits, y))
+        summed = reduce(grads, devices)
+        for device, params, g in zip(devices, replicas, summed):
+            with tf.device(device):
+                for var, grad in zip(params.values(), g):
+                    var.assign_sub(tf.cast(lr, dtype) * grad)
+        return tf.add_n(losses), tf.add_n(correct)
+
+    if eager:
+        return step
+    return tf.function(step, input_signature=[_IMAGES, _LABELS, tf.TensorSpec([], tf.float32)])
+
+
+def make_eval_step(replicas: list, devices: list, eager: bool = False):
+    """``step(images, labels) -> (summed loss, correct)``, the batch split like in training."""
+    dtype = replicas[0]["W1"].dtype
+
+    def step(images, labels):
+        losses, correct = [], []
+        for device, params, (x, y) in zip(devices, replicas, split_batch(images, labels, devices)):
+            with tf.device(device):
+                logits = lenet.apply(params, data.to_float(x, dtype))
+                losses.append(tf.reduce_sum(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)))
+                correct.append(_count_correct(logits, y))
+        return tf.add_n(losses), tf.add_n(correct)
+
+    return step if eager else tf.function(step, input_signature=[_IMAGES, _LABELS])
+
+
+def evaluate(eval_step, split: data.Split, batch_size: int, steps_cap=None) -> float:
+    """Accuracy over the test set (or its first ``steps_cap`` batches)."""
+    correct = 0
+    for images, labels in data.eval_batches(split, batch_size, steps_cap):
+        correct += int(eval_step(images, labels)[1])
+    return correct / data.eval_examples(len(split.labels), batch_size, steps_cap)
+
+
+def train(config, devices: list, train_split: data.Split, test_split: data.Split, reporter,
+          params: dict = None, dtype=np.float32) -> dict:
+    """Train LeNet data-parallel on ``devices``; return the trained parameters (numpy).
+
+    ``params`` overrides the textbook initialisation (tests start paths from equal weights).
+    """
+    k = len(devices)
+    batch_size = config.global_batch_size(k)
+    steps = data.steps_per_epoch(len(train_split.labels), batch_size, config.steps_per_epoch)
+    warmup = schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0
+    peak_lr = config.peak_lr(k)
+    logging.info("manual: %d device(s) %s, global batch %d = %s per device, allreduce %s, "
+                 "lr %g%s, %s step", k, devices, batch_size,
+                 " + ".join(map(str, shard_sizes(batch_size, k))), config.allreduce, peak_lr,
+                 f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
+                 "eager" if config.eager else "compiled")
+
+    params = params if params is not None else lenet.init_params(config.seed, dtype)
+    replicas = replicate(params, devices)
+    train_step = make_train_step(replicas, devices, config.allreduce, config.eager)
+    eval_step = make_eval_step(replicas, devices, config.eager)
+    batches = iter(data.train_batches(train_split, batch_size, config.seed, 0, config.epochs,
+                                      config.steps_per_epoch))
+    global_step = 0
+    for epoch in range(config.epochs):
+        progress = reporter.progress(epoch, steps)
+        loss_sum = correct = seen = 0
+        start = time.perf_counter()
+        for i in range(steps):
+            images, labels = next(batches)
+            lr = schedule.learning_rate(global_step, config.lr, peak_lr, warmup)
+            loss, right = train_step(images, labels, tf.constant(lr, tf.float32))
+            n = int(labels.shape[0])
+            loss_sum += float(loss) * n
+            correct += int(right)
+            seen += n
+            global_step += 1
+            progress.update(i + 1, [("loss", loss_sum / seen), ("acc", correct / seen)])
+        seconds = time.perf_counter() - start
+        test_acc = evaluate(eval_step, test_split, batch_size, config.eval_steps)
+        reporter.epoch_end(epoch, loss=loss_sum / seen, train_acc=correct / seen,
+                           test_acc=test_acc, seconds=seconds, examples=seen)
+    return {name: var.numpy() for name, var in replicas[0].items()}
+
+
+def _count_correct(logits, labels):
+    return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int64))
+
+
+def serving_module(params: dict):
+    """The trained parameters behind the serving contract (``tfdp.export``)."""
+    from tfdp.export import ServingModule
+
+    holder = tf.Module(name="lenet")
+    with tf.device("/cpu:0"):
+        holder.params = {name: tf.Variable(np.asarray(value, np.float32), name=name)
+                         for name, value in params.items()}
+    return ServingModule(lambda images: lenet.apply(holder.params, images), holder)

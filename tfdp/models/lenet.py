@@ -1,0 +1,62 @@
+"""The textbook's LeNet for 28x28x1 inputs, NHWC, as plain tensors and as a Keras twin.
+
+conv 3x3x20 -> relu -> avg-pool 2 -> conv 5x5x50 -> relu -> avg-pool 2 -> dense 128 -> relu
+-> dense 10. 28 -> 26 -> 13 -> 9 -> 4, so the flattened features are 4*4*50 = 800.
+Both forms use the same parameter shapes and flatten order (H, W, C), so weights move between
+them unchanged (``to_keras_weights`` / ``from_keras_weights``).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+PARAM_SHAPES = {
+    "W1": (3, 3, 1, 20), "b1": (20,),
+    "W2": (5, 5, 20, 50), "b2": (50,),
+    "W3": (800, 128), "b3": (128,),
+    "W4": (128, 10), "b4": (10,),
+}
+
+
+def init_params(seed: int, dtype=np.float32) -> dict:
+    """The textbook start: weights ``normal * 0.01``, biases zero, as numpy arrays."""
+    rng = np.random.default_rng(seed)
+    return {name: (rng.standard_normal(shape) * 0.01 if name.startswith("W")
+                   else np.zeros(shape)).astype(dtype)
+            for name, shape in PARAM_SHAPES.items()}
+
+
+def apply(params: dict, images: tf.Tensor) -> tf.Tensor:
+    """Logits for float ``images`` [n, 28, 28, 1] in [0, 1]."""
+    h = tf.nn.relu(tf.nn.conv2d(images, params["W1"], 1, "VALID") + params["b1"])
+    h = tf.nn.avg_pool2d(h, 2, 2, "VALID")
+    h = tf.nn.relu(tf.nn.conv2d(h, params["W2"], 1, "VALID") + params["b2"])
+    h = tf.nn.avg_pool2d(h, 2, 2, "VALID")
+    h = tf.reshape(h, [-1, 800])
+    h = tf.nn.relu(tf.matmul(h, params["W3"]) + params["b3"])
+    return tf.matmul(h, params["W4"]) + params["b4"]
+
+
+def keras_model(num_classes: int = 10):
+    """The Keras twin (Keras' default initializers), taking float images in [0, 1]."""
+    import keras
+
+    return keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(20, 3, activation="relu"),
+        keras.layers.AveragePooling2D(2),
+        keras.layers.Conv2D(50, 5, activation="relu"),
+        keras.layers.AveragePooling2D(2),
+        keras.layers.Flatten(),
+        keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dense(num_classes),
+    ], name="lenet")
+
+
+def to_keras_weights(params: dict) -> list:
+    """Parameters in the order ``keras_model().set_weights`` takes them."""
+    return [np.asarray(params[name]) for name in PARAM_SHAPES]
+
+
+def from_keras_weights(weights: list) -> dict:
+    """The inverse of ``to_keras_weights``."""
+    return dict(zip(PARAM_SHAPES, (np.asarray(w) for w in weights)))

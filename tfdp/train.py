@@ -1,0 +1,70 @@
+"""``python -m tfdp.train``: parse the flags, then train, report and export. Kept short.
+
+  python -m tfdp.train --num_gpus=2                        # from scratch on 2 devices
+  python -m tfdp.train --strategy=mirrored --num_gpus=2    # Keras fit, MirroredStrategy
+  python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker   # 2 local workers
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # Hide TF's C++ INFO chatter; keep warnings.
+
+from absl import app  # noqa: E402
+
+from tfdp import flags  # noqa: E402
+from tfdp.errors import UserError  # noqa: E402
+
+
+def run_manual(config) -> dict:
+    """The from-scratch path: devices, data, train, report, export."""
+    from tfdp import data, devices, export, report
+    from tfdp.manual import trainer
+
+    names = devices.configure_devices(config.num_gpus)
+    export.check_export_root(config.export_root)
+    config.global_batch_size(len(names))  # Refuse a batch too small to split before any work.
+    train_split = data.load_split("train", config.data_dir, config.manual_dir)
+    test_split = data.load_split("test", config.data_dir, config.manual_dir)
+    batch = config.global_batch_size(len(names))
+    reporter = report.Reporter(
+        config.run_dir, config.to_dict(), names,
+        eval_examples=data.eval_examples(len(test_split.labels), batch, config.eval_steps),
+        test_examples=len(test_split.labels))
+    params = trainer.train(config, names, train_split, test_split, reporter)
+    line = reporter.final_line()
+    path = export.export(trainer.serving_module(params), config.export_root)
+    print(f"exported {path}", flush=True)
+    return {"final_line": line, "export_path": path, "records": reporter.records,
+            "params": params}
+
+
+def run_config(config) -> dict:
+    """Dispatch one validated run to its path."""
+    if config.strategy == "manual":
+        return run_manual(config)
+    from tfdp.keras_path import trainer as keras_trainer
+
+    return keras_trainer.run(config)
+
+
+def main(argv):
+    if len(argv) > 1:
+        sys.exit(f"tfdp.train: error: unexpected arguments {argv[1:]}; flags look like --name=value")
+    try:
+        run_config(flags.config_from_flags())
+    except UserError as e:
+        sys.exit(f"tfdp.train: error: {e}")
+
+
+def parse_flags(argv):
+    flags.define_flags()
+    return app.parse_flags_with_usage(argv)
+
+
+def run():
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    run()
