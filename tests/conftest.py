@@ -10,9 +10,11 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from tfdp import data, devices  # noqa: E402
+from tfdp.models import lenet  # noqa: E402
 
 # Logical devices must exist before TensorFlow runs its first op; tests take the first k.
 DEVICES = devices.configure_devices(4)
@@ -56,3 +58,22 @@ def run_module(module, *args, env=None, timeout=600, cwd=None):
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd or REPO)
+
+
+def comparable_start(seed=3, dtype=np.float32):
+    """Glorot weights with the first conv bias at 0.05, for comparing runs in float32.
+
+    Fashion-MNIST is mostly exact-zero background, where the first conv's input to ReLU is
+    exactly b1. The textbook starts b1 at zero; float32 rounding then leaves b1 entries of either
+    sign, flipping ReLU's derivative at ~10^5 positions per batch, so two correct runs that
+    differ only in summation order drift apart by percents within a few dozen steps (float64,
+    too fine to flip, does not). Away from zero the runs agree to ~1e-6 per update.
+    """
+    params = lenet.init_params(seed, dtype, "glorot")
+    params["b1"] = np.full_like(params["b1"], 0.05)
+    return params
+
+
+def update_difference(a, b, start):
+    """max over parameters of |a - b| / |b - start|: how far two runs' updates disagree."""
+    return max(np.linalg.norm(a[n] - b[n]) / np.linalg.norm(b[n] - start[n]) for n in a)

@@ -1,12 +1,11 @@
 """The from-scratch path: identical replicas, the same model on 1, 2 or 4 devices and with every
 allreduce, short final batches trained, and a run that learns."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import DEVICES, head
+from conftest import DEVICES, comparable_start, head, update_difference
 from tfdp import data, report
 from tfdp.config import Config
 from tfdp.manual import trainer
@@ -14,12 +13,8 @@ from tfdp.manual.replicate import replicate
 from tfdp.models import lenet
 
 
-def start_params(dtype=np.float32, seed=3):
-    """Keras' default (Glorot) start of the LeNet twin: from the textbook's 0.01 start the loss
-    sits at ln 10 for most of an epoch, so a few dozen steps would hardly move the weights."""
-    keras.utils.set_random_seed(seed)
-    weights = lenet.keras_model().get_weights()
-    return {k: v.astype(dtype) for k, v in lenet.from_keras_weights(weights).items()}
+def start_params(dtype=np.float32):
+    return comparable_start(3, dtype)
 
 
 def train_params(tmp_path, split, k, allreduce="add_n", batch_size=96, dtype=np.float32,
@@ -29,25 +24,6 @@ def train_params(tmp_path, split, k, allreduce="add_n", batch_size=96, dtype=np.
     reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:k])
     return trainer.train(config, DEVICES[:k], split, split, reporter,
                          params=start_params(dtype), dtype=dtype)
-
-
-def flat(params):
-    return np.concatenate([np.ravel(params[n]) for n in lenet.PARAM_SHAPES]).astype(np.float64)
-
-
-def model_difference(a, b):
-    """|a - b| / |b| over all parameters: how far apart two models are.
-
-    float32 runs are compared as whole models: b1's gradient sums ~65k nearly cancelling terms
-    per batch, so that one small parameter alone drifts by far more than float rounding.
-    """
-    return np.linalg.norm(flat(a) - flat(b)) / np.linalg.norm(flat(b))
-
-
-def update_difference(a, b, start):
-    """max over parameters of |a - b| / |b - start|: how far two runs' updates disagree."""
-    return max(np.linalg.norm(a[n] - b[n]) / np.linalg.norm(b[n] - start[n]) for n in a)
-
 
 
 @pytest.mark.parametrize("allreduce", ["add_n", "sharded", "ring"])
@@ -68,19 +44,24 @@ def test_same_model_on_1_2_4_devices_and_every_allreduce(tmp_path, train_split):
     # 2,000 examples in batches of 96: 21 steps, the last one a short batch of 80.
     split = head(train_split, 2000)
     reference = train_params(tmp_path, split, 1)
-    for k, allreduce in [(2, "add_n"), (4, "add_n"), (2, "sharded"), (4, "ring"), (3, "ring")]:
+    # k = 3 is checked in float64 below: its 32-example shards round differently from the
+    # others' (2e-5 of an update after 5 steps, against 1e-6), and float32 training amplifies
+    # that to about 1e-2 within 20 steps.
+    for k, allreduce in [(2, "add_n"), (4, "add_n"), (2, "sharded"), (4, "sharded"),
+                         (2, "ring"), (4, "ring")]:
         params = train_params(tmp_path, split, k, allreduce)
-        assert model_difference(params, reference) < 1e-3, (k, allreduce)
-    assert model_difference(reference, start_params()) > 1e-2  # Moved far beyond that.
+        # Every parameter's update agrees to 1e-4 (measured: a few 1e-6).
+        assert update_difference(params, reference, start_params()) < 1e-4, (k, allreduce)
 
 
 def test_float64_runs_agree_to_rounding(tmp_path, train_split):
     split = head(train_split, 1000)
     start = start_params(np.float64)
     one = train_params(tmp_path, split, 1, dtype=np.float64)
-    four = train_params(tmp_path, split, 4, "ring", dtype=np.float64)
     assert one["W1"].dtype == np.float64
-    assert update_difference(four, one, start) < 1e-9  # Every parameter, to rounding.
+    for k, allreduce in [(3, "ring"), (3, "sharded"), (4, "ring")]:
+        other = train_params(tmp_path, split, k, allreduce, dtype=np.float64)
+        assert update_difference(other, one, start) < 1e-9, (k, allreduce)  # measured ~1e-15
 
 
 def test_short_final_batch_is_trained_even_with_empty_shards(tmp_path, train_split):

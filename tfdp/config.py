@@ -14,6 +14,7 @@ from tfdp.errors import UserError
 STRATEGIES = ("manual", "mirrored", "multi_worker")
 MODELS = ("lenet", "resnet18")
 ALLREDUCES = ("add_n", "sharded", "ring")
+INITS = ("textbook", "glorot")
 DEFAULT_BATCH_SIZE = 256
 
 
@@ -31,6 +32,7 @@ class Config:
     warmup_epochs: float = 1.0
     epochs: int = 10
     seed: int = 0
+    init: Optional[str] = None
     steps_per_epoch: Optional[int] = None
     eval_steps: Optional[int] = None
     allreduce: str = "add_n"
@@ -46,6 +48,8 @@ class Config:
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("model", self.model, MODELS)
         _choice("allreduce", self.allreduce, ALLREDUCES)
+        if self.init is not None:
+            _choice("init", self.init, INITS)
         if self.strategy == "manual" and self.model != "lenet":
             raise UserError(f"--model={self.model} needs --strategy=mirrored or multi_worker: "
                             "the from-scratch path (--strategy=manual) trains lenet only")
@@ -64,6 +68,11 @@ class Config:
         if self.manual_dir is not None and not os.path.isdir(self.manual_dir):
             raise UserError(f"--manual_dir={self.manual_dir} is not a folder: point it at the "
                             "folder holding the four Fashion-MNIST .gz files")
+
+    @property
+    def initializer(self) -> str:
+        """The textbook's start for the from-scratch path, Keras' own (Glorot) for fit."""
+        return self.init or ("textbook" if self.strategy == "manual" else "glorot")
 
     @property
     def export_root(self) -> str:

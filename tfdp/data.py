@@ -174,3 +174,24 @@ def _lock(path: str):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def per_replica_batches(global_batches: tf.data.Dataset, num_replicas: int, first: int,
+                        count: int) -> tf.data.Dataset:
+    """Replicas ``first .. first+count-1``'s shards of each global batch, one element each.
+
+    Shards are contiguous and differ in size by at most one, as the manual path's
+    ``split_batch``; ``tf.distribute`` hands consecutive elements to consecutive local replicas.
+    """
+    def shards(images, labels):
+        n = tf.shape(labels, out_type=tf.int64)[0]
+        base, extra = n // num_replicas, n % num_replicas
+
+        def shard(r):
+            start = r * base + tf.minimum(r, extra)
+            size = base + tf.cast(r < extra, tf.int64)
+            return images[start:start + size], labels[start:start + size]
+
+        return tf.data.Dataset.range(first, first + count).map(shard)
+
+    return global_batches.flat_map(shards).prefetch(tf.data.AUTOTUNE)

@@ -37,6 +37,11 @@ def define_flags() -> None:
                        "Length of the --scale_lr warmup in epochs (fractions allowed; 0 for none).")
     flags.DEFINE_integer("epochs", 10, "Training epochs.")
     flags.DEFINE_integer("seed", 0, "Seed for initial weights and the shuffling order.")
+    flags.DEFINE_string(
+        "init", None,
+        "Starting weights: textbook (normal x 0.01; the loss sits at ln 10 for about an epoch) "
+        "or glorot (Keras' default; learns at once). Default: textbook for manual, glorot for "
+        "the Keras strategies.")
     flags.DEFINE_integer("steps_per_epoch", None,
                          "Cap on training steps per epoch, for short runs (default: whole epoch).")
     flags.DEFINE_integer("eval_steps", None,
@@ -76,6 +81,7 @@ def config_from_flags() -> Config:
         warmup_epochs=FLAGS.warmup_epochs,
         epochs=FLAGS.epochs,
         seed=FLAGS.seed,
+        init=FLAGS.init,
         steps_per_epoch=FLAGS.steps_per_epoch,
         eval_steps=FLAGS.eval_steps,
         allreduce=FLAGS.allreduce,

@@ -110,10 +110,10 @@ class Reporter:
         plt.close(fig)
 
 
-def load_history(workdir: str, before_epoch: int) -> list:
-    """Records of epochs ``< before_epoch`` from an earlier (interrupted) run in ``workdir``."""
+def load_history(workdir: str, finished: int) -> list:
+    """Records of the first ``finished`` epochs of an earlier (interrupted) run in ``workdir``."""
     path = os.path.join(workdir, METRICS_FILE)
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [r for r in json.load(f)["epochs"] if r["epoch"] <= before_epoch]
+        return [r for r in json.load(f)["epochs"] if r["epoch"] <= finished]

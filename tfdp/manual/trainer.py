@@ -80,7 +80,7 @@ def train(config, devices: list, train_split: data.Split, test_split: data.Split
           params: dict = None, dtype=np.float32) -> dict:
     """Train LeNet data-parallel on ``devices``; return the trained parameters (numpy).
 
-    ``params`` overrides the textbook initialisation (tests start paths from equal weights).
+    ``params`` overrides ``config.initializer`` (tests start paths from equal weights).
     """
     k = len(devices)
     batch_size = config.global_batch_size(k)
@@ -93,7 +93,8 @@ def train(config, devices: list, train_split: data.Split, test_split: data.Split
                  f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
                  "eager" if config.eager else "compiled")
 
-    params = params if params is not None else lenet.init_params(config.seed, dtype)
+    if params is None:
+        params = lenet.init_params(config.seed, dtype, config.initializer)
     replicas = replicate(params, devices)
     train_step = make_train_step(replicas, devices, config.allreduce, config.eager)
     eval_step = make_eval_step(replicas, devices, config.eager)

@@ -1,0 +1,44 @@
+"""Configuration mistakes are refused with one line naming the flag."""
+
+import math
+
+import pytest
+
+from tfdp.config import Config
+from tfdp.errors import UserError
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    ({"num_gpus": 0}, "--num_gpus"),
+    ({"batch_size": 0}, "--batch_size"),
+    ({"epochs": -1}, "--epochs"),
+    ({"lr": 0.0}, "--lr"),
+    ({"lr": -0.1}, "--lr"),
+    ({"lr": math.nan}, "--lr"),
+    ({"lr": math.inf}, "--lr"),
+    ({"strategy": "horovod"}, "--strategy=horovod"),
+    ({"model": "vgg"}, "--model=vgg"),
+    ({"allreduce": "tree"}, "--allreduce=tree"),
+    ({"init": "zeros"}, "--init=zeros"),
+    ({"model": "resnet18"}, "--strategy=mirrored or multi_worker"),
+    ({"batch_size": 64, "per_replica_batch_size": 32}, "not both"),
+    ({"steps_per_epoch": 0}, "--steps_per_epoch"),
+    ({"manual_dir": "/nonexistent/fashion"}, "--manual_dir"),
+])
+def test_bad_values_are_refused(kwargs, words):
+    with pytest.raises(UserError, match=words.replace("-", r"\-")) as e:
+        Config(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_batch_smaller_than_replicas_is_refused():
+    with pytest.raises(UserError, match=r"--batch_size=3 is smaller than the 4 replicas"):
+        Config(batch_size=3).global_batch_size(4)
+
+
+def test_global_batch_arithmetic():
+    assert Config().global_batch_size(2) == 256
+    assert Config(batch_size=100).global_batch_size(3) == 100
+    assert Config(per_replica_batch_size=64).global_batch_size(4) == 256
+    assert Config(lr=0.1, scale_lr=True).peak_lr(4) == pytest.approx(0.4)
+    assert Config(lr=0.1).peak_lr(4) == 0.1

@@ -1,0 +1,66 @@
+"""The input pipeline: damaged manual files are named, and batches depend on (seed, epoch) only."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import head
+from tfdp import data
+from tfdp.errors import UserError
+
+
+def copy_manual_dir(manual_dir, tmp_path):
+    target = tmp_path / "manual"
+    target.mkdir()
+    for name in data.MANUAL_FILES:
+        os.symlink(os.path.join(manual_dir, name), target / name)
+    return target
+
+
+def test_missing_manual_file_is_named(manual_dir, tmp_path):
+    target = copy_manual_dir(manual_dir, tmp_path)
+    os.remove(target / "t10k-labels-idx1-ubyte.gz")
+    with pytest.raises(UserError, match="t10k-labels-idx1-ubyte.gz is missing"):
+        data.prepare(str(tmp_path / "tfds"), str(target))
+
+
+def test_damaged_manual_file_is_named(manual_dir, tmp_path):
+    target = copy_manual_dir(manual_dir, tmp_path)
+    damaged = target / "train-labels-idx1-ubyte.gz"
+    os.remove(damaged)
+    shutil.copy(os.path.join(manual_dir, damaged.name), damaged)
+    with open(damaged, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(UserError, match="train-labels-idx1-ubyte.gz is damaged"):
+        data.prepare(str(tmp_path / "tfds"), str(target))
+
+
+def test_splits_have_the_real_shapes(train_split, test_split):
+    assert train_split.images.shape == (60000, 28, 28, 1)
+    assert test_split.images.shape == (10000, 28, 28, 1)
+    assert train_split.images.dtype == np.uint8 and train_split.labels.dtype == np.int64
+    assert np.bincount(test_split.labels).tolist() == [1000] * 10
+
+
+def test_train_batches_depend_on_seed_and_epoch_only(train_split):
+    split = head(train_split, 1000)
+    run = [b[1].numpy() for b in data.train_batches(split, 300, seed=5, first_epoch=0, epochs=2)]
+    resumed = [b[1].numpy() for b in data.train_batches(split, 300, seed=5, first_epoch=1,
+                                                         epochs=2)]
+    assert [len(b) for b in run] == [300, 300, 300, 100] * 2  # Short final batch kept.
+    for a, b in zip(run[4:], resumed):  # A resumed run sees epoch 1 exactly as before.
+        np.testing.assert_array_equal(a, b)
+    assert np.array_equal(np.sort(np.concatenate(run[:4])), np.sort(split.labels))
+    assert not np.array_equal(run[0], run[4])  # Reshuffled each epoch.
+    capped = list(data.train_batches(split, 300, seed=5, first_epoch=0, epochs=2, steps_cap=2))
+    assert len(capped) == 4
+    np.testing.assert_array_equal(capped[2][1].numpy(), run[4])  # The cap ends the epoch.
+
+
+def test_eval_batches_cover_the_test_set(test_split):
+    assert sum(len(y) for _, y in data.eval_batches(test_split, 256)) == 10000
+    assert data.eval_examples(10000, 256, 3) == 768
+    assert sum(len(y) for _, y in data.eval_batches(test_split, 256, steps_cap=3)) == 768

@@ -1,0 +1,52 @@
+"""Exports are versioned and atomic: a new version each time, nothing half-written, ever."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdp import export
+from tfdp.errors import UserError
+from tfdp.manual import trainer
+from tfdp.models import lenet
+
+
+def module():
+    return trainer.serving_module(lenet.init_params(0))
+
+
+def test_versions_count_up_and_serve(tmp_path):
+    root = str(tmp_path / "exp")
+    first = export.export(module(), root)
+    second = export.export(module(), root)
+    assert first.endswith(os.path.join("exp", "1")) and second.endswith(os.path.join("exp", "2"))
+    assert sorted(os.listdir(root)) == ["1", "2"]  # No temporary folders left behind.
+    serve = tf.saved_model.load(second).signatures["serving_default"]
+    out = serve(images=tf.zeros([3, 28, 28, 1], tf.uint8))
+    assert out["logits"].shape == (3, 10) and out["classes"].dtype == tf.int64
+    np.testing.assert_allclose(out["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-6)
+
+
+def test_failed_save_leaves_earlier_versions_alone(tmp_path, monkeypatch):
+    root = str(tmp_path / "exp")
+    export.export(module(), root)
+    before = sorted(os.listdir(os.path.join(root, "1")))
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tf.saved_model, "save", crash)
+    with pytest.raises(OSError):
+        export.export(module(), root)
+    assert os.listdir(root) == ["1"]
+    assert sorted(os.listdir(os.path.join(root, "1"))) == before
+
+
+def test_export_root_that_is_a_file_or_unwritable(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        export.check_export_root(str(a_file))
+    with pytest.raises(UserError, match="not writable"):
+        export.check_export_root(str(a_file / "below"))

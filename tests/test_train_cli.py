@@ -1,0 +1,118 @@
+"""``python -m tfdp.train`` as a user runs it: a short real run that reports, writes its
+workdir and exports a SavedModel that serves; and one-line errors for bad input."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_module
+from tfdp import data
+
+# Runs in a fresh interpreter that never imports tfdp: what a serving system would do.
+SERVE_CHECK = r"""
+import json, sys
+import numpy as np, tensorflow as tf, tensorflow_datasets as tfds
+export, data_dir = sys.argv[1:]
+serve = tf.saved_model.load(export).signatures["serving_default"]
+spec = serve.structured_input_signature[1]["images"]
+outputs = {k: (v.dtype.name, v.shape.as_list()) for k, v in serve.structured_outputs.items()}
+test = tfds.as_numpy(tfds.load("fashion_mnist", split="test", data_dir=data_dir, batch_size=-1,
+                               download=False))
+correct = 0
+for i in range(0, 10000, 1000):
+    out = serve(images=tf.constant(test["image"][i:i + 1000]))
+    correct += int(np.sum(out["classes"].numpy() == test["label"][i:i + 1000]))
+print(json.dumps({"input": [spec.dtype.name, spec.shape.as_list()], "outputs": outputs,
+                  "accuracy": correct / 10000, "tfdp_imported": "tfdp" in sys.modules}))
+"""
+
+
+def test_short_run_reports_exports_and_serves(tmp_path, data_dir):
+    workdir, exports = tmp_path / "work", tmp_path / "exp"
+    result = run_module("tfdp.train", "--num_gpus=2", "--epochs=2", "--steps_per_epoch=30",
+                        "--init=glorot", f"--data_dir={data_dir}", f"--workdir={workdir}",
+                        f"--export_dir={exports}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert any(l.startswith("epoch 2/2: loss ") and "examples/s" in l for l in lines)
+    final = [l for l in lines if l.startswith("test acc: ")]
+    assert len(final) == 1 and final[0].endswith(
+        "sec/epoch on ['/device:CPU:0', '/device:CPU:1']"), final
+    assert "global batch 256 = 128 + 128 per device" in result.stderr
+
+    metrics = json.loads((workdir / "metrics.json").read_text())
+    assert [r["epoch"] for r in metrics["epochs"]] == [1, 2]
+    assert metrics["devices"] == ["/device:CPU:0", "/device:CPU:1"]
+    assert metrics["config"]["num_gpus"] == 2
+    assert (workdir / "accuracy.png").stat().st_size > 1000
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(workdir / "tensorboard"))
+    reported = metrics["epochs"][-1]["test_acc"]
+    assert final[0].startswith(f"test acc: {reported:.2f},")
+
+    assert os.listdir(exports) == ["1"]
+    check = subprocess.run([sys.executable, "-c", SERVE_CHECK, str(exports / "1"), data_dir],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert check.returncode == 0, check.stderr[-3000:]
+    served = json.loads(check.stdout.splitlines()[-1])
+    assert served["tfdp_imported"] is False
+    assert served["input"] == ["uint8", [None, 28, 28, 1]]
+    assert served["outputs"] == {"logits": ["float32", [None, 10]],
+                                 "probabilities": ["float32", [None, 10]],
+                                 "classes": ["int64", [None]]}
+    assert served["accuracy"] == pytest.approx(reported, abs=1e-4)  # One image in 10,000.
+    assert served["accuracy"] > 0.5
+
+
+def assert_one_line_error(result, *words):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    for word in words:
+        assert word in last, last
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--num_gpus=0"], ["--num_gpus"]),
+    (["--batch_size=-5"], ["--batch_size"]),
+    (["--epochs=0"], ["--epochs"]),
+    (["--lr=nan"], ["--lr"]),
+    (["--lr=-1"], ["--lr"]),
+    (["--strategy=horovod"], ["--strategy=horovod"]),
+    (["--model=vgg"], ["--model=vgg"]),
+    (["--allreduce=tree"], ["--allreduce=tree"]),
+    (["--model=resnet18"], ["--model=resnet18", "--strategy=mirrored"]),
+    (["--batch_size=64", "--per_replica_batch_size=32"], ["not both"]),
+    (["--num_gpus=2", "--batch_size=1"], ["--batch_size=1", "2 replicas"]),
+])
+def test_bad_flags_exit_with_one_line(args, words, tmp_path):
+    result = run_module("tfdp.train", *args, f"--export_dir={tmp_path / 'exp'}",
+                        f"--workdir={tmp_path / 'work'}", "--data_dir=/nonexistent")
+    assert_one_line_error(result, *words)
+
+
+def test_bad_export_dir_and_damaged_data(tmp_path, manual_dir, data_dir):
+    a_file = tmp_path / "file"
+    a_file.write_text("not a folder")
+    result = run_module("tfdp.train", f"--export_dir={a_file}", f"--data_dir={data_dir}")
+    assert_one_line_error(result, "--export_dir", "is a file")
+
+    broken = tmp_path / "manual"
+    broken.mkdir()
+    for name in data.MANUAL_FILES:
+        shutil.copy(os.path.join(manual_dir, name), broken / name)
+    (broken / "t10k-images-idx3-ubyte.gz").write_bytes(b"truncated")
+    (tmp_path / "exp" / "1").mkdir(parents=True)
+    (tmp_path / "exp" / "1" / "saved_model.pb").write_bytes(b"an earlier export")
+    result = run_module("tfdp.train", f"--manual_dir={broken}",
+                        f"--data_dir={tmp_path / 'fresh'}", f"--export_dir={tmp_path / 'exp'}")
+    assert_one_line_error(result, "t10k-images-idx3-ubyte.gz is damaged")
+    assert os.listdir(tmp_path / "exp") == ["1"]  # The failed run left the earlier one alone.
+    assert (tmp_path / "exp" / "1" / "saved_model.pb").read_bytes() == b"an earlier export"
+
+    result = run_module("tfdp.train", f"--manual_dir={tmp_path}",
+                        f"--data_dir={tmp_path / 'fresh'}", f"--export_dir={tmp_path / 'exp'}")
+    assert_one_line_error(result, "is missing", "--manual_dir")

@@ -1,0 +1,60 @@
+"""Workaround: Keras 3 ``fit`` under ``MultiWorkerMirroredStrategy`` (TF backend).
+
+Upstream: https://github.com/keras-team/keras/issues/20585 and
+https://github.com/tensorflow/tensorflow/issues/72388. In ``keras/src/backend/tensorflow/
+trainer.py`` (seen in Keras 3.15):
+
+1. ``_maybe_symbolic_build`` builds the model from ``strategy.reduce("MEAN", <(x, y) batch>,
+   axis=None)``, and TF's ``Strategy.reduce`` takes no nested values under MWMS ("Attempt to
+   convert a value (PerReplica...)"). Building needs shapes only, so we build from this
+   worker's first local replica's batch.
+2. ``reduce_per_replica(..., "auto")`` turns into ``strategy.reduce("MEAN", scalar, axis=0)``
+   ("Invalid reduction dimension 0 for input with 0 dimensions"). We reduce "auto"/"mean" with
+   ``axis=None``: the mean over all replicas of all workers, so reported metrics stay global.
+
+``apply()`` is idempotent; ``tests/test_keras_mwms_fix.py`` runs two real workers without it and
+fails loudly once the installed Keras no longer needs it.
+"""
+
+import os
+
+import tensorflow as tf
+
+DISABLE_ENV = "TFDP_DISABLE_KERAS_MWMS_FIX"  # For the test that checks it is still needed.
+_applied = False
+
+
+def apply() -> bool:
+    """Patch Keras' TF trainer in place; return whether the patch is active."""
+    global _applied
+    if _applied or os.environ.get(DISABLE_ENV):
+        return _applied
+    from keras.src import tree
+    from keras.src.backend.tensorflow import trainer
+
+    original_reduce = trainer.reduce_per_replica
+    original_build = trainer.TensorFlowTrainer._maybe_symbolic_build
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and trainer._collective_all_reduce_multi_worker(strategy):
+            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return original_reduce(values, strategy, reduction)
+
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is None or not trainer._collective_all_reduce_multi_worker(strategy):
+            return original_build(self, iterator=iterator, data_batch=data_batch)
+        for _, _, it in iterator:
+            batch = tree.map_structure(
+                lambda v: (strategy.experimental_local_results(v)[0]
+                           if isinstance(v, tf.distribute.DistributedValues) else v),
+                next(it))
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=batch)
+
+    # _make_function looks the module-level name up when it traces, so patching it is enough.
+    trainer.reduce_per_replica = reduce_per_replica
+    trainer.TensorFlowTrainer._maybe_symbolic_build = maybe_symbolic_build
+    _applied = True
+    return True

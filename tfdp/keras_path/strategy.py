@@ -1,0 +1,75 @@
+"""Strategy name -> a ``tf.distribute`` strategy, plus who this process is in the cluster.
+
+``mirrored``: ``MirroredStrategy`` over ``--num_gpus`` devices of this process (logical devices
+when there are fewer, as for the manual path). ``multi_worker``: ``MultiWorkerMirroredStrategy``
+over the processes named in ``TF_CONFIG``; it must be created before TensorFlow runs anything
+else, so this is the first thing the Keras path does.
+"""
+
+import dataclasses
+import json
+import os
+
+import tensorflow as tf
+from absl import logging
+
+from tfdp import devices
+from tfdp.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+    strategy: tf.distribute.Strategy
+    devices: list          # this worker's devices
+    worker_index: int      # 0 for a single process
+    num_workers: int
+    is_chief: bool         # writes exports, metrics and prints reports
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    def describe(self) -> str:
+        where = (f"{self.num_workers} workers x {len(self.devices)} device(s)"
+                 if self.num_workers > 1 else f"devices {self.devices}")
+        return f"{type(self.strategy).__name__}, {self.replicas} replica(s) in sync on {where}"
+
+
+def make_distribution(name: str, num_gpus: int, collective_timeout: int) -> Distribution:
+    if name == "mirrored":
+        names = devices.configure_devices(num_gpus)
+        return Distribution(tf.distribute.MirroredStrategy(names), names, 0, 1, True)
+    if name == "multi_worker":
+        return _multi_worker(num_gpus, collective_timeout)
+    raise UserError(f"--strategy={name} is not a Keras strategy (mirrored, multi_worker)")
+
+
+def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
+    cluster, task = _tf_config()
+    if not tf.config.list_physical_devices("GPU") and num_gpus != 1:
+        raise UserError(f"--num_gpus={num_gpus} with --strategy=multi_worker on a machine "
+                        "without GPUs: MultiWorkerMirroredStrategy runs one replica per CPU "
+                        "worker; use --num_gpus=1 and more workers")
+    names = devices.configure_devices(num_gpus)
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    workers = sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+    index = task["index"] + (1 if task["type"] == "worker" and "chief" in cluster else 0)
+    is_chief = task["type"] == "chief" or (task["type"] == "worker" and task["index"] == 0
+                                           and "chief" not in cluster)
+    logging.info("multi_worker: task %s/%d of %d workers, chief: %s", task["type"],
+                 task["index"], workers, is_chief)
+    return Distribution(strategy, names, index, workers, is_chief)
+
+
+def _tf_config():
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        # One worker on its own: a valid cluster of one, handy for trying the path locally.
+        return {"worker": ["localhost"]}, {"type": "worker", "index": 0}
+    try:
+        config = json.loads(raw)
+        return config["cluster"], config["task"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"TF_CONFIG is not valid ({e}): it needs "
+                        '{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}}')

@@ -1,0 +1,157 @@
+"""The Keras path: build and compile in the strategy scope, ``model.fit``, report, export.
+
+Batches come from the same ``data.train_batches`` as the manual path, and each global batch is
+cut into per-replica shards exactly like ``split_batch`` (``data.per_replica_batches``), so with
+equal starting weights the two paths train the same model.
+"""
+
+import os
+import tempfile
+import time
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tfdp import data, export, report, schedule
+from tfdp.keras_path import backup, keras_mwms_fix
+from tfdp.keras_path.strategy import make_distribution
+from tfdp.manual.replicate import shard_sizes
+from tfdp.models import lenet, resnet
+
+
+def build_model(config):
+    if config.model == "resnet18":
+        return resnet.resnet(sync_batch_norm=config.sync_batch_norm)
+    model = lenet.keras_model()
+    if config.initializer == "textbook":
+        model.set_weights(lenet.to_keras_weights(lenet.init_params(config.seed)))
+    return model
+
+
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """``tfdp.schedule.learning_rate`` as a Keras schedule (the optimizer's step counter)."""
+
+    def __init__(self, base_lr, peak_lr, warmup):
+        self.base_lr, self.peak_lr, self.warmup = base_lr, peak_lr, warmup
+
+    def __call__(self, step):
+        return schedule.learning_rate(step, self.base_lr, self.peak_lr, self.warmup)
+
+    def get_config(self):
+        return {"base_lr": self.base_lr, "peak_lr": self.peak_lr, "warmup": self.warmup}
+
+
+class EpochReport(keras.callbacks.Callback):
+    """Times training (not validation) and hands each epoch to the shared ``Reporter``."""
+
+    def __init__(self, reporter, steps, batch_size, num_examples):
+        super().__init__()
+        self.reporter, self.steps = reporter, steps
+        self.examples = min(steps * batch_size, num_examples)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start, self._trained = time.perf_counter(), None
+
+    def on_test_begin(self, logs=None):
+        if self._trained is None:  # Validation inside fit starts: training time ends here.
+            self._trained = time.perf_counter() - self._start
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = self._trained or (time.perf_counter() - self._start)
+        self.reporter.epoch_end(epoch, loss=logs["loss"], train_acc=logs["accuracy"],
+                                test_acc=logs["val_accuracy"], seconds=seconds,
+                                examples=self.examples)
+
+
+def run(config, start_weights=None) -> dict:
+    """Train ``config.model`` with Keras fit under ``config.strategy``; export from the chief."""
+    distribution = make_distribution(config.strategy, config.num_gpus, config.collective_timeout)
+    if distribution.num_workers > 1:
+        keras_mwms_fix.apply()
+    strategy, replicas = distribution.strategy, distribution.replicas
+    if distribution.is_chief:
+        export.check_export_root(config.export_root)
+    batch = config.global_batch_size(replicas)
+    train_split = data.load_split("train", config.data_dir, config.manual_dir)
+    test_split = data.load_split("test", config.data_dir, config.manual_dir)
+    steps = data.steps_per_epoch(len(train_split.labels), batch, config.steps_per_epoch)
+    warmup = schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0
+    peak_lr = config.peak_lr(replicas)
+    logging.info("%s: %s; global batch %d = %s per replica; lr %g%s", config.strategy,
+                 distribution.describe(), batch, " + ".join(map(str, shard_sizes(batch, replicas))),
+                 peak_lr, f" after {warmup} warmup steps from {config.lr:g}" if warmup else "")
+
+    folder = backup.worker_folder(config.run_dir, distribution.worker_index)
+    first_epoch = backup.agreed_epoch(folder, distribution)
+    with strategy.scope():
+        model = build_model(config)
+        if start_weights is not None:
+            model.set_weights(start_weights)
+        model.compile(optimizer=keras.optimizers.SGD(WarmupSchedule(config.lr, peak_lr, warmup)),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], run_eagerly=config.eager)
+        model.optimizer.build(model.trainable_variables)
+    if first_epoch:
+        backup.restore(model, folder, first_epoch)
+        model.optimizer.iterations.assign(first_epoch * steps)  # The schedule goes on from here.
+        if distribution.is_chief:
+            print(f"resuming from epoch {first_epoch}", flush=True)
+
+    eval_examples = data.eval_examples(len(test_split.labels), batch, config.eval_steps)
+    reporter = report.Reporter(
+        config.run_dir, config.to_dict(), _device_names(distribution), distribution.is_chief,
+        history=report.load_history(config.run_dir, first_epoch) if distribution.is_chief else (),
+        eval_examples=eval_examples, test_examples=len(test_split.labels))
+    if first_epoch < config.epochs:
+        train = data.train_batches(train_split, batch, config.seed, first_epoch, config.epochs,
+                                   config.steps_per_epoch)
+        # Keras keeps one validation iterator across epochs when validation_steps is given:
+        # repeat, so each evaluation takes exactly one pass over the same batches.
+        test = data.eval_batches(test_split, batch, config.eval_steps).repeat()
+        model.fit(
+            _distribute(strategy, train, replicas), epochs=config.epochs,
+            initial_epoch=first_epoch, steps_per_epoch=steps,
+            validation_data=_distribute(strategy, test, replicas),
+            validation_steps=data.steps_per_epoch(eval_examples, batch),
+            verbose=1 if distribution.is_chief and os.isatty(1) else 0,
+            callbacks=[EpochReport(reporter, steps, batch, len(train_split.labels)),
+                       backup.EpochBackup(folder)])
+    line = reporter.final_line()
+    path = _export(model, distribution, config.export_root)
+    if distribution.num_workers > 1:
+        _barrier(strategy)  # Finish together: a chief exiting first upsets the others' heartbeat.
+    return {"final_line": line, "export_path": path, "records": reporter.records,
+            "weights": model.get_weights()}
+
+
+def _distribute(strategy, global_batches, replicas):
+    """Per-replica shards of each global batch, cut like the manual path's ``split_batch``."""
+    return strategy.distribute_datasets_from_function(
+        lambda context: data.per_replica_batches(
+            global_batches.map(lambda x, y: (data.to_float(x), y)), replicas,
+            first=context.input_pipeline_id * (replicas // context.num_input_pipelines),
+            count=replicas // context.num_input_pipelines),
+        tf.distribute.InputOptions(experimental_fetch_to_device=False))
+
+
+def _export(model, distribution, export_root):
+    """The chief writes the next version; the others save to a scratch folder they delete,
+    because saving distributed variables is a collective every worker must join."""
+    module = export.ServingModule(lambda images: model(images, training=False), model)
+    if distribution.is_chief:
+        path = export.export(module, export_root)
+        print(f"exported {path}", flush=True)
+        return path
+    export.save_scratch(module, tempfile.mkdtemp(prefix=f"tfdp-worker{distribution.worker_index}-"))
+    return None
+
+
+def _barrier(strategy):
+    strategy.reduce("SUM", strategy.run(lambda: tf.constant(1)), axis=None)
+
+
+def _device_names(distribution):
+    if distribution.num_workers == 1:
+        return distribution.devices
+    return [f"/job:worker/task:{i}" for i in range(distribution.num_workers)]
