@@ -17,7 +17,7 @@ from tfdp.models import lenet, resnet
 
 
 def common(tmp_path, data_dir, name, **overrides):
-    settings = dict(num_gpus=2, batch_size=96, lr=0.1, epochs=1, steps_per_epoch=25, seed=4,
+    settings = dict(num_gpus=2, batch_size=96, lr=0.1, epochs=1, steps_per_epoch=10, seed=4,
                     eval_steps=2, data_dir=data_dir, workdir=str(tmp_path / name),
                     export_dir=str(tmp_path / f"{name}-exp"))
     settings.update(overrides)

@@ -48,8 +48,10 @@ class Config:
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("model", self.model, MODELS)
         _choice("allreduce", self.allreduce, ALLREDUCES)
-        if self.init is not None:
-            _choice("init", self.init, INITS)
+        if self.init is not None and self.init not in INITS and not (
+                self.init.endswith(".npz") and os.path.isfile(self.init)):
+            raise UserError(f"--init={self.init} is neither one of {', '.join(INITS)} nor an "
+                            "existing .npz file of LeNet parameters")
         if self.strategy == "manual" and self.model != "lenet":
             raise UserError(f"--model={self.model} needs --strategy=mirrored or multi_worker: "
                             "the from-scratch path (--strategy=manual) trains lenet only")

@@ -38,7 +38,7 @@ def configure_devices(num_devices: int) -> list:
         except RuntimeError:
             pass  # The runtime is already up: use the logical devices it has, checked below.
     if kind == "CPU":
-        _share_cores(num_devices)
+        share_cores(num_devices)
     logical = [d.name for d in tf.config.list_logical_devices(kind)]
     if len(logical) < num_devices:
         raise UserError(f"--num_gpus={num_devices}, but this process already runs TensorFlow on "
@@ -46,7 +46,7 @@ def configure_devices(num_devices: int) -> list:
     return logical[:num_devices]
 
 
-def _share_cores(num_devices: int) -> None:
+def share_cores(num_devices: int) -> None:
     """Give each of k logical CPU devices its own share of the cores.
 
     By default every op may use every core (intra-op) and only a couple of ops run at once

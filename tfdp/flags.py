@@ -39,9 +39,9 @@ def define_flags() -> None:
     flags.DEFINE_integer("seed", 0, "Seed for initial weights and the shuffling order.")
     flags.DEFINE_string(
         "init", None,
-        "Starting weights: textbook (normal x 0.01; the loss sits at ln 10 for about an epoch) "
-        "or glorot (Keras' default; learns at once). Default: textbook for manual, glorot for "
-        "the Keras strategies.")
+        "Starting weights: textbook (normal x 0.01; the loss sits at ln 10 for about an epoch), "
+        "glorot (Glorot-uniform, Keras' default; learns at once), or a .npz file of LeNet "
+        "parameters W1..b4. Default: textbook for manual, glorot for the Keras strategies.")
     flags.DEFINE_integer("steps_per_epoch", None,
                          "Cap on training steps per epoch, for short runs (default: whole epoch).")
     flags.DEFINE_integer("eval_steps", None,

@@ -80,17 +80,18 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2) -> int
           file=sys.stderr, flush=True)
     code = 0
     try:
-        while any(p.poll() is None for p in procs):
-            failed = [(i, p.returncode) for i, p in enumerate(procs)
-                      if p.returncode not in (None, 0)]
+        while True:
+            codes = [p.poll() for p in procs]  # Poll every worker, each time round.
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 i, code = failed[0]
                 print(f"tfdp.launch: worker {i} exited with {code}; stopping the others",
                       file=sys.stderr, flush=True)
+                code = code if code > 0 else 128 - code  # Killed by signal N: 128 + N.
+                break
+            if all(c == 0 for c in codes):
                 break
             time.sleep(poll_seconds)
-        else:
-            code = next((p.returncode for p in procs if p.returncode), 0)
     except KeyboardInterrupt:
         print("tfdp.launch: interrupted; stopping the workers", file=sys.stderr, flush=True)
         code = 130

@@ -5,6 +5,7 @@
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker   # 2 local workers
 """
 
+import logging
 import os
 import sys
 
@@ -49,6 +50,8 @@ def run_config(config) -> dict:
 
 
 def main(argv):
+    # TF's Python logger speaks INFO on every collective; tfdp's own INFO lines stay.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
     if len(argv) > 1:
         sys.exit(f"tfdp.train: error: unexpected arguments {argv[1:]}; flags look like --name=value")
     try:

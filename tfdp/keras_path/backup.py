@@ -54,8 +54,13 @@ def agreed_epoch(folder: str, distribution) -> int:
     slots = np.zeros(distribution.num_workers, np.int64)
     slots[distribution.worker_index] = local
     strategy = distribution.strategy
-    per_replica = strategy.run(lambda: tf.constant(slots))  # Every local replica adds it once.
-    everyone = strategy.reduce("SUM", per_replica, axis=None).numpy() // len(distribution.devices)
+
+    @tf.function  # Collectives run eagerly are slow and warn about it.
+    def gather():
+        per_replica = strategy.run(lambda: tf.constant(slots))  # Each local replica adds it.
+        return strategy.reduce("SUM", per_replica, axis=None)
+
+    everyone = gather().numpy() // len(distribution.devices)
     agreed = int(everyone.min())
     if agreed and agreed not in finished_epochs(folder):
         raise RuntimeError(f"no backup of epoch {agreed} in {folder}: found "

@@ -32,7 +32,9 @@ class Distribution:
     def describe(self) -> str:
         where = (f"{self.num_workers} workers x {len(self.devices)} device(s)"
                  if self.num_workers > 1 else f"devices {self.devices}")
-        return f"{type(self.strategy).__name__}, {self.replicas} replica(s) in sync on {where}"
+        kind = ("MultiWorkerMirroredStrategy" if self.num_workers > 1 or isinstance(
+            self.strategy, tf.distribute.MultiWorkerMirroredStrategy) else "MirroredStrategy")
+        return f"{kind}, {self.replicas} replica(s) in sync on {where}"
 
 
 def make_distribution(name: str, num_gpus: int, collective_timeout: int) -> Distribution:
@@ -50,9 +52,12 @@ def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
         raise UserError(f"--num_gpus={num_gpus} with --strategy=multi_worker on a machine "
                         "without GPUs: MultiWorkerMirroredStrategy runs one replica per CPU "
                         "worker; use --num_gpus=1 and more workers")
-    names = devices.configure_devices(num_gpus)
+    # MWMS configures collectives and must come before the runtime starts: set the thread
+    # pools (that does not start it), create the strategy, then ask it for its devices.
+    devices.share_cores(num_gpus)
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    names = [d.replace("/job:worker/replica:0", "") for d in strategy.extended.worker_devices]
     workers = sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
     index = task["index"] + (1 if task["type"] == "worker" and "chief" in cluster else 0)
     is_chief = task["type"] == "chief" or (task["type"] == "worker" and task["index"] == 0

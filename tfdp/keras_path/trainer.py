@@ -24,8 +24,8 @@ def build_model(config):
     if config.model == "resnet18":
         return resnet.resnet(sync_batch_norm=config.sync_batch_norm)
     model = lenet.keras_model()
-    if config.initializer == "textbook":
-        model.set_weights(lenet.to_keras_weights(lenet.init_params(config.seed)))
+    # The same starting weights as the manual path for the same --init and --seed.
+    model.set_weights(lenet.to_keras_weights(lenet.start_params(config.initializer, config.seed)))
     return model
 
 
@@ -147,8 +147,13 @@ def _export(model, distribution, export_root):
     return None
 
 
+@tf.function
+def _barrier_step(strategy):
+    return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1)), axis=None)
+
+
 def _barrier(strategy):
-    strategy.reduce("SUM", strategy.run(lambda: tf.constant(1)), axis=None)
+    _barrier_step(strategy)
 
 
 def _device_names(distribution):

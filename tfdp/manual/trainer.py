@@ -94,7 +94,7 @@ def train(config, devices: list, train_split: data.Split, test_split: data.Split
                  "eager" if config.eager else "compiled")
 
     if params is None:
-        params = lenet.init_params(config.seed, dtype, config.initializer)
+        params = lenet.start_params(config.initializer, config.seed, dtype)
     replicas = replicate(params, devices)
     train_step = make_train_step(replicas, devices, config.allreduce, config.eager)
     eval_step = make_eval_step(replicas, devices, config.eager)

@@ -9,6 +9,8 @@ them unchanged (``to_keras_weights`` / ``from_keras_weights``).
 import numpy as np
 import tensorflow as tf
 
+from tfdp.errors import UserError
+
 PARAM_SHAPES = {
     "W1": (3, 3, 1, 20), "b1": (20,),
     "W2": (5, 5, 20, 50), "b2": (50,),
@@ -35,6 +37,19 @@ def init_params(seed: int, dtype=np.float32, init: str = "textbook") -> dict:
 
     return {name: (weight(shape) if name.startswith("W") else np.zeros(shape)).astype(dtype)
             for name, shape in PARAM_SHAPES.items()}
+
+
+def start_params(init: str, seed: int, dtype=np.float32) -> dict:
+    """Starting parameters for ``--init``: a scheme name, or a .npz file holding W1..b4."""
+    if not init.endswith(".npz"):
+        return init_params(seed, dtype, init)
+    with np.load(init) as f:
+        params = {name: f[name].astype(dtype) for name in PARAM_SHAPES}
+    for name, shape in PARAM_SHAPES.items():
+        if params[name].shape != shape:
+            raise UserError(f"--init={init}: {name} has shape {params[name].shape}, LeNet needs "
+                            f"{shape}")
+    return params
 
 
 def apply(params: dict, images: tf.Tensor) -> tf.Tensor:
