@@ -87,6 +87,8 @@ def assert_one_line_error(result, *words):
     (["--model=resnet18"], ["--model=resnet18", "--strategy=mirrored"]),
     (["--batch_size=64", "--per_replica_batch_size=32"], ["not both"]),
     (["--num_gpus=2", "--batch_size=1"], ["--batch_size=1", "2 replicas"]),
+    (["--strategy=multi_worker", "--num_gpus=2"], ["--num_gpus=2", "one replica per CPU"]),
+    (["--init=weights.h5"], ["--init=weights.h5"]),
 ])
 def test_bad_flags_exit_with_one_line(args, words, tmp_path):
     result = run_module("tfdp.train", *args, f"--export_dir={tmp_path / 'exp'}",

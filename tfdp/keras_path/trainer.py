@@ -111,7 +111,7 @@ def run(config, start_weights=None) -> dict:
         test = data.eval_batches(test_split, batch, config.eval_steps).repeat()
         model.fit(
             _distribute(strategy, train, replicas), epochs=config.epochs,
-            initial_epoch=first_epoch, steps_per_epoch=steps,
+            initial_epoch=first_epoch, steps_per_epoch=steps, shuffle=False,  # Already shuffled.
             validation_data=_distribute(strategy, test, replicas),
             validation_steps=data.steps_per_epoch(eval_examples, batch),
             verbose=1 if distribution.is_chief and os.isatty(1) else 0,
