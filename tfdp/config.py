@@ -11,7 +11,7 @@ from typing import Optional
 
 from tfdp.errors import UserError
 
-STRATEGIES = ("manual", "mirrored", "multi_worker")
+STRATEGIES = ("manual", "mirrored", "multi_worker", "plain")
 MODELS = ("lenet", "resnet18")
 ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
@@ -36,6 +36,8 @@ class Config:
     steps_per_epoch: Optional[int] = None
     eval_steps: Optional[int] = None
     allreduce: str = "add_n"
+    steps_per_execution: int = 1
+    synthetic_data: bool = False
     eager: bool = False
     sync_batch_norm: bool = False
     data_dir: Optional[str] = None
@@ -56,11 +58,14 @@ class Config:
             raise UserError(f"--model={self.model} needs --strategy=mirrored or multi_worker: "
                             "the from-scratch path (--strategy=manual) trains lenet only")
         _positive("num_gpus", self.num_gpus)
+        if self.strategy == "plain" and self.num_gpus != 1:
+            raise UserError(f"--strategy=plain trains on one device without tf.distribute; for "
+                            f"--num_gpus={self.num_gpus} use --strategy=mirrored")
         _positive("epochs", self.epochs)
         if self.batch_size is not None and self.per_replica_batch_size is not None:
             raise UserError("give --batch_size (global) or --per_replica_batch_size, not both")
         for name in ("batch_size", "per_replica_batch_size", "steps_per_epoch", "eval_steps",
-                     "collective_timeout"):
+                     "collective_timeout", "steps_per_execution"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):

@@ -127,6 +127,13 @@ def load_split(split: str, data_dir: Optional[str] = None,
     return Split(images, labels)
 
 
+def load_splits(data_dir: Optional[str], manual_dir: Optional[str], synthetic: bool = False):
+    """(train, test) for a run: the real Fashion-MNIST, or synthetic arrays of its sizes."""
+    if synthetic:
+        return synthetic_split(60000, seed=1), synthetic_split(10000, seed=2)
+    return load_split("train", data_dir, manual_dir), load_split("test", data_dir, manual_dir)
+
+
 def synthetic_split(num_examples: int, seed: int = 0) -> Split:
     """Random images and labels of the real shapes, made in memory (benchmarks, no input cost)."""
     rng = np.random.default_rng(seed)

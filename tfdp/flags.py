@@ -19,7 +19,8 @@ def define_flags() -> None:
     flags.DEFINE_string(
         "strategy", "manual",
         "manual: the from-scratch data-parallel loop; mirrored: Keras fit under "
-        "MirroredStrategy; multi_worker: Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG).")
+        "MirroredStrategy; multi_worker: Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG); "
+        "plain: Keras fit on one device with no tf.distribute strategy (the baseline).")
     flags.DEFINE_string("model", "lenet", "lenet or resnet18 (resnet18 needs a Keras strategy).")
     flags.DEFINE_integer(
         "num_gpus", 1,
@@ -50,6 +51,12 @@ def define_flags() -> None:
                         "manual path: add_n (textbook), sharded (parameter-server style) or ring.")
     flags.DEFINE_boolean("eager", False,
                          "Run the training step eagerly instead of compiled (slow; for teaching).")
+    flags.DEFINE_integer("steps_per_execution", 1,
+                         "Keras paths: training steps per compiled call (fewer Python round "
+                         "trips; progress and callbacks then update every N steps).")
+    flags.DEFINE_boolean("synthetic_data", False,
+                         "Random images of the real shapes, made in memory: takes the input "
+                         "pipeline out of benchmarks (accuracy is then meaningless).")
     flags.DEFINE_boolean("sync_batch_norm", False,
                          "resnet18: batch-norm statistics over the global batch, across replicas.")
     flags.DEFINE_string("data_dir", None, "tensorflow-datasets data dir (default: TFDS's own).")
@@ -85,6 +92,8 @@ def config_from_flags() -> Config:
         steps_per_epoch=FLAGS.steps_per_epoch,
         eval_steps=FLAGS.eval_steps,
         allreduce=FLAGS.allreduce,
+        steps_per_execution=FLAGS.steps_per_execution,
+        synthetic_data=FLAGS.synthetic_data,
         eager=FLAGS.eager,
         sync_batch_norm=FLAGS.sync_batch_norm,
         data_dir=FLAGS.data_dir,

@@ -33,7 +33,8 @@ class Distribution:
         where = (f"{self.num_workers} workers x {len(self.devices)} device(s)"
                  if self.num_workers > 1 else f"devices {self.devices}")
         kind = ("MultiWorkerMirroredStrategy" if self.num_workers > 1 or isinstance(
-            self.strategy, tf.distribute.MultiWorkerMirroredStrategy) else "MirroredStrategy")
+            self.strategy, tf.distribute.MultiWorkerMirroredStrategy) else
+            type(self.strategy).__name__)
         return f"{kind}, {self.replicas} replica(s) in sync on {where}"
 
 
@@ -43,6 +44,9 @@ def make_distribution(name: str, num_gpus: int, collective_timeout: int) -> Dist
         return Distribution(tf.distribute.MirroredStrategy(names), names, 0, 1, True)
     if name == "multi_worker":
         return _multi_worker(num_gpus, collective_timeout)
+    if name == "plain":  # Keras' default strategy: no replication, plain fit on one device.
+        names = devices.configure_devices(1)
+        return Distribution(tf.distribute.get_strategy(), names, 0, 1, True)
     raise UserError(f"--strategy={name} is not a Keras strategy (mirrored, multi_worker)")
 
 

@@ -73,8 +73,8 @@ def run(config, start_weights=None) -> dict:
     if distribution.is_chief:
         export.check_export_root(config.export_root)
     batch = config.global_batch_size(replicas)
-    train_split = data.load_split("train", config.data_dir, config.manual_dir)
-    test_split = data.load_split("test", config.data_dir, config.manual_dir)
+    train_split, test_split = data.load_splits(config.data_dir, config.manual_dir,
+                                               config.synthetic_data)
     steps = data.steps_per_epoch(len(train_split.labels), batch, config.steps_per_epoch)
     warmup = schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0
     peak_lr = config.peak_lr(replicas)
@@ -90,7 +90,8 @@ def run(config, start_weights=None) -> dict:
             model.set_weights(start_weights)
         model.compile(optimizer=keras.optimizers.SGD(WarmupSchedule(config.lr, peak_lr, warmup)),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], run_eagerly=config.eager)
+                      metrics=["accuracy"], run_eagerly=config.eager,
+                      steps_per_execution=config.steps_per_execution)
         model.optimizer.build(model.trainable_variables)
     if first_epoch:
         backup.restore(model, folder, first_epoch)
@@ -127,6 +128,8 @@ def run(config, start_weights=None) -> dict:
 
 def _distribute(strategy, global_batches, replicas):
     """Per-replica shards of each global batch, cut like the manual path's ``split_batch``."""
+    if strategy is tf.distribute.get_strategy():  # --strategy=plain: Keras' default strategy.
+        return global_batches.map(lambda x, y: (data.to_float(x), y))
     return strategy.distribute_datasets_from_function(
         lambda context: data.per_replica_batches(
             global_batches.map(lambda x, y: (data.to_float(x), y)), replicas,

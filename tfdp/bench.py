@@ -1,0 +1,254 @@
+"""``python -m tfdp.bench``: throughput and scaling of every path, side by side, and allreduce.
+
+Every configuration is a real ``tfdp.train`` run in a process of its own (devices and thread
+pools are fixed per process), started in interleaved rounds, so the machine's noise spreads
+over all of them alike. Throughput comes from the per-epoch timings the run itself writes in
+``metrics.json``; the first epoch (tracing, warm-up) is dropped, the rest pooled over rounds.
+
+  python -m tfdp.bench                                   # the default table, real data
+  python -m tfdp.bench --data=synthetic --configs=manual:1,manual:2,manual:2:ring
+  python -m tfdp.bench --configs= --allreduce            # the allreduce table only
+
+A configuration is ``path:devices[:option...]``; path is manual, mirrored, multi_worker or
+plain (Keras fit, no strategy); options are an allreduce (add_n, sharded, ring), ``eager``,
+and ``spe=N`` (steps per execution, Keras paths).
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+flags.DEFINE_list("configs", "plain:1,manual:1,manual:2,mirrored:1,mirrored:2,multi_worker:2",
+                  "Configurations to run (see the module doc).")
+flags.DEFINE_enum("data", "real", ["real", "synthetic"],
+                  "real: the Fashion-MNIST pipeline; synthetic: same shapes, made in memory.")
+flags.DEFINE_enum("model", "lenet", ["lenet", "resnet18"], "Model to train.")
+flags.DEFINE_integer("batch_size", 256, "Global batch.")
+flags.DEFINE_integer("steps", 60, "Timed steps per epoch (an epoch window).")
+flags.DEFINE_integer("epochs", 3, "Epochs per run; the first is warm-up and not counted.")
+flags.DEFINE_integer("rounds", 2, "Interleaved rounds over all configurations.")
+flags.DEFINE_boolean("allreduce", False, "Also run the allreduce micro-benchmark.")
+flags.DEFINE_list("allreduce_sizes", None, "Allreduce sizes in bytes (default 4K..64M).")
+flags.DEFINE_string("workdir", os.path.join("runs", "bench"), "Where the table, JSON and chart go.")
+flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
+flags.DEFINE_string("manual_dir", None, "Fashion-MNIST .gz folder (as for tfdp.train).")
+FLAGS = flags.FLAGS
+
+EPOCH_EXAMPLES = 60000
+PATHS = ("manual", "mirrored", "multi_worker", "plain")
+
+
+def parse_config(text: str) -> dict:
+    parts = text.strip().split(":")
+    if len(parts) < 2 or parts[0] not in PATHS or not parts[1].isdigit() or int(parts[1]) < 1:
+        raise ValueError(f"--configs entry {text!r}: expected path:devices[:option...] with "
+                         f"path in {', '.join(PATHS)}")
+    config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
+              "allreduce": "add_n" if parts[0] == "manual" else "-", "eager": False, "spe": 1}
+    for option in parts[2:]:
+        if option in ("add_n", "sharded", "ring"):
+            config["allreduce"] = option
+        elif option == "eager":
+            config["eager"] = True
+        elif option.startswith("spe=") and option[4:].isdigit():
+            config["spe"] = int(option[4:])
+        else:
+            raise ValueError(f"--configs entry {text!r}: unknown option {option!r}")
+    return config
+
+
+def train_command(config: dict, workdir: str) -> list:
+    args = [f"--model={FLAGS.model}", f"--batch_size={FLAGS.batch_size}",
+            f"--epochs={FLAGS.epochs}", f"--steps_per_epoch={FLAGS.steps}", "--eval_steps=1",
+            "--init=glorot", f"--workdir={workdir}", f"--export_dir={workdir}/export"]
+    args += [f"--data_dir={FLAGS.data_dir}"] * bool(FLAGS.data_dir)
+    args += [f"--manual_dir={FLAGS.manual_dir}"] * bool(FLAGS.manual_dir)
+    args += ["--synthetic_data"] * (FLAGS.data == "synthetic")
+    args += ["--eager"] * config["eager"]
+    if config["path"] == "manual":
+        args.append(f"--allreduce={config['allreduce']}")
+    else:
+        args.append(f"--steps_per_execution={config['spe']}")
+    if config["path"] == "multi_worker":
+        return [sys.executable, "-m", "tfdp.launch", f"--num_workers={config['devices']}", "--",
+                "--strategy=multi_worker", "--num_gpus=1", *args]
+    return [sys.executable, "-m", "tfdp.train", f"--strategy={config['path']}",
+            f"--num_gpus={config['devices']}", *args]
+
+
+def run_once(config: dict) -> list:
+    """Examples/s of each timed (non-first) epoch of one run."""
+    workdir = tempfile.mkdtemp(prefix="tfdp-bench-")
+    try:
+        result = subprocess.run(train_command(config, workdir), capture_output=True, text=True,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        if result.returncode != 0:
+            tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
+            raise RuntimeError(f"{config['name']} failed: {tail[0]}")
+        with open(os.path.join(workdir, "metrics.json")) as f:
+            epochs = json.load(f)["epochs"]
+        return [e["examples_per_sec"] for e in epochs[1:]]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def matmul_gflops(n=2048, repeats=10) -> float:
+    """The machine's practical fp32 ceiling: a large matmul on all cores."""
+    import tensorflow as tf
+
+    a = tf.random.normal([n, n])
+    tf.linalg.matmul(a, a).numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tf.linalg.matmul(a, a).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
+
+
+def training_flops_per_example(model_name: str) -> float:
+    """Forward multiply-adds of conv and dense layers x 2 FLOPs, x 3 for forward + backward."""
+    import keras
+
+    from tfdp.models import lenet, resnet
+
+    model = lenet.keras_model() if model_name == "lenet" else resnet.resnet()
+    forward = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Conv2D):
+            kh, kw, cin, cout = layer.kernel.shape
+            _, h, w, _ = layer.output.shape
+            forward += 2 * h * w * cout * kh * kw * cin
+        elif isinstance(layer, keras.layers.Dense):
+            forward += 2 * layer.kernel.shape[0] * layer.kernel.shape[1]
+    return 3.0 * forward
+
+
+def summarise(configs, samples, gflops, flops_per_example) -> list:
+    rows = []
+    for config in configs:
+        rates = samples[config["name"]]
+        median = statistics.median(rates)
+        rows.append({**config, "examples_per_sec": median, "min": min(rates), "max": max(rates),
+                     "runs": len(rates), "sec_per_epoch": EPOCH_EXAMPLES / median,
+                     "flops_fraction": flops_per_example * median / (gflops * 1e9)})
+    for row in rows:
+        one = next((r for r in rows if r["path"] == row["path"] and r["devices"] == 1
+                    and r["allreduce"] in (row["allreduce"], "add_n", "-")
+                    and r["eager"] == row["eager"] and r["spe"] == row["spe"]), None)
+        row["speedup"] = row["examples_per_sec"] / one["examples_per_sec"] if one else None
+        row["efficiency"] = row["speedup"] / row["devices"] if one else None
+        plain = next((r for r in rows if r["path"] == "plain"), None)
+        row["vs_plain"] = row["examples_per_sec"] / plain["examples_per_sec"] if plain else None
+    return rows
+
+
+def format_table(rows, gflops, flops_per_example) -> str:
+    def opt(value, fmt):
+        return format(value, fmt) if value is not None else "-"
+
+    lines = [f"{FLAGS.model}, global batch {FLAGS.batch_size}, {FLAGS.data} data, "
+             f"{FLAGS.steps} steps x {FLAGS.epochs - 1} timed epochs x {FLAGS.rounds} rounds; "
+             f"matmul ceiling {gflops:.0f} GFLOP/s, {flops_per_example / 1e6:.1f} MFLOP per "
+             "training example",
+             "| config | path | devices | allreduce | step | examples/s (min-max) | "
+             "sec/epoch | speedup vs 1 | efficiency | vs plain fit | of matmul ceiling |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        step = "eager" if r["eager"] else ("compiled" if r["spe"] == 1 else
+                                           f"compiled, {r['spe']} steps/call")
+        lines.append(
+            f"| {r['name']} | {r['path']} | {r['devices']} | {r['allreduce']} | {step} | "
+            f"{r['examples_per_sec']:.0f} ({r['min']:.0f}-{r['max']:.0f}) | "
+            f"{r['sec_per_epoch']:.1f} | {opt(r['speedup'], '.2f')} | "
+            f"{opt(r['efficiency'], '.0%')} | {opt(r['vs_plain'], '.2f')} | "
+            f"{r['flops_fraction']:.1%} |")
+    return "\n".join(lines)
+
+
+def format_allreduce(result) -> str:
+    lines = [f"allreduce, best of 5; memcpy {result['memcpy_gbps']:.1f} GB/s",
+             "| algorithm | k | size | time | bus bandwidth |", "| --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        size = (f"{r['bytes'] >> 20} MB" if r["bytes"] >= 1 << 20 else f"{r['bytes'] >> 10} KB")
+        if "error" in r:
+            lines.append(f"| {r['algorithm']} | {r['k']} | {size} | n/a: {r['error']} | |")
+        else:
+            lines.append(f"| {r['algorithm']} | {r['k']} | {size} | "
+                         f"{r['seconds'] * 1e3:.2f} ms | {r['bus_gbps']:.2f} GB/s |")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+    names = [r["name"] for r in rows]
+    ax.barh(names, [r["examples_per_sec"] for r in rows],
+            xerr=[[r["examples_per_sec"] - r["min"] for r in rows],
+                  [r["max"] - r["examples_per_sec"] for r in rows]], color="tab:blue")
+    ax.invert_yaxis()
+    ax.set_xlabel("training examples / s (median, min-max)")
+    ax.set_title(f"{FLAGS.model}, batch {FLAGS.batch_size}, {FLAGS.data} data")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv):
+    del argv
+    try:
+        configs = [parse_config(c) for c in FLAGS.configs if c.strip()]
+    except ValueError as e:
+        sys.exit(f"tfdp.bench: error: {e}")
+    os.makedirs(FLAGS.workdir, exist_ok=True)
+    report = {"flags": {k: getattr(FLAGS, k) for k in ("configs", "data", "model", "batch_size",
+                                                       "steps", "epochs", "rounds")}}
+    text = []
+    if configs:
+        samples = {c["name"]: [] for c in configs}
+        for round_ in range(FLAGS.rounds):
+            for config in configs:
+                print(f"round {round_ + 1}/{FLAGS.rounds}: {config['name']} ...", flush=True)
+                try:
+                    samples[config["name"]] += run_once(config)
+                except RuntimeError as e:
+                    sys.exit(f"tfdp.bench: error: {e}")
+        gflops = matmul_gflops()
+        flops = training_flops_per_example(FLAGS.model)
+        rows = summarise(configs, samples, gflops, flops)
+        report.update(matmul_gflops=gflops, training_flops_per_example=flops, rows=rows,
+                      samples=samples)
+        text.append(format_table(rows, gflops, flops))
+        plot(rows, os.path.join(FLAGS.workdir, "bench.png"))
+    if FLAGS.allreduce:
+        args = {"sizes": [int(s) for s in FLAGS.allreduce_sizes]} if FLAGS.allreduce_sizes else {}
+        out = subprocess.run([sys.executable, "-m", "tfdp.bench_allreduce", json.dumps(args)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"tfdp.bench: error: allreduce benchmark failed: {out.stderr[-500:]}")
+        report["allreduce"] = json.loads(out.stdout.strip().splitlines()[-1])
+        text.append(format_allreduce(report["allreduce"]))
+    with open(os.path.join(FLAGS.workdir, "bench.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(FLAGS.workdir, "bench.md"), "w") as f:
+        f.write("\n\n".join(text) + "\n")
+    print("\n\n".join(text))
+    print(f"\nwritten: {FLAGS.workdir}/bench.json, bench.md" + (", bench.png" if configs else ""))
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
