@@ -9,9 +9,10 @@ over all of them alike. Throughput comes from the per-epoch timings the run itse
   python -m tfdp.bench --data=synthetic --configs=manual:1,manual:2,manual:2:ring
   python -m tfdp.bench --configs= --allreduce            # the allreduce table only
 
-A configuration is ``path:devices[:option...]``; path is manual, mirrored, multi_worker or
-plain (Keras fit, no strategy); options are an allreduce (add_n, sharded, ring), ``eager``,
-and ``spe=N`` (steps per execution, Keras paths).
+A configuration is ``path:devices[:option...]``; path is manual, mirrored, multi_worker,
+plain (Keras fit, no strategy, tfdp's input pipeline) or stock (Keras fit on numpy arrays,
+default threads: ``tfdp.bench_stock``); options are an allreduce (add_n, sharded, ring),
+``eager``, and ``spe=N`` (steps per execution, Keras paths).
 """
 
 import json
@@ -25,7 +26,8 @@ import time
 
 from absl import app, flags
 
-flags.DEFINE_list("configs", "plain:1,manual:1,manual:2,mirrored:1,mirrored:2,multi_worker:2",
+flags.DEFINE_list("configs",
+                  "stock:1,plain:1,manual:1,manual:2,mirrored:1,mirrored:2,multi_worker:2",
                   "Configurations to run (see the module doc).")
 flags.DEFINE_enum("data", "real", ["real", "synthetic"],
                   "real: the Fashion-MNIST pipeline; synthetic: same shapes, made in memory.")
@@ -42,7 +44,7 @@ flags.DEFINE_string("manual_dir", None, "Fashion-MNIST .gz folder (as for tfdp.t
 FLAGS = flags.FLAGS
 
 EPOCH_EXAMPLES = 60000
-PATHS = ("manual", "mirrored", "multi_worker", "plain")
+PATHS = ("manual", "mirrored", "multi_worker", "plain", "stock")
 
 
 def parse_config(text: str) -> dict:
@@ -65,6 +67,10 @@ def parse_config(text: str) -> dict:
 
 
 def train_command(config: dict, workdir: str) -> list:
+    if config["path"] == "stock":
+        return [sys.executable, "-m", "tfdp.bench_stock", workdir, str(FLAGS.batch_size),
+                str(FLAGS.epochs), str(FLAGS.steps), str(int(FLAGS.data == "synthetic")),
+                *([FLAGS.data_dir] if FLAGS.data_dir else [])]
     args = [f"--model={FLAGS.model}", f"--batch_size={FLAGS.batch_size}",
             f"--epochs={FLAGS.epochs}", f"--steps_per_epoch={FLAGS.steps}", "--eval_steps=1",
             "--init=glorot", f"--workdir={workdir}", f"--export_dir={workdir}/export"]
@@ -145,8 +151,9 @@ def summarise(configs, samples, gflops, flops_per_example) -> list:
                     and r["eager"] == row["eager"] and r["spe"] == row["spe"]), None)
         row["speedup"] = row["examples_per_sec"] / one["examples_per_sec"] if one else None
         row["efficiency"] = row["speedup"] / row["devices"] if one else None
-        plain = next((r for r in rows if r["path"] == "plain"), None)
-        row["vs_plain"] = row["examples_per_sec"] / plain["examples_per_sec"] if plain else None
+        for base in ("plain", "stock"):
+            ref = next((r for r in rows if r["path"] == base), None)
+            row[f"vs_{base}"] = row["examples_per_sec"] / ref["examples_per_sec"] if ref else None
     return rows
 
 
@@ -159,8 +166,9 @@ def format_table(rows, gflops, flops_per_example) -> str:
              f"matmul ceiling {gflops:.0f} GFLOP/s, {flops_per_example / 1e6:.1f} MFLOP per "
              "training example",
              "| config | path | devices | allreduce | step | examples/s (min-max) | "
-             "sec/epoch | speedup vs 1 | efficiency | vs plain fit | of matmul ceiling |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "sec/epoch | speedup vs 1 | efficiency | vs plain fit | vs stock fit | "
+             "of matmul ceiling |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         step = "eager" if r["eager"] else ("compiled" if r["spe"] == 1 else
                                            f"compiled, {r['spe']} steps/call")
@@ -169,7 +177,7 @@ def format_table(rows, gflops, flops_per_example) -> str:
             f"{r['examples_per_sec']:.0f} ({r['min']:.0f}-{r['max']:.0f}) | "
             f"{r['sec_per_epoch']:.1f} | {opt(r['speedup'], '.2f')} | "
             f"{opt(r['efficiency'], '.0%')} | {opt(r['vs_plain'], '.2f')} | "
-            f"{r['flops_fraction']:.1%} |")
+            f"{opt(r['vs_stock'], '.2f')} | {r['flops_fraction']:.1%} |")
     return "\n".join(lines)
 
 
