@@ -45,20 +45,31 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
     assert (tmp_path / "mirrored" / "accuracy.png").exists()
 
 
-def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys):
-    settings = common(tmp_path, data_dir, "resume", steps_per_epoch=5, eval_steps=1)
-    start = lenet.to_keras_weights(lenet.init_params(1, init="glorot"))
-    full = keras_trainer.run(Config(strategy="mirrored", **dict(settings, epochs=3,
-                                    workdir=str(tmp_path / "full"))), start_weights=start)
-    # A run that stopped after epoch 2 leaves backups of epochs 1 and 2 and its metrics.
-    keras_trainer.run(Config(strategy="mirrored", **dict(settings, epochs=2)),
-                      start_weights=start)
+def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monkeypatch):
+    settings = common(tmp_path, data_dir, "resume", steps_per_epoch=5, eval_steps=1, epochs=3)
+    start = lenet.to_keras_weights(comparable_start(1))
+    full = keras_trainer.run(Config(strategy="mirrored", **dict(
+        settings, workdir=str(tmp_path / "full"), export_dir=str(tmp_path / "full-exp"))),
+        start_weights=start)
+    assert not os.path.exists(backup.worker_folder(str(tmp_path / "full"), 0))  # Spent.
+
+    save = backup.EpochBackup.on_epoch_end
+
+    def crash_after_epoch_2(self, epoch, logs=None):
+        save(self, epoch, logs)
+        if epoch + 1 == 2:
+            raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(backup.EpochBackup, "on_epoch_end", crash_after_epoch_2)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        keras_trainer.run(Config(strategy="mirrored", **settings), start_weights=start)
+    monkeypatch.undo()
     folder = backup.worker_folder(str(tmp_path / "resume"), 0)
     assert backup.finished_epochs(folder) == [1, 2]
+    assert not os.path.exists(tmp_path / "resume-exp") or not os.listdir(tmp_path / "resume-exp")
     capsys.readouterr()
 
-    resumed = keras_trainer.run(Config(strategy="mirrored", **dict(settings, epochs=3)),
-                                start_weights=start)
+    resumed = keras_trainer.run(Config(strategy="mirrored", **settings), start_weights=start)
     out = capsys.readouterr().out
     assert "resuming from epoch 2" in out
     assert out.count("epoch 3/3: loss") == 1 and "epoch 1/3: loss" not in out
@@ -67,6 +78,7 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys):
     assert [r["epoch"] for r in metrics["epochs"]] == [1, 2, 3]
     for x, y in zip(full["weights"], resumed["weights"]):  # As if it had never stopped.
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    assert os.listdir(tmp_path / "resume-exp") == ["1"]
 
 
 def test_resnet18_has_the_expected_size_and_trains(tmp_path, data_dir):

@@ -43,11 +43,11 @@ class Reporter:
         """A progress bar for one epoch (silent off the chief)."""
         import keras
 
-        if self.is_chief:
-            print(f"epoch {epoch + 1}/{self.config['epochs']}", flush=True)
         # Keras redraws the bar in place on any POSIX system; into a log or the launcher's
         # prefixed pipe that is noise, so only a terminal gets the live bar.
         live = self.is_chief and sys.stdout.isatty()
+        if live:
+            print(f"epoch {epoch + 1}/{self.config['epochs']}", flush=True)
         return keras.utils.Progbar(steps, verbose=1 if live else 0,
                                    stateful_metrics=["loss", "acc"])
 
