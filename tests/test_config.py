@@ -24,6 +24,9 @@ from tfdp.errors import UserError
     ({"batch_size": 64, "per_replica_batch_size": 32}, "not both"),
     ({"steps_per_epoch": 0}, "--steps_per_epoch"),
     ({"manual_dir": "/nonexistent/fashion"}, "--manual_dir"),
+    ({"strategy": "mirrored", "steps_per_execution": 4}, "--steps_per_execution=4"),
+    ({"steps_per_execution": 2}, "--steps_per_execution"),
+    ({"strategy": "plain", "num_gpus": 2}, "--strategy=plain"),
 ])
 def test_bad_values_are_refused(kwargs, words):
     with pytest.raises(UserError, match=words.replace("-", r"\-")) as e:

@@ -62,6 +62,14 @@ class Config:
             raise UserError(f"--strategy=plain trains on one device without tf.distribute; for "
                             f"--num_gpus={self.num_gpus} use --strategy=mirrored")
         _positive("epochs", self.epochs)
+        if self.steps_per_execution > 1 and self.strategy in ("mirrored", "multi_worker"):
+            # Keras 3.15's multi-step loop over a distributed iterator fails in graph execution
+            # ("You must feed a value for placeholder ... while/cond"), seen with TF 2.21.
+            raise UserError(f"--steps_per_execution={self.steps_per_execution} works with "
+                            "--strategy=plain only: Keras fails with it under tf.distribute")
+        if self.strategy == "manual" and self.steps_per_execution > 1:
+            raise UserError("--steps_per_execution is a Keras option: the manual path runs "
+                            "one compiled step per call")
         if self.batch_size is not None and self.per_replica_batch_size is not None:
             raise UserError("give --batch_size (global) or --per_replica_batch_size, not both")
         for name in ("batch_size", "per_replica_batch_size", "steps_per_epoch", "eval_steps",
