@@ -24,10 +24,9 @@ def run_manual(config) -> dict:
 
     names = devices.configure_devices(config.num_gpus)
     export.check_export_root(config.export_root)
-    config.global_batch_size(len(names))  # Refuse a batch too small to split before any work.
+    batch = config.global_batch_size(len(names))  # Refuses a batch too small, before any work.
     train_split, test_split = data.load_splits(config.data_dir, config.manual_dir,
                                                config.synthetic_data)
-    batch = config.global_batch_size(len(names))
     reporter = report.Reporter(
         config.run_dir, config.to_dict(), names,
         eval_examples=data.eval_examples(len(test_split.labels), batch, config.eval_steps),

@@ -61,7 +61,7 @@ def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
     devices.share_cores(num_gpus)
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    names = [d.replace("/job:worker/replica:0", "") for d in strategy.extended.worker_devices]
+    names = list(strategy.extended.worker_devices)
     workers = sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
     index = task["index"] + (1 if task["type"] == "worker" and "chief" in cluster else 0)
     is_chief = task["type"] == "chief" or (task["type"] == "worker" and task["index"] == 0

@@ -49,7 +49,7 @@ class EpochReport(keras.callbacks.Callback):
 
     def __init__(self, reporter, steps, batch_size, num_examples):
         super().__init__()
-        self.reporter, self.steps = reporter, steps
+        self.reporter = reporter
         self.examples = min(steps * batch_size, num_examples)
 
     def on_epoch_begin(self, epoch, logs=None):
