@@ -118,3 +118,15 @@ def test_bad_export_dir_and_damaged_data(tmp_path, manual_dir, data_dir):
     result = run_module("tfdp.train", f"--manual_dir={tmp_path}",
                         f"--data_dir={tmp_path / 'fresh'}", f"--export_dir={tmp_path / 'exp'}")
     assert_one_line_error(result, "is missing", "--manual_dir")
+
+
+@pytest.mark.parametrize("script,args,words", [
+    ("tfdp-train", ["--num_gpus=0"], "tfdp.train: error: --num_gpus"),
+    ("tfdp-launch", ["--num_workers=0", "--", "--epochs=1"], "tfdp.launch: error: --num_workers"),
+    ("tfdp-bench", ["--configs=bad"], "tfdp.bench: error: --configs entry 'bad'"),
+])
+def test_console_scripts_are_installed_and_run(script, args, words):
+    path = shutil.which(script, path=os.path.dirname(sys.executable))
+    assert path, f"{script} is not installed beside {sys.executable}"
+    result = subprocess.run([path, *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and words in result.stderr.strip().splitlines()[-1]
