@@ -199,6 +199,18 @@ def _lock(path: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def shard_sizes(n, k: int) -> list:
+    """Sizes of ``n`` examples split into ``k`` shards as evenly as possible (first ones +1).
+
+    Works on Python ints and on scalar tensors (a batch size known only at run time); every
+    path cuts global batches into per-replica shards with it.
+    """
+    base, extra = n // k, n % k
+    if isinstance(n, int):
+        return [base + (1 if i < extra else 0) for i in range(k)]
+    return [base + tf.cast(i < extra, n.dtype) for i in range(k)]
+
+
 def per_replica_batches(global_batches: tf.data.Dataset, num_replicas: int, first: int,
                         count: int) -> tf.data.Dataset:
     """Replicas ``first .. first+count-1``'s shards of each global batch, one element each.
@@ -207,13 +219,12 @@ def per_replica_batches(global_batches: tf.data.Dataset, num_replicas: int, firs
     ``split_batch``; ``tf.distribute`` hands consecutive elements to consecutive local replicas.
     """
     def shards(images, labels):
-        n = tf.shape(labels, out_type=tf.int64)[0]
-        base, extra = n // num_replicas, n % num_replicas
+        sizes = tf.stack(shard_sizes(tf.shape(labels, out_type=tf.int64)[0], num_replicas))
+        starts = tf.cumsum(sizes, exclusive=True)
 
         def shard(r):
-            start = r * base + tf.minimum(r, extra)
-            size = base + tf.cast(r < extra, tf.int64)
-            return images[start:start + size], labels[start:start + size]
+            return (images[starts[r]:starts[r] + sizes[r]],
+                    labels[starts[r]:starts[r] + sizes[r]])
 
         return tf.data.Dataset.range(first, first + count).map(shard)
 

@@ -18,7 +18,6 @@ from absl import logging
 from tfdp import data, export, report, schedule
 from tfdp.keras_path import backup, keras_mwms_fix
 from tfdp.keras_path.strategy import make_distribution
-from tfdp.manual.replicate import shard_sizes
 from tfdp.models import lenet, resnet
 
 
@@ -81,7 +80,8 @@ def run(config, start_weights=None) -> dict:
     warmup = schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0
     peak_lr = config.peak_lr(replicas)
     logging.info("%s: %s; global batch %d = %s per replica; lr %g%s", config.strategy,
-                 distribution.describe(), batch, " + ".join(map(str, shard_sizes(batch, replicas))),
+                 distribution.describe(), batch,
+                 " + ".join(map(str, data.shard_sizes(batch, replicas))),
                  peak_lr, f" after {warmup} warmup steps from {config.lr:g}" if warmup else "")
 
     folder = backup.worker_folder(config.run_dir, distribution.worker_index)

@@ -2,6 +2,8 @@
 
 import tensorflow as tf
 
+from tfdp.data import shard_sizes
+
 
 def get_params(params: dict, device: str) -> dict:
     """One replica: a ``tf.Variable`` on ``device`` for every parameter (the textbook's get_params)."""
@@ -12,17 +14,6 @@ def get_params(params: dict, device: str) -> dict:
 def replicate(params: dict, devices: list) -> list:
     """One replica per device, all starting from the same values."""
     return [get_params(params, device) for device in devices]
-
-
-def shard_sizes(n, k: int) -> list:
-    """Sizes of ``n`` examples split into ``k`` shards as evenly as possible (first ones +1).
-
-    Works on Python ints and on scalar tensors (a batch size known only at run time).
-    """
-    base, extra = n // k, n % k
-    if isinstance(n, int):
-        return [base + (1 if i < extra else 0) for i in range(k)]
-    return [base + tf.cast(i < extra, n.dtype) for i in range(k)]
 
 
 def split_batch(images: tf.Tensor, labels: tf.Tensor, devices: list) -> list:

@@ -15,7 +15,7 @@ from absl import logging
 
 from tfdp import data, schedule
 from tfdp.manual.allreduce import ALLREDUCE
-from tfdp.manual.replicate import replicate, shard_sizes, split_batch
+from tfdp.manual.replicate import replicate, split_batch
 from tfdp.models import lenet
 
 _IMAGES = tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8)
@@ -89,7 +89,8 @@ def train(config, devices: list, train_split: data.Split, test_split: data.Split
     peak_lr = config.peak_lr(k)
     logging.info("manual: %d device(s) %s, global batch %d = %s per device, allreduce %s, "
                  "lr %g%s, %s step", k, devices, batch_size,
-                 " + ".join(map(str, shard_sizes(batch_size, k))), config.allreduce, peak_lr,
+                 " + ".join(map(str, data.shard_sizes(batch_size, k))), config.allreduce,
+                 peak_lr,
                  f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
                  "eager" if config.eager else "compiled")
 
