@@ -7,10 +7,13 @@ import os
 import numpy as np
 import pytest
 
-from conftest import DEVICES, comparable_start, run_module, update_difference
-from tfdp import report
+import keras
+import tensorflow as tf
+
+from conftest import DEVICES, comparable_start, head, run_module, update_difference
+from tfdp import data, report
 from tfdp.config import Config
-from tfdp.keras_path import backup
+from tfdp.keras_path import backup, evaluation
 from tfdp.keras_path import trainer as keras_trainer
 from tfdp.manual import trainer as manual_trainer
 from tfdp.models import lenet, resnet
@@ -40,9 +43,33 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
     assert mirrored["final_line"].endswith("sec/epoch on ['/device:CPU:0', '/device:CPU:1']")
     assert "(first 192 of 10000 test examples)" in mirrored["final_line"]
     assert mirrored["export_path"].endswith(os.path.join("mirrored-exp", "1"))
+    # Both paths evaluate the same 192 test examples with (nearly) the same weights.
+    assert mirrored["records"][-1]["test_acc"] == pytest.approx(
+        reporter.records[-1]["test_acc"], abs=1 / 192)
     metrics = json.loads((tmp_path / "mirrored" / "metrics.json").read_text())
     assert [r["epoch"] for r in metrics["epochs"]] == [1]
     assert (tmp_path / "mirrored" / "accuracy.png").exists()
+
+
+def test_evaluator_covers_the_same_batches_every_time(test_split):
+    """2 replicas, 3 batches of 96, 96 and 8 (shards of 48 and 4): the sums are global and exact."""
+    split = head(test_split, 200)
+    strategy = tf.distribute.MirroredStrategy(DEVICES[:2])
+    with strategy.scope():
+        model = lenet.keras_model()
+        model.set_weights(lenet.to_keras_weights(comparable_start(5)))
+    batches = data.eval_batches(split, 96).repeat()
+    evaluator = evaluation.Evaluator(model, strategy,
+                                     keras_trainer._distribute(strategy, batches, 2), steps=3)
+
+    logits = model(data.to_float(split.images), training=False)
+    loss = float(np.mean(keras.losses.sparse_categorical_crossentropy(
+        split.labels, logits, from_logits=True)))
+    accuracy = float(np.mean(np.argmax(logits, axis=-1) == split.labels))
+    for _ in range(2):  # The second pass starts where the first began: one pass each time.
+        got_loss, got_accuracy = evaluator.evaluate()
+        assert got_accuracy == pytest.approx(accuracy, abs=1e-9)
+        assert got_loss == pytest.approx(loss, rel=1e-5)
 
 
 def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monkeypatch):

@@ -16,7 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdp import data, export, report, schedule
-from tfdp.keras_path import backup, keras_mwms_fix
+from tfdp.keras_path import backup, evaluation, keras_mwms_fix
 from tfdp.keras_path.strategy import make_distribution
 from tfdp.models import lenet, resnet
 
@@ -44,22 +44,19 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 class EpochReport(keras.callbacks.Callback):
-    """Times training (not validation) and hands each epoch to the shared ``Reporter``."""
+    """Times each epoch's training, evaluates, and hands the epoch to the shared ``Reporter``."""
 
-    def __init__(self, reporter, steps, batch_size, num_examples):
+    def __init__(self, reporter, evaluator, steps, batch_size, num_examples):
         super().__init__()
-        self.reporter = reporter
+        self.reporter, self.evaluator = reporter, evaluator
         self.examples = min(steps * batch_size, num_examples)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start, self._trained = time.perf_counter(), None
-
-    def on_test_begin(self, logs=None):
-        if self._trained is None:  # Validation inside fit starts: training time ends here.
-            self._trained = time.perf_counter() - self._start
+        self._start = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = self._trained or (time.perf_counter() - self._start)
+        seconds = time.perf_counter() - self._start  # Training only: evaluation comes next.
+        logs["val_loss"], logs["val_accuracy"] = self.evaluator.evaluate()
         self.reporter.epoch_end(epoch, loss=logs["loss"], train_acc=logs["accuracy"],
                                 test_acc=logs["val_accuracy"], seconds=seconds,
                                 examples=self.examples)
@@ -109,16 +106,15 @@ def run(config, start_weights=None) -> dict:
     if first_epoch < config.epochs:
         train = data.train_batches(train_split, batch, config.seed, first_epoch, config.epochs,
                                    config.steps_per_epoch)
-        # Keras keeps one validation iterator across epochs when validation_steps is given:
-        # repeat, so each evaluation takes exactly one pass over the same batches.
+        # Evaluated by EpochReport with one iterator for the run, not by fit (evaluation.py).
         test = data.eval_batches(test_split, batch, config.eval_steps).repeat()
+        evaluator = evaluation.Evaluator(model, strategy, _distribute(strategy, test, replicas),
+                                         steps=data.steps_per_epoch(eval_examples, batch))
         model.fit(
             _distribute(strategy, train, replicas), epochs=config.epochs,
             initial_epoch=first_epoch, steps_per_epoch=steps, shuffle=False,  # Already shuffled.
-            validation_data=_distribute(strategy, test, replicas),
-            validation_steps=data.steps_per_epoch(eval_examples, batch),
             verbose=1 if distribution.is_chief and os.isatty(1) else 0,
-            callbacks=[EpochReport(reporter, steps, batch, len(train_split.labels)),
+            callbacks=[EpochReport(reporter, evaluator, steps, batch, len(train_split.labels)),
                        backup.EpochBackup(folder)])
     line = reporter.final_line()
     weights = model.get_weights()
