@@ -9,7 +9,7 @@
    otherwise spend most of their time decoding the same images again.
 4. ``train_batches`` / ``eval_batches``: a ``tf.data`` pipeline of global batches whose order
    depends only on (seed, epoch), so every path and device count sees the same batches. It
-   does not autotune (``_PIPELINE_OPTIONS``).
+   does not autotune (``_pipeline_options``).
 5. ``to_float``: uint8 pixels -> float in [0, 1], the model's input (the serving contract takes
    raw uint8 and applies the same function).
 """
