@@ -134,9 +134,9 @@ def run(config, start_weights=None) -> dict:
 def _distribute(strategy, global_batches, replicas):
     """Per-replica shards of each global batch, cut like the manual path's ``split_batch``.
 
-    Under MirroredStrategy each replica gets an iterator of its own (PER_REPLICA): the default,
-    one MultiDeviceIterator per worker, costs about 33 ms a step on this CPU even for one
-    device, which alone made mirrored fit half as fast as plain fit (tfdp.bench). TF supports
+    Under MirroredStrategy each replica gets an iterator of its own (PER_REPLICA). The default,
+    one MultiDeviceIterator per worker, costs about 27 ms a step here: mirrored on 2 devices,
+    60-step epochs, trained 3,070-3,170 examples/s with it and 4,430-4,760 without. TF supports
     PER_REPLICA only under MirroredStrategy, so multi_worker keeps PER_WORKER.
 
     Each replica's input is repeated: callers take exactly the batches they need (fit stops at
