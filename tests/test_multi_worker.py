@@ -118,3 +118,36 @@ def test_keras_still_needs_the_multi_worker_workaround(tmp_path, data_dir):
                     "in keras_path/trainer.py, and this test")
     assert ("PerReplica" in result.stderr or "Invalid reduction dimension" in result.stderr), \
         result.stderr[-3000:]
+
+
+_PER_REPLICA_CHECK = """
+import tensorflow as tf
+from tfdp.keras_path import mwms_input
+strategy = tf.distribute.MultiWorkerMirroredStrategy()  # One local worker: no TF_CONFIG.
+fn = lambda context: tf.data.Dataset.range(8).batch(2).repeat()
+options = tf.distribute.InputOptions(
+    experimental_fetch_to_device=False,
+    experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)
+try:
+    strategy.distribute_datasets_from_function(fn, options)
+    print("PUBLIC PER_REPLICA WORKS")
+except NotImplementedError:
+    print("PUBLIC PER_REPLICA REFUSED")
+worker_iterator = iter(mwms_input.distribute(strategy, fn))._iterators[0]
+print("MULTI DEVICE ITERATOR" if "MultiDevice" in type(worker_iterator._iterator).__name__
+      else "OWN ITERATOR")
+"""
+
+
+def test_per_replica_input_under_mwms_is_still_ours_to_build():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    result = subprocess.run([sys.executable, "-c", _PER_REPLICA_CHECK], capture_output=True,
+                            text=True, timeout=120, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    if "PUBLIC PER_REPLICA WORKS" in result.stdout:
+        pytest.fail("MultiWorkerMirroredStrategy now accepts PER_REPLICA input: replace "
+                    "tfdp/keras_path/mwms_input.py with the public distribute_datasets_from_function")
+    assert "PUBLIC PER_REPLICA REFUSED" in result.stdout, result.stdout
+    # Our input really gives the replica its own iterator, not a MultiDeviceIterator.
+    assert "OWN ITERATOR" in result.stdout, result.stdout + result.stderr[-2000:]
