@@ -15,6 +15,7 @@ STRATEGIES = ("manual", "mirrored", "multi_worker", "plain")
 MODELS = ("lenet", "resnet18")
 ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
+PRECISIONS = ("float32", "float64")
 DEFAULT_BATCH_SIZE = 256
 
 
@@ -36,6 +37,7 @@ class Config:
     steps_per_epoch: Optional[int] = None
     eval_steps: Optional[int] = None
     allreduce: str = "add_n"
+    precision: str = "float32"
     steps_per_execution: int = 1
     synthetic_data: bool = False
     eager: bool = False
@@ -50,6 +52,7 @@ class Config:
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("model", self.model, MODELS)
         _choice("allreduce", self.allreduce, ALLREDUCES)
+        _choice("precision", self.precision, PRECISIONS)
         if self.init is not None and self.init not in INITS and not (
                 self.init.endswith(".npz") and os.path.isfile(self.init)):
             raise UserError(f"--init={self.init} is neither one of {', '.join(INITS)} nor an "

@@ -231,16 +231,21 @@ def per_replica_batches(global_batches: tf.data.Dataset, num_replicas: int, firs
                         count: int) -> tf.data.Dataset:
     """Replicas ``first .. first+count-1``'s shards of each global batch, one element each.
 
-    Shards are contiguous and differ in size by at most one, as the manual path's
-    ``split_batch``; ``tf.distribute`` hands consecutive elements to consecutive local replicas.
+    Elements are ``(images, labels, example_weights)``: every example weighs 1 / global batch
+    (float64), so a replica's weighted loss sum is its share of the global mean, however the
+    batch was cut. Shards are contiguous and differ in size by at most one, as the manual
+    path's ``split_batch``; ``tf.distribute`` hands consecutive elements to consecutive local
+    replicas.
     """
     def shards(images, labels):
-        sizes = tf.stack(shard_sizes(tf.shape(labels, out_type=tf.int64)[0], num_replicas))
+        total = tf.shape(labels, out_type=tf.int64)[0]
+        sizes = tf.stack(shard_sizes(total, num_replicas))
         starts = tf.cumsum(sizes, exclusive=True)
 
         def shard(r):
             return (images[starts[r]:starts[r] + sizes[r]],
-                    labels[starts[r]:starts[r] + sizes[r]])
+                    labels[starts[r]:starts[r] + sizes[r]],
+                    tf.fill([sizes[r]], 1.0 / tf.cast(total, tf.float64)))
 
         return tf.data.Dataset.range(first, first + count).map(shard)
 

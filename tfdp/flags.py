@@ -49,6 +49,10 @@ def define_flags() -> None:
                          "Cap on evaluation batches, for short runs (default: whole test set).")
     flags.DEFINE_string("allreduce", "add_n",
                         "manual path: add_n (textbook), sharded (parameter-server style) or ring.")
+    flags.DEFINE_string(
+        "precision", "float32",
+        "float32, or float64: every variable and computation in double precision, slower, for "
+        "checking that paths and device counts train the same model to rounding (1e-9).")
     flags.DEFINE_boolean("eager", False,
                          "Run the training step eagerly instead of compiled (slow; for teaching).")
     flags.DEFINE_integer("steps_per_execution", 1,
@@ -92,6 +96,7 @@ def config_from_flags() -> Config:
         steps_per_epoch=FLAGS.steps_per_epoch,
         eval_steps=FLAGS.eval_steps,
         allreduce=FLAGS.allreduce,
+        precision=FLAGS.precision,
         steps_per_execution=FLAGS.steps_per_execution,
         synthetic_data=FLAGS.synthetic_data,
         eager=FLAGS.eager,

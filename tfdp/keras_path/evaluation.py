@@ -13,7 +13,8 @@ iterator is made once and lives as long as the run.
 
 Each evaluation takes exactly ``steps`` batches of a repeated dataset: one pass over the same
 test batches every epoch. Sums of loss, correct predictions and examples are all-reduced over
-every replica of every worker, so all workers report the same global figures.
+every replica of every worker, so all workers report the same global figures. A replica whose
+shard is empty adds zeros without running the model.
 """
 
 import keras
@@ -30,12 +31,19 @@ class Evaluator:
         self._step = tf.function(self._sums)
 
     def _sums(self, iterator):
-        def replica(images, labels):
+        def sums(images, labels):
             logits = self.model(images, training=False)
             loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
             correct = tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels)
-            return tf.stack([tf.reduce_sum(loss), tf.reduce_sum(tf.cast(correct, tf.float32)),
+            return tf.stack([tf.cast(tf.reduce_sum(loss), tf.float32),
+                             tf.reduce_sum(tf.cast(correct, tf.float32)),
                              tf.cast(tf.shape(labels)[0], tf.float32)])
+
+        def replica(images, labels, *_):
+            # An empty shard (a final batch smaller than the replica count) adds zeros and
+            # never reaches a kernel: oneDNN's convolution refuses an empty batch.
+            return tf.cond(tf.size(labels) > 0, lambda: sums(images, labels),
+                           lambda: tf.zeros([3]))
 
         return self.strategy.reduce("SUM", self.strategy.run(replica, args=next(iterator)),
                                     axis=None)

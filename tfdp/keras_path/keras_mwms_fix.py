@@ -1,20 +1,24 @@
-"""Workaround: Keras 3 ``fit`` under ``MultiWorkerMirroredStrategy`` (TF backend).
+"""Workarounds: Keras 3 ``fit`` under ``tf.distribute`` strategies (TF backend).
 
 Upstream: https://github.com/keras-team/keras/issues/20585 and
 https://github.com/tensorflow/tensorflow/issues/72388. In ``keras/src/backend/tensorflow/
 trainer.py`` (seen in Keras 3.15):
 
-1. ``_maybe_symbolic_build`` builds the model from ``strategy.reduce("MEAN", <(x, y) batch>,
-   axis=None)``, and TF's ``Strategy.reduce`` takes no nested values under MWMS ("Attempt to
-   convert a value (PerReplica...)"). Building needs shapes only, so we build from this
-   worker's first local replica's batch.
+1. ``_maybe_symbolic_build`` builds the model from ``strategy.reduce("MEAN", <first batch>,
+   axis=None)``: an ``add_n`` of every replica's batch. That fails whenever the replicas'
+   shards differ in size ("Inputs to operation AddN ... must have the same size and shape":
+   MirroredStrategy on 3 devices with a global batch of 256 cuts 86 + 85 + 85), and under MWMS
+   TF's ``Strategy.reduce`` takes no nested values at all ("Attempt to convert a value
+   (PerReplica...)"). Building needs shapes only, so we build from this worker's first local
+   replica's batch, under every strategy.
 2. ``reduce_per_replica(..., "auto")`` turns into ``strategy.reduce("MEAN", scalar, axis=0)``
    ("Invalid reduction dimension 0 for input with 0 dimensions"). We reduce "auto"/"mean" to
    the mean over all replicas of all workers, so reported metrics stay global, with one batched
    collective for all of a step's logs.
 
-``apply()`` is idempotent; ``tests/test_multi_worker.py`` runs two real workers without it and
-fails loudly once the installed Keras no longer needs it.
+``apply()`` is idempotent. Tests run fit without it (``tests/test_multi_worker.py``: two real
+workers; ``tests/test_keras_path.py``: mirrored on 3 devices) and fail loudly once the installed
+Keras no longer needs it.
 """
 
 import os
@@ -49,7 +53,7 @@ def apply() -> bool:
 
     def maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy
-        if iterator is None or not trainer._collective_all_reduce_multi_worker(strategy):
+        if iterator is None or strategy is None:
             return original_build(self, iterator=iterator, data_batch=data_batch)
         for _, _, it in iterator:
             batch = tree.map_structure(

@@ -18,13 +18,16 @@ from absl import logging
 from tfdp import data, export, report, schedule
 from tfdp.keras_path import backup, evaluation, keras_mwms_fix, mwms_input
 from tfdp.keras_path.strategy import make_distribution
+from tfdp.keras_path.train_step import global_batch_model
 from tfdp.models import lenet, resnet
 
 
 def build_model(config):
+    """The Keras model in ``--precision``, trained with tfdp's step (``train_step.py``)."""
     if config.model == "resnet18":
-        return resnet.resnet(sync_batch_norm=config.sync_batch_norm)
-    model = lenet.keras_model()
+        return global_batch_model(resnet.resnet(sync_batch_norm=config.sync_batch_norm,
+                                                dtype=config.precision))
+    model = global_batch_model(lenet.keras_model(dtype=config.precision))
     # The same starting weights as the manual path for the same --init and --seed.
     model.set_weights(lenet.to_keras_weights(lenet.start_params(config.initializer, config.seed)))
     return model
@@ -63,9 +66,11 @@ class EpochReport(keras.callbacks.Callback):
 
 
 def run(config, start_weights=None) -> dict:
-    """Train ``config.model`` with Keras fit under ``config.strategy``; export from the chief."""
+    """Train ``config.model`` with Keras fit under ``config.strategy``; export from the chief.
+
+    ``start_weights`` (Keras weights) override ``config.initializer``: tests compare paths."""
     distribution = make_distribution(config.strategy, config.num_gpus, config.collective_timeout)
-    if distribution.num_workers > 1:
+    if config.strategy != "plain":
         keras_mwms_fix.apply()
     strategy, replicas = distribution.strategy, distribution.replicas
     if distribution.is_chief:
@@ -76,10 +81,11 @@ def run(config, start_weights=None) -> dict:
     steps = data.steps_per_epoch(len(train_split.labels), batch, config.steps_per_epoch)
     warmup = schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0
     peak_lr = config.peak_lr(replicas)
-    logging.info("%s: %s; global batch %d = %s per replica; lr %g%s", config.strategy,
+    logging.info("%s: %s; global batch %d = %s per replica; lr %g%s; %s", config.strategy,
                  distribution.describe(), batch,
                  " + ".join(map(str, data.shard_sizes(batch, replicas))),
-                 peak_lr, f" after {warmup} warmup steps from {config.lr:g}" if warmup else "")
+                 peak_lr, f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
+                 config.precision)
 
     folder = backup.worker_folder(config.run_dir, distribution.worker_index)
     first_epoch = backup.agreed_epoch(folder, distribution)
@@ -108,10 +114,11 @@ def run(config, start_weights=None) -> dict:
                                    config.steps_per_epoch)
         # Evaluated by EpochReport with one iterator for the run, not by fit (evaluation.py).
         test = data.eval_batches(test_split, batch, config.eval_steps)
-        evaluator = evaluation.Evaluator(model, strategy, _distribute(strategy, test, replicas),
+        evaluator = evaluation.Evaluator(model, strategy,
+                                         _distribute(strategy, test, replicas, config.precision),
                                          steps=data.steps_per_epoch(eval_examples, batch))
         model.fit(
-            _distribute(strategy, train, replicas), epochs=config.epochs,
+            _distribute(strategy, train, replicas, config.precision), epochs=config.epochs,
             initial_epoch=first_epoch, steps_per_epoch=steps, shuffle=False,  # Already shuffled.
             verbose=1 if distribution.is_chief and os.isatty(1) else 0,
             callbacks=[EpochReport(reporter, evaluator, steps, batch, len(train_split.labels)),
@@ -131,8 +138,9 @@ def run(config, start_weights=None) -> dict:
             "weights": weights}
 
 
-def _distribute(strategy, global_batches, replicas):
-    """Per-replica shards of each global batch, cut like the manual path's ``split_batch``.
+def _distribute(strategy, global_batches, replicas, dtype="float32"):
+    """Per-replica ``(images, labels, example_weights)``, cut like the manual path's
+    ``split_batch``; images and weights in ``dtype``.
 
     Under MirroredStrategy each replica gets an iterator of its own (PER_REPLICA). The default,
     one MultiDeviceIterator per worker, costs about 27 ms a step here: mirrored on 2 devices,
@@ -145,8 +153,11 @@ def _distribute(strategy, global_batches, replicas):
     data (``_enable_get_next_as_optional`` in tf.distribute's input_lib): under
     MultiWorkerMirroredStrategy one more cross-process collective per step.
     """
+    def to_model_input(images, labels, weights):
+        return data.to_float(images, dtype), labels, tf.cast(weights, dtype)
+
     if strategy is tf.distribute.get_strategy():  # --strategy=plain: Keras' default strategy.
-        return global_batches.map(lambda x, y: (data.to_float(x), y)).repeat()
+        return data.per_replica_batches(global_batches, 1, 0, 1).map(to_model_input).repeat()
 
     def dataset_fn(context):
         # Cut first, then convert: each pipeline turns only its own shards into floats.
@@ -154,7 +165,7 @@ def _distribute(strategy, global_batches, replicas):
             global_batches, replicas,
             first=context.input_pipeline_id * (replicas // context.num_input_pipelines),
             count=replicas // context.num_input_pipelines
-        ).map(lambda x, y: (data.to_float(x), y)).repeat()
+        ).map(to_model_input).repeat()
 
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return mwms_input.distribute(strategy, dataset_fn)

@@ -32,13 +32,13 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
         grads, losses, correct = [], [], []
         for device, params, (x, y) in zip(devices, replicas, split_batch(images, labels, devices)):
             with tf.device(device):
-                with tf.GradientTape() as tape:
-                    logits = lenet.apply(params, data.to_float(x, dtype))
-                    per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
-                    loss = tf.reduce_sum(per_example) / n  # / global batch: grads then add up
-                grads.append(tape.gradient(loss, list(params.values())))
+                loss, right, *g = _unless_empty(
+                    y, lambda: _shard_gradients(params, x, y, n),
+                    lambda: [tf.zeros([], dtype), tf.zeros([], tf.int64),
+                             *[tf.zeros_like(v) for v in params.values()]])
+                grads.append(g)
                 losses.append(loss)
-                correct.append(_count_correct(logits, y))
+                correct.append(right)
         summed = reduce(grads, devices)
         for device, params, g in zip(devices, replicas, summed):
             with tf.device(device):
@@ -51,21 +51,42 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
     return tf.function(step, input_signature=[_IMAGES, _LABELS, tf.TensorSpec([], tf.float32)])
 
 
+def _shard_gradients(params: dict, x, y, global_batch):
+    """One device's forward and backward pass: (loss share, correct, gradients)."""
+    with tf.GradientTape() as tape:
+        logits = lenet.apply(params, data.to_float(x, global_batch.dtype))
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+        loss = tf.reduce_sum(per_example) / global_batch  # / global batch: grads then add up
+    return [loss, _count_correct(logits, y), *tape.gradient(loss, list(params.values()))]
+
+
 def make_eval_step(replicas: list, devices: list, eager: bool = False):
     """``step(images, labels) -> (summed loss, correct)``, the batch split like in training."""
     dtype = replicas[0]["W1"].dtype
+
+    def shard_sums(params, x, y):
+        logits = lenet.apply(params, data.to_float(x, dtype))
+        return [tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)),
+                _count_correct(logits, y)]
 
     def step(images, labels):
         losses, correct = [], []
         for device, params, (x, y) in zip(devices, replicas, split_batch(images, labels, devices)):
             with tf.device(device):
-                logits = lenet.apply(params, data.to_float(x, dtype))
-                losses.append(tf.reduce_sum(
-                    tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)))
-                correct.append(_count_correct(logits, y))
+                loss, right = _unless_empty(y, lambda: shard_sums(params, x, y),
+                                            lambda: [tf.zeros([], dtype), tf.zeros([], tf.int64)])
+                losses.append(loss)
+                correct.append(right)
         return tf.add_n(losses), tf.add_n(correct)
 
     return step if eager else tf.function(step, input_signature=[_IMAGES, _LABELS])
+
+
+def _unless_empty(labels, compute, zeros) -> list:
+    """``compute()``, or ``zeros()`` when this device's shard is empty (a global batch smaller
+    than the device count): an empty shard contributes nothing, and never reaches a kernel
+    (oneDNN's convolution refuses an empty batch)."""
+    return tf.cond(tf.size(labels) > 0, compute, zeros)
 
 
 def evaluate(eval_step, split: data.Split, batch_size: int, steps_cap=None) -> float:
@@ -77,7 +98,7 @@ def evaluate(eval_step, split: data.Split, batch_size: int, steps_cap=None) -> f
 
 
 def train(config, devices: list, train_split: data.Split, test_split: data.Split, reporter,
-          params: dict = None, dtype=np.float32) -> dict:
+          params: dict = None) -> dict:
     """Train LeNet data-parallel on ``devices``; return the trained parameters (numpy).
 
     ``params`` overrides ``config.initializer`` (tests start paths from equal weights).
@@ -88,14 +109,14 @@ def train(config, devices: list, train_split: data.Split, test_split: data.Split
     warmup = schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0
     peak_lr = config.peak_lr(k)
     logging.info("manual: %d device(s) %s, global batch %d = %s per device, allreduce %s, "
-                 "lr %g%s, %s step", k, devices, batch_size,
+                 "lr %g%s, %s %s step", k, devices, batch_size,
                  " + ".join(map(str, data.shard_sizes(batch_size, k))), config.allreduce,
                  peak_lr,
                  f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
-                 "eager" if config.eager else "compiled")
+                 "eager" if config.eager else "compiled", config.precision)
 
     if params is None:
-        params = lenet.start_params(config.initializer, config.seed, dtype)
+        params = lenet.start_params(config.initializer, config.seed, np.dtype(config.precision))
     replicas = replicate(params, devices)
     train_step = make_train_step(replicas, devices, config.allreduce, config.eager)
     eval_step = make_eval_step(replicas, devices, config.eager)

@@ -63,19 +63,21 @@ def apply(params: dict, images: tf.Tensor) -> tf.Tensor:
     return tf.matmul(h, params["W4"]) + params["b4"]
 
 
-def keras_model(num_classes: int = 10):
-    """The Keras twin (Keras' default initializers), taking float images in [0, 1]."""
+def keras_model(num_classes: int = 10, dtype=None):
+    """The Keras twin (Keras' default initializers), taking float images in [0, 1].
+
+    ``dtype`` sets every layer's variables and compute (default: Keras' float32)."""
     import keras
 
     return keras.Sequential([
-        keras.Input((28, 28, 1)),
-        keras.layers.Conv2D(20, 3, activation="relu"),
-        keras.layers.AveragePooling2D(2),
-        keras.layers.Conv2D(50, 5, activation="relu"),
-        keras.layers.AveragePooling2D(2),
-        keras.layers.Flatten(),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dense(num_classes),
+        keras.Input((28, 28, 1), dtype=dtype),
+        keras.layers.Conv2D(20, 3, activation="relu", dtype=dtype),
+        keras.layers.AveragePooling2D(2, dtype=dtype),
+        keras.layers.Conv2D(50, 5, activation="relu", dtype=dtype),
+        keras.layers.AveragePooling2D(2, dtype=dtype),
+        keras.layers.Flatten(dtype=dtype),
+        keras.layers.Dense(128, activation="relu", dtype=dtype),
+        keras.layers.Dense(num_classes, dtype=dtype),
     ], name="lenet")
 
 

@@ -12,30 +12,33 @@ import keras
 RESNET18_STAGES = ((64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2))
 
 
-def _batch_norm(synchronized):
-    return keras.layers.BatchNormalization(synchronized=synchronized)
-
-
-def residual_block(x, channels, stride, synchronized):
-    """conv-bn-relu-conv-bn plus the shortcut (projected by a 1x1 conv when shapes differ)."""
-    y = keras.layers.Conv2D(channels, 3, strides=stride, padding="same")(x)
-    y = keras.layers.ReLU()(_batch_norm(synchronized)(y))
-    y = _batch_norm(synchronized)(keras.layers.Conv2D(channels, 3, padding="same")(y))
-    if stride != 1 or x.shape[-1] != channels:
-        x = keras.layers.Conv2D(channels, 1, strides=stride)(x)
-    return keras.layers.ReLU()(keras.layers.Add()([x, y]))
-
-
-def resnet(stages=RESNET18_STAGES, num_classes=10, sync_batch_norm=False, name="resnet18"):
+def resnet(stages=RESNET18_STAGES, num_classes=10, sync_batch_norm=False, name="resnet18",
+           dtype=None):
     """A ResNet from a stage table, taking float images [n, 28, 28, 1] in [0, 1].
 
-    ``sync_batch_norm`` computes batch statistics over the global batch, across replicas.
+    ``sync_batch_norm`` computes batch statistics over the global batch, across replicas;
+    ``dtype`` sets every layer's variables and compute (default: Keras' float32).
     """
-    inputs = keras.Input((28, 28, 1))
-    x = keras.layers.Conv2D(64, 3, padding="same")(inputs)
-    x = keras.layers.ReLU()(_batch_norm(sync_batch_norm)(x))
+    def conv(channels, size, stride=1, padding="same"):
+        return keras.layers.Conv2D(channels, size, strides=stride, padding=padding, dtype=dtype)
+
+    def bn_relu(x):
+        x = keras.layers.BatchNormalization(synchronized=sync_batch_norm, dtype=dtype)(x)
+        return keras.layers.ReLU(dtype=dtype)(x)
+
+    def residual_block(x, channels, stride):
+        """conv-bn-relu-conv-bn plus the shortcut (a 1x1 projection when shapes differ)."""
+        y = bn_relu(conv(channels, 3, stride)(x))
+        y = keras.layers.BatchNormalization(synchronized=sync_batch_norm, dtype=dtype)(
+            conv(channels, 3)(y))
+        if stride != 1 or x.shape[-1] != channels:
+            x = conv(channels, 1, stride, "valid")(x)
+        return keras.layers.ReLU(dtype=dtype)(keras.layers.Add(dtype=dtype)([x, y]))
+
+    inputs = keras.Input((28, 28, 1), dtype=dtype)
+    x = bn_relu(conv(64, 3)(inputs))
     for channels, blocks, stride in stages:
         for block in range(blocks):
-            x = residual_block(x, channels, stride if block == 0 else 1, sync_batch_norm)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, keras.layers.Dense(num_classes)(x), name=name)
+            x = residual_block(x, channels, stride if block == 0 else 1)
+    x = keras.layers.GlobalAveragePooling2D(dtype=dtype)(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, dtype=dtype)(x), name=name)

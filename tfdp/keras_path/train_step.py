@@ -1,0 +1,57 @@
+"""Keras' training step with the manual path's loss, so uneven and empty shards train right.
+
+Keras (3.15) averages the loss over each replica's shard and divides it by the number of
+replicas. That is the mean over the global batch only when every shard has the same size; with
+3 replicas and a batch of 256 (86 + 85 + 85), or a short final batch, the examples of smaller
+shards weigh more. tfdp's step weights every example's loss by 1 / global batch (the weights
+come with the data: ``data.per_replica_batches``), and the optimizer sums the replicas'
+gradients, so each step follows the gradient of the mean loss over the global batch, whatever
+the shards: the manual path's arithmetic (``manual/trainer.py``).
+
+A replica whose shard is empty (a final batch smaller than the replica count) runs on one
+padding example of weight zero, so it contributes a zero gradient and nothing to the reported
+loss and accuracy: an empty batch must never reach a kernel (oneDNN's convolution refuses one),
+and skipping the replica with ``tf.cond`` is not possible in ``fit``: synchronised batch
+normalization all-reduces inside the forward pass, and TF allows no synchronisation point inside
+a conditional (``merge_call`` raises). In a model with batch normalization that padding example does enter the empty
+replica's batch statistics (with ``--sync_batch_norm``, the global ones) in that one step.
+
+This overrides ``train_step``, the documented way to change what ``fit`` does in one step; the
+rest of ``fit`` (the loop, callbacks, distribution, the optimizer) is Keras'.
+"""
+
+import keras
+import tensorflow as tf
+
+
+class GlobalBatchModel(keras.Model):
+    """A functional model whose ``fit`` steps take ``(images, labels, example_weights)``."""
+
+    def train_step(self, data):
+        images, labels, weights = data
+        real = tf.shape(labels)[0]
+        images, labels, weights = _pad_empty_shard(images, labels, weights, real)
+        with tf.GradientTape() as tape:
+            logits = self(images, training=True)
+            per_example = keras.losses.sparse_categorical_crossentropy(labels, logits,
+                                                                       from_logits=True)
+            loss = tf.reduce_sum(per_example * tf.cast(weights, per_example.dtype))
+        variables = self.trainable_variables
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        # The shard's mean loss weighted by its size: the tracker then holds the global mean.
+        shard = tf.cast(real, per_example.dtype)
+        self._loss_tracker.update_state(
+            tf.math.divide_no_nan(tf.reduce_sum(per_example[:real]), shard), sample_weight=shard)
+        return self.compute_metrics(images[:real], labels[:real], logits[:real])
+
+
+def _pad_empty_shard(images, labels, weights, real):
+    """One all-zero example of weight zero when the shard is empty, else the shard unchanged."""
+    missing = tf.maximum(1 - real, 0)
+    return (tf.pad(images, [[0, missing]] + [[0, 0]] * (len(images.shape) - 1)),
+            tf.pad(labels, [[0, missing]]), tf.pad(weights, [[0, missing]]))
+
+
+def global_batch_model(model: keras.Model) -> GlobalBatchModel:
+    """The same layers and variables as ``model``, trained with tfdp's step."""
+    return GlobalBatchModel(inputs=model.inputs, outputs=model.outputs, name=model.name)
