@@ -13,7 +13,7 @@ from tfdp.models import lenet
 
 
 def module():
-    return trainer.serving_module(lenet.init_params(0))
+    return trainer.serving_model(lenet.init_params(0))
 
 
 def test_versions_count_up_and_serve(tmp_path):

@@ -6,42 +6,46 @@ Contract (signature ``serving_default``):
           ``probabilities``  float32 [None, 10]
           ``classes``        int64   [None]
 
-Each export is a new version ``<export_root>/<n>/`` (1, 2, ... as TF Serving expects). It is
-written to a hidden temporary folder beside it and renamed into place, so a crash never leaves a
-half-written version and never touches an earlier one.
+Every path exports a Keras model (the manual path its parameters in LeNet's Keras twin) through
+Keras' own ``ExportArchive``. A Keras 3 model wrapped in a ``tf.Module`` and saved with
+``tf.saved_model.save`` carries every variable twice; TF2's loader copes, but the TF1/C++
+loader (TF Serving, ``saved_model_cli run``) fails with "Could not find variable" and the TFLite
+converter yields a model without weights (keras-team/keras#20095, tensorflow/serving#2250).
+``tests/test_serving_clients.py`` loads every path's export with those clients.
+
+Each export is a new version ``<export_root>/<n>/`` (1, 2, ... as TF Serving expects), readable
+by every user (a model server often runs as another). It is written to a hidden temporary
+folder beside it and renamed into place, so a crash never leaves a half-written version and
+never touches an earlier one.
 """
 
 import os
 import shutil
 import tempfile
 
+import keras
 import tensorflow as tf
 
 from tfdp import data
 from tfdp.errors import UserError
 
 SIGNATURE = "serving_default"
+IMAGES = tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8, name="images")
 
 
-class ServingModule(tf.Module):
-    """Wraps ``forward`` (float images in [0, 1] -> logits) with the serving contract.
+def serving_archive(model: keras.Model) -> "keras.export.ExportArchive":
+    """``model`` (float images in [0, 1] -> logits) behind the serving contract."""
+    archive = keras.export.ExportArchive()
+    archive.track(model)
 
-    ``trackable`` owns the variables ``forward`` reads (a Keras model or a ``tf.Module``), so
-    they are saved with it.
-    """
-
-    def __init__(self, forward, trackable):
-        super().__init__(name="tfdp_serving")
-        self.model = trackable
-        self._forward = forward
-
-    @tf.function(input_signature=[tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8,
-                                                name="images")])
-    def serve(self, images):
-        logits = tf.cast(self._forward(data.to_float(images)), tf.float32)
+    def serve(images):
+        logits = tf.cast(model(data.to_float(images), training=False), tf.float32)
         return {"logits": logits,
                 "probabilities": tf.nn.softmax(logits),
                 "classes": tf.argmax(logits, axis=-1, output_type=tf.int64)}
+
+    archive.add_endpoint(SIGNATURE, serve, input_signature=[IMAGES])
+    return archive
 
 
 def check_export_root(export_root: str) -> None:
@@ -64,12 +68,13 @@ def existing_versions(export_root: str) -> list:
     return sorted(int(n) for n in os.listdir(export_root) if n.isdigit())
 
 
-def export(module: ServingModule, export_root: str) -> str:
-    """Save ``module`` as the next version under ``export_root``; return its path."""
+def export(model: keras.Model, export_root: str) -> str:
+    """Save ``model`` as the next version under ``export_root``; return its path."""
     check_export_root(export_root)
     tmp = tempfile.mkdtemp(prefix=".partial-", dir=export_root)
     try:
-        tf.saved_model.save(module, tmp, signatures={SIGNATURE: module.serve})
+        serving_archive(model).write_out(tmp, verbose=False)
+        _readable_by_all(tmp)
         while True:  # Another run may take a number at the same moment: take the next.
             versions = existing_versions(export_root)
             path = os.path.join(export_root, str((versions[-1] if versions else 0) + 1))
@@ -83,9 +88,20 @@ def export(module: ServingModule, export_root: str) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save_scratch(module: ServingModule, path: str) -> None:
+def save_scratch(model: keras.Model, path: str) -> None:
     """Save to a throwaway ``path`` (non-chief workers must take part in saving, then delete)."""
     try:
-        tf.saved_model.save(module, path, signatures={SIGNATURE: module.serve})
+        serving_archive(model).write_out(path, verbose=False)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _readable_by_all(root: str) -> None:
+    """Folders 0755 and files 0644: ``mkdtemp`` makes 0700, which a server of another user
+    cannot read."""
+    os.chmod(root, 0o755)
+    for folder, subfolders, files in os.walk(root):
+        for name in subfolders:
+            os.chmod(os.path.join(folder, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)

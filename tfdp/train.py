@@ -33,7 +33,7 @@ def run_manual(config) -> dict:
         test_examples=len(test_split.labels))
     params = trainer.train(config, names, train_split, test_split, reporter)
     line = reporter.final_line()
-    path = export.export(trainer.serving_module(params), config.export_root)
+    path = export.export(trainer.serving_model(params), config.export_root)
     print(f"exported {path}", flush=True)
     return {"final_line": line, "export_path": path, "records": reporter.records,
             "params": params}

@@ -177,12 +177,11 @@ def _distribute(strategy, global_batches, replicas, dtype="float32"):
 def _export(model, distribution, export_root):
     """The chief writes the next version; the others save to a scratch folder they delete,
     because saving distributed variables is a collective every worker must join."""
-    module = export.ServingModule(lambda images: model(images, training=False), model)
     if distribution.is_chief:
-        path = export.export(module, export_root)
+        path = export.export(model, export_root)
         print(f"exported {path}", flush=True)
         return path
-    export.save_scratch(module, tempfile.mkdtemp(prefix=f"tfdp-worker{distribution.worker_index}-"))
+    export.save_scratch(model, tempfile.mkdtemp(prefix=f"tfdp-worker{distribution.worker_index}-"))
     return None
 
 

@@ -148,12 +148,9 @@ def _count_correct(logits, labels):
     return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int64))
 
 
-def serving_module(params: dict):
-    """The trained parameters behind the serving contract (``tfdp.export``)."""
-    from tfdp.export import ServingModule
-
-    holder = tf.Module(name="lenet")
-    with tf.device("/cpu:0"):
-        holder.params = {name: tf.Variable(np.asarray(value, np.float32), name=name)
-                         for name, value in params.items()}
-    return ServingModule(lambda images: lenet.apply(holder.params, images), holder)
+def serving_model(params: dict):
+    """The trained parameters in LeNet's Keras twin, in float32, for ``tfdp.export``."""
+    model = lenet.keras_model()
+    model.set_weights(lenet.to_keras_weights(
+        {name: np.asarray(value, np.float32) for name, value in params.items()}))
+    return model

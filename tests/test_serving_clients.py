@@ -1,0 +1,54 @@
+"""Every path's export loads and serves in clients nobody in this project wrote, with the
+accuracy the run reported: the TF1 session loader (what TF Serving's C++ loader does),
+``saved_model_cli run``, TF2's loader, Keras' ``TFSMLayer``, and TFLite. The clients run in
+``tests/serving_clients.py``, a process that never imports tfdp."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_module
+
+CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
+            "outputs": {"logits": ["float32", [-1, 10]], "probabilities": ["float32", [-1, 10]],
+                        "classes": ["int64", [-1]]}}
+
+
+@pytest.mark.parametrize("strategy, model, batch", [
+    ("manual", "lenet", 100), ("mirrored", "lenet", 100), ("mirrored", "resnet18", 16)])
+def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy, model, batch):
+    eval_steps = 2
+    result = run_module("tfdp.train", f"--strategy={strategy}", f"--model={model}",
+                        "--num_gpus=2", f"--batch_size={batch}", "--epochs=1",
+                        "--steps_per_epoch=20", f"--eval_steps={eval_steps}", "--init=glorot",
+                        f"--data_dir={data_dir}", f"--workdir={tmp_path / 'work'}",
+                        f"--export_dir={tmp_path / 'exp'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    reported = json.loads((tmp_path / "work" / "metrics.json").read_text())["epochs"][-1]
+    export = tmp_path / "exp" / "1"
+    # A model server running as another user can read every folder and file.
+    for folder, _, files in os.walk(export):
+        assert stat.S_IMODE(os.stat(folder).st_mode) & 0o555 == 0o555, folder
+        for name in files:
+            assert stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) & 0o444 == 0o444
+
+    examples = eval_steps * batch  # The test examples the run's accuracy covers.
+    np.save(tmp_path / "images.npy", test_split.images[:examples])
+    np.save(tmp_path / "labels.npy", test_split.labels[:examples])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    clients = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tests", "serving_clients.py"), str(export),
+         str(tmp_path / "images.npy"), str(tmp_path / "labels.npy")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert clients.returncode == 0, clients.stderr[-3000:]
+    seen = json.loads(clients.stdout.strip().splitlines()[-1])
+    assert seen["signature"] == CONTRACT
+    for client in ("tf1_session", "saved_model_cli", "tf2_loader", "tfsm_layer", "tflite"):
+        assert seen[client] == pytest.approx(reported["test_acc"], abs=1e-9), (client, seen)
+    assert seen["tflite_bytes"] > (100_000 if model == "lenet" else 10_000_000)  # Has weights.
