@@ -79,3 +79,20 @@ def test_per_replica_shards_and_weights_cover_each_batch_once(train_split):
         assert sum(float(np.sum(w)) for _, _, w in own) == pytest.approx(1.0, abs=1e-15)
     later = list(data.per_replica_batches(batches, 3, first=1, count=2))  # A second pipeline.
     assert [len(y) for _, y, _ in later] == [2, 2, 2, 2, 1, 0]
+
+
+def test_without_files_or_internet_the_error_comes_in_seconds(tmp_path, monkeypatch):
+    """Installed from a wheel there is no shared folder beside the code; without internet TFDS
+    would retry DNS for minutes. tfdp says to pass --manual_dir within seconds."""
+    import time
+
+    monkeypatch.delenv("TFDP_MANUAL_DIR", raising=False)
+    monkeypatch.setattr(data, "_SHARED_MANUAL_DIR", str(tmp_path / "none"))
+    start = time.monotonic()
+    try:
+        data.prepare(str(tmp_path / "tfds"), None)
+    except UserError as e:
+        assert "--manual_dir" in str(e)
+    else:
+        pytest.skip("this machine reached the download server and downloaded the data")
+    assert time.monotonic() - start < 30

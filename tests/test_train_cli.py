@@ -3,6 +3,7 @@ workdir and exports a SavedModel that serves; and one-line errors for bad input.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,10 +49,27 @@ def test_short_run_reports_exports_and_serves(tmp_path, data_dir):
     assert [r["epoch"] for r in metrics["epochs"]] == [1, 2]
     assert metrics["devices"] == ["/device:CPU:0", "/device:CPU:1"]
     assert metrics["config"]["num_gpus"] == 2
+    # What the run used, not the flags as given (--batch_size was not given).
+    assert metrics["config"]["batch_size"] is None and metrics["global_batch"] == 256
+    assert metrics["per_replica_batch"] == [128, 128] and metrics["init"] == "glorot"
+    assert metrics["precision"] == "float32"
+    assert metrics["export_path"] == str(exports / "1")
     assert (workdir / "accuracy.png").stat().st_size > 1000
-    assert any(f.startswith("events.out.tfevents") for f in os.listdir(workdir / "tensorboard"))
     reported = metrics["epochs"][-1]["test_acc"]
     assert final[0].startswith(f"test acc: {reported:.2f},")
+    epoch_line = [l for l in lines if l.startswith("epoch 2/2: ")][0]
+    assert f"test_acc {reported:.3f}" in epoch_line and "train_acc" in epoch_line
+
+    # TensorBoard's own reader: train and test are two runs with the same tags, one point per
+    # epoch, so TensorBoard overlays them.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    for part, key in (("train", "train_acc"), ("test", "test_acc")):
+        events = EventAccumulator(str(workdir / "tensorboard" / part),
+                                  size_guidance={"tensors": 0})
+        events.Reload()
+        points = events.Tensors("acc")
+        assert [p.step for p in points] == [1, 2]
+        assert float(tf_value(points[-1])) == pytest.approx(metrics["epochs"][-1][key], abs=1e-6)
 
     assert os.listdir(exports) == ["1"]
     check = subprocess.run([sys.executable, "-c", SERVE_CHECK, str(exports / "1"), data_dir],
@@ -65,6 +83,83 @@ def test_short_run_reports_exports_and_serves(tmp_path, data_dir):
                                  "classes": ["int64", [None]]}
     assert served["accuracy"] == pytest.approx(reported, abs=1e-4)  # One image in 10,000.
     assert served["accuracy"] > 0.5
+
+
+def tf_value(event):
+    import tensorflow as tf
+
+    return tf.make_ndarray(event.tensor_proto)
+
+
+def test_help_lists_tfdp_flags():
+    result = run_module("tfdp.train", "--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for flag in ("--strategy", "--num_gpus", "--batch_size", "--precision", "--workdir"):
+        assert flag in result.stdout, flag
+
+
+def test_default_runs_keep_a_folder_each(tmp_path, data_dir):
+    """Two runs of the same command: two run folders, for TensorBoard to compare."""
+    for _ in range(2):
+        result = run_module("tfdp.train", "--epochs=1", "--steps_per_epoch=2", "--eval_steps=1",
+                            f"--data_dir={data_dir}", f"--export_dir={tmp_path / 'exp'}",
+                            cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+    runs = sorted(os.listdir(tmp_path / "runs"))
+    assert len(runs) == 2 and all(r.startswith("manual-lenet-1dev-") for r in runs), runs
+    for run in runs:
+        assert (tmp_path / "runs" / run / "metrics.json").exists()
+
+
+def test_mirrored_progress_in_a_terminal(tmp_path, data_dir):
+    """A real pseudo-terminal: one bar per epoch, then the epoch line on a line of its own."""
+    import pty
+    import select
+
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfdp.train", "--strategy=mirrored", "--num_gpus=2",
+         "--epochs=2", "--steps_per_epoch=5", "--eval_steps=1", f"--data_dir={data_dir}",
+         f"--workdir={tmp_path / 'work'}", f"--export_dir={tmp_path / 'exp'}"],
+        stdin=secondary, stdout=secondary, stderr=subprocess.DEVNULL, cwd=tmp_path,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    os.close(secondary)
+    screen = b""
+    while True:
+        ready, _, _ = select.select([primary], [], [], 300)
+        if not ready:
+            proc.kill()
+            break
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # The child closed the terminal.
+            break
+        if not chunk:
+            break
+        screen += chunk
+    assert proc.wait(timeout=60) == 0
+    os.close(primary)
+    text = screen.decode(errors="replace")
+    assert "val_" not in text and "/step" in text  # tfdp's bar was drawn, not Keras' own.
+    shown = [_as_displayed(line) for line in text.replace("\r\n", "\n").split("\n")]
+    for epoch in (1, 2):
+        assert f"epoch {epoch}/2" in shown, shown  # The bar's heading.
+        ends = [l for l in shown if l.startswith(f"epoch {epoch}/2: loss ")]
+        assert len(ends) == 1 and "test_acc" in ends[0], shown
+        bar = shown.index(ends[0]) - 1  # The finished bar sits on the line above.
+        assert shown[bar].startswith("5/5") and "train_acc" in shown[bar], shown
+
+
+def _as_displayed(line: str) -> str:
+    """What a terminal shows of one line: the text after its last carriage return, with
+    backspaces applied."""
+    shown = []
+    for char in re.sub(r"\x1b\[[0-9;]*m", "", line).split("\r")[-1]:  # Colours off.
+        if char == "\b":
+            shown = shown[:-1]
+        else:
+            shown.append(char)
+    return "".join(shown)
 
 
 def assert_one_line_error(result, *words):

@@ -5,8 +5,10 @@ names the flag to change.
 """
 
 import dataclasses
+import json
 import math
 import os
+import time
 from typing import Optional
 
 from tfdp.errors import UserError
@@ -17,6 +19,10 @@ ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
 PRECISIONS = ("float32", "float64")
 DEFAULT_BATCH_SIZE = 256
+# Set by the launcher: for all its workers, so they share one default run folder; for its
+# chief, when the launcher runs in a terminal, so that the chief draws its progress bar.
+RUN_STAMP_ENV = "TFDP_RUN_STAMP"
+LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +104,9 @@ class Config:
 
     @property
     def run_dir(self) -> str:
-        return self.workdir or os.path.join("runs", f"{self.strategy}-{self.model}")
+        if self.workdir is None:
+            raise ValueError("call with_run_dir() first: the default run folder is chosen once")
+        return self.workdir
 
     def global_batch_size(self, replicas: int) -> int:
         """The global batch for ``replicas`` replicas; refuses one too small to split."""
@@ -116,6 +124,34 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def with_run_dir(config: Config) -> Config:
+    """``config`` with ``workdir`` set: a new folder per run by default,
+    ``runs/<strategy>-<model>-<n>dev-<date>-<time>``, so runs never overwrite each other and
+    ``tensorboard --logdir runs`` compares them. To resume a run, pass its folder as
+    ``--workdir``."""
+    if config.workdir is not None:
+        return config
+    stamp = os.environ.get(RUN_STAMP_ENV)
+    if stamp is None and config.strategy == "multi_worker" and _workers_in_tf_config() > 1:
+        raise UserError("--strategy=multi_worker with several workers needs --workdir: every "
+                        "worker must use the same run folder (tfdp.launch chooses one for you)")
+    base = os.path.join("runs", f"{config.strategy}-{config.model}-{config.num_gpus}dev-"
+                                f"{stamp or time.strftime('%Y%m%d-%H%M%S')}")
+    path, n = base, 1
+    while stamp is None and os.path.exists(path):  # Two runs started in the same second.
+        n += 1
+        path = f"{base}-{n}"
+    return dataclasses.replace(config, workdir=path)
+
+
+def _workers_in_tf_config() -> int:
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+        return sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+    except (ValueError, AttributeError):
+        return 0  # Reported by the strategy, with the fix.
 
 
 def _choice(flag, value, choices):

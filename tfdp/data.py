@@ -19,6 +19,9 @@ import fcntl
 import functools
 import hashlib
 import os
+import socket
+import threading
+import urllib.parse
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -86,6 +89,7 @@ def prepare(data_dir: Optional[str], manual_dir: Optional[str]):
             logging.info("preparing %s in %s from %s (once per data dir)", DATASET,
                          builder.data_dir_root, manual)
         else:
+            _check_download_reachable(getattr(builder, "URL", None))
             logging.info("preparing %s in %s: downloading", DATASET, builder.data_dir_root)
         try:
             builder.download_and_prepare(
@@ -97,6 +101,35 @@ def prepare(data_dir: Optional[str], manual_dir: Optional[str]):
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); without "
                 "internet pass --manual_dir=<folder with the four Fashion-MNIST .gz files>")
     return builder
+
+
+_REACH_SECONDS = 5
+
+
+def _check_download_reachable(url: Optional[str]) -> None:
+    """Fail in seconds, not minutes, where the download cannot work: without internet TFDS
+    retries its DNS look-ups for more than 150 s before giving up."""
+    if not url:
+        return
+    parsed = urllib.parse.urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    outcome = []
+
+    def connect():
+        try:
+            socket.create_connection((parsed.hostname, port), timeout=_REACH_SECONDS).close()
+            outcome.append(True)
+        except OSError:
+            pass
+
+    probe = threading.Thread(target=connect, daemon=True)  # A DNS look-up has no timeout.
+    probe.start()
+    probe.join(_REACH_SECONDS)
+    if not outcome:
+        raise UserError(f"{DATASET} is not prepared, no manual dir was found, and its download "
+                        f"server did not answer within {_REACH_SECONDS} s: pass "
+                        "--manual_dir=<folder with the four Fashion-MNIST .gz files> (or set "
+                        "TFDP_MANUAL_DIR)")
 
 
 @functools.lru_cache(maxsize=None)

@@ -74,7 +74,8 @@ def define_flags() -> None:
                         "(default: saved_models/<model>).")
     flags.DEFINE_string("workdir", None,
                         "Logs, metrics.json, accuracy.png, TensorBoard and backups "
-                        "(default: runs/<strategy>-<model>).")
+                        "(default: a new folder per run, runs/<strategy>-<model>-<n>dev-<date>-"
+                        "<time>; give a run's folder to resume it).")
     flags.DEFINE_integer("collective_timeout", 300,
                          "multi_worker: seconds a collective waits for its peers before failing.")
 

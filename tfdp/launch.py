@@ -8,6 +8,7 @@ stops them all. Only the chief (worker 0) prints the per-epoch report and the fi
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
 """
 
+import codecs
 import json
 import os
 import signal
@@ -18,6 +19,8 @@ import threading
 import time
 
 from absl import app, flags
+
+from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
 
 flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
 FLAGS = flags.FLAGS
@@ -43,17 +46,33 @@ def core_shares(num_workers: int, cores: list) -> list:
     return [cores[i * per:(i + 1) * per] for i in range(num_workers)]
 
 
-def worker_env(index: int, ports: list) -> dict:
+def worker_env(index: int, ports: list, run_stamp: str, live_progress: bool) -> dict:
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
                                                  "task": {"type": "worker", "index": index}}))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env.setdefault(RUN_STAMP_ENV, run_stamp)  # One default run folder for all workers.
+    if live_progress and index == 0:  # The chief's bar, when the launcher is in a terminal.
+        env[LIVE_PROGRESS_ENV] = "1"
     return env
 
 
 def _pump(stream, prefix, out):
-    for line in iter(stream.readline, ""):
-        out.write(f"{prefix}{line}")
+    """Copy a worker's output as it comes (a progress bar redraws without a newline), with
+    ``prefix`` at the start of every line and after every carriage return."""
+    at_line_start = True
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):
+        text = decoder.decode(chunk)
+        pieces = []
+        for char in text:
+            if at_line_start and char not in "\r\n":
+                pieces.append(prefix)
+                at_line_start = False
+            pieces.append(char)
+            if char in "\r\n":
+                at_line_start = True
+        out.write("".join(pieces))
         out.flush()
 
 
@@ -65,11 +84,12 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2) -> int
         return 2
     ports = free_ports(num_workers)
     shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
+    stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
     procs, pumps = [], []
     for i in range(num_workers):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tfdp.train", *train_args], env=worker_env(i, ports),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+            [sys.executable, "-m", "tfdp.train", *train_args],
+            env=worker_env(i, ports, stamp, live), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=lambda cores=shares[i]: os.sched_setaffinity(0, cores))
         procs.append(proc)
         for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):

@@ -1,5 +1,5 @@
 """What a run shows and writes: a progress bar, one line per epoch, the final textbook line,
-and in ``--workdir`` the metrics JSON, the accuracy plot and TensorBoard scalars.
+and in ``--workdir`` the metrics JSON, the accuracy and loss plot and TensorBoard scalars.
 
 Only the chief reports (under multi_worker every worker runs the same code; the others are
 silent), so each figure appears once.
@@ -12,6 +12,8 @@ import sys
 
 import tensorflow as tf
 
+from tfdp.config import LIVE_PROGRESS_ENV
+
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
 TENSORBOARD_DIR = "tensorboard"
@@ -20,55 +22,74 @@ TENSORBOARD_DIR = "tensorboard"
 class Reporter:
     """Collects one record per epoch and writes everything after each epoch.
 
-    ``history`` holds the records of epochs finished before a resume, so the JSON and the plot
-    of a resumed run cover the whole run.
+    ``facts`` is what the run actually used (configuration, global batch, per-replica shards,
+    devices, init, precision), written into ``metrics.json`` with the epochs and, at the end,
+    the export path. ``history`` holds the records of epochs finished before a resume, so the
+    JSON and the plot of a resumed run cover the whole run. The same metric names appear in the
+    progress bar, the epoch line, ``metrics.json``, TensorBoard and the plot: ``loss`` and
+    ``train_acc`` while training, ``test_loss`` and ``test_acc`` after each epoch.
     """
 
-    def __init__(self, workdir: str, config: dict, devices: list, is_chief: bool = True,
+    def __init__(self, workdir: str, facts: dict, devices: list, is_chief: bool = True,
                  history: list = (), eval_examples: int = None, test_examples: int = None):
         self.workdir = workdir
-        self.config = config
+        self.facts = dict(facts)
+        self.config = self.facts.get("config", self.facts)
         self.devices = list(devices)
         self.is_chief = is_chief
         self.records = list(history)
         # Say so when the accuracy covers only part of the test set (--eval_steps).
         self.eval_note = ("" if eval_examples is None or eval_examples >= test_examples
                           else f" (first {eval_examples} of {test_examples} test examples)")
-        self._writer = None
+        self._writers = {}
         if is_chief:
             os.makedirs(workdir, exist_ok=True)
-            self._writer = tf.summary.create_file_writer(os.path.join(workdir, TENSORBOARD_DIR))
+            # Two TensorBoard runs with the same tags, so TensorBoard overlays train and test.
+            self._writers = {part: tf.summary.create_file_writer(
+                os.path.join(workdir, TENSORBOARD_DIR, part)) for part in ("train", "test")}
 
     def progress(self, epoch: int, steps: int):
-        """A progress bar for one epoch (silent off the chief)."""
+        """A progress bar for one epoch (silent off the chief and outside a terminal)."""
         import keras
 
-        # Keras redraws the bar in place on any POSIX system; into a log or the launcher's
-        # prefixed pipe that is noise, so only a terminal gets the live bar.
-        live = self.is_chief and sys.stdout.isatty()
+        # Keras redraws the bar in place on any POSIX system; into a log or a pipe that is
+        # noise, so only a terminal gets the live bar (the launcher asks for its chief's).
+        live = self.is_chief and (sys.stdout.isatty() or os.environ.get(LIVE_PROGRESS_ENV) == "1")
         if live:
             print(f"epoch {epoch + 1}/{self.config['epochs']}", flush=True)
         return keras.utils.Progbar(steps, verbose=1 if live else 0,
-                                   stateful_metrics=["loss", "acc"])
+                                   stateful_metrics=["loss", "train_acc"])
 
-    def epoch_end(self, epoch: int, loss: float, train_acc: float, test_acc: float,
-                  seconds: float, examples: int) -> None:
+    def epoch_end(self, epoch: int, loss: float, train_acc: float, test_loss: float,
+                  test_acc: float, seconds: float, examples: int) -> None:
         """Record an epoch (``seconds`` is training time only) and rewrite the outputs."""
         record = {"epoch": epoch + 1, "loss": float(loss), "train_acc": float(train_acc),
-                  "test_acc": float(test_acc), "seconds": float(seconds),
+                  "test_loss": float(test_loss), "test_acc": float(test_acc),
+                  "seconds": float(seconds),
                   "examples_per_sec": examples / seconds if seconds > 0 else 0.0}
         self.records = [r for r in self.records if r["epoch"] < record["epoch"]] + [record]
         if not self.is_chief:
             return
         print(f"epoch {record['epoch']}/{self.config['epochs']}: loss {loss:.4f}, "
-              f"train acc {train_acc:.3f}, test acc{self.eval_note} {test_acc:.3f}, "
-              f"{seconds:.1f} s, {record['examples_per_sec']:.0f} examples/s", flush=True)
-        with self._writer.as_default(step=record["epoch"]):
-            for key in ("loss", "train_acc", "test_acc", "seconds", "examples_per_sec"):
-                tf.summary.scalar(key, record[key])
-        self._writer.flush()
+              f"train_acc {train_acc:.3f}, test_loss {test_loss:.4f}, "
+              f"test_acc {test_acc:.3f}{self.eval_note}, {seconds:.1f} s, "
+              f"{record['examples_per_sec']:.0f} examples/s", flush=True)
+        scalars = {"train": {"loss": loss, "acc": train_acc, "seconds": seconds,
+                             "examples_per_sec": record["examples_per_sec"]},
+                   "test": {"loss": test_loss, "acc": test_acc}}
+        for part, values in scalars.items():
+            with self._writers[part].as_default(step=record["epoch"]):  # step = epoch
+                for key, value in values.items():
+                    tf.summary.scalar(key, value, description=f"{part} {key} per epoch")
+            self._writers[part].flush()
         self._write_json()
         self._plot()
+
+    def record_export(self, path: str) -> None:
+        """Add the export path to ``metrics.json``."""
+        self.facts["export_path"] = path
+        if self.is_chief and self.records:
+            self._write_json()
 
     def sec_per_epoch(self) -> float:
         """Mean training seconds per epoch, as the textbook's timer.avg()."""
@@ -84,7 +105,7 @@ class Reporter:
 
     def _write_json(self):
         path = os.path.join(self.workdir, METRICS_FILE)
-        payload = {"config": self.config, "devices": self.devices, "epochs": self.records}
+        payload = dict(self.facts, devices=self.devices, epochs=self.records)
         with open(path + ".tmp", "w") as f:
             json.dump(payload, f, indent=1)
         os.replace(path + ".tmp", path)
@@ -93,21 +114,35 @@ class Reporter:
         import matplotlib
         matplotlib.use("Agg")  # No display needed.
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
         epochs = [r["epoch"] for r in self.records]
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for key, label in (("loss", "train loss"), ("train_acc", "train acc"),
-                           ("test_acc", "test acc")):
-            ax.plot(epochs, [r[key] for r in self.records], marker="o", label=label)
-        ax.set_xlabel("epoch")
-        ax.set_xlim(0.5, max(self.config["epochs"], epochs[-1]) + 0.5)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        ax.set_title(f"{self.config['model']}, {self.config['strategy']}, "
+        fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(8, 3.5))
+        for ax, pairs, title in ((acc_ax, (("train_acc", "train"), ("test_acc", "test")),
+                                  "accuracy"),
+                                 (loss_ax, (("loss", "train"), ("test_loss", "test")), "loss")):
+            for key, label in pairs:
+                ax.plot(epochs, [r[key] for r in self.records], marker="o", label=label)
+            ax.set_title(title)
+            ax.set_xlabel("epoch")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlim(0.5, max(self.config["epochs"], epochs[-1]) + 0.5)
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+        fig.suptitle(f"{self.config['model']}, {self.config['strategy']}, "
                      f"{len(self.devices)} device(s)")
         fig.tight_layout()
         fig.savefig(os.path.join(self.workdir, PLOT_FILE), dpi=100)
         plt.close(fig)
+
+
+def run_facts(config, global_batch: int, replicas: int) -> dict:
+    """What a run used, resolved from its flags: for ``metrics.json``."""
+    from tfdp.data import shard_sizes
+
+    return {"config": config.to_dict(), "global_batch": global_batch,
+            "per_replica_batch": shard_sizes(global_batch, replicas), "replicas": replicas,
+            "init": config.initializer, "precision": config.precision}
 
 
 def load_history(workdir: str, finished: int) -> list:

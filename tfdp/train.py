@@ -1,4 +1,4 @@
-"""``python -m tfdp.train``: parse the flags, then train, report and export. Kept short.
+"""``python -m tfdp.train``: train data-parallel, report each epoch, export a SavedModel.
 
   python -m tfdp.train --num_gpus=2                        # from scratch on 2 devices
   python -m tfdp.train --strategy=mirrored --num_gpus=2    # Keras fit, MirroredStrategy
@@ -28,12 +28,13 @@ def run_manual(config) -> dict:
     train_split, test_split = data.load_splits(config.data_dir, config.manual_dir,
                                                config.synthetic_data)
     reporter = report.Reporter(
-        config.run_dir, config.to_dict(), names,
+        config.run_dir, report.run_facts(config, batch, len(names)), names,
         eval_examples=data.eval_examples(len(test_split.labels), batch, config.eval_steps),
         test_examples=len(test_split.labels))
     params = trainer.train(config, names, train_split, test_split, reporter)
     line = reporter.final_line()
     path = export.export(trainer.serving_model(params), config.export_root)
+    reporter.record_export(path)
     print(f"exported {path}", flush=True)
     return {"final_line": line, "export_path": path, "records": reporter.records,
             "params": params}
@@ -41,6 +42,9 @@ def run_manual(config) -> dict:
 
 def run_config(config) -> dict:
     """Dispatch one validated run to its path."""
+    from tfdp.config import with_run_dir
+
+    config = with_run_dir(config)
     if config.strategy == "manual":
         return run_manual(config)
     from tfdp.keras_path import trainer as keras_trainer
@@ -61,6 +65,12 @@ def main(argv):
 
 def parse_flags(argv):
     flags.define_flags()
+    if any(arg in ("-h", "--help", "-help", "--helpshort") for arg in argv[1:]):
+        # absl's --help lists the main module's flags only (tfdp's live in tfdp.flags) and
+        # exits 1; --helpfull still shows absl's own too.
+        print(__doc__.strip().replace("``", ""))
+        print(flags.FLAGS.module_help(flags.__name__))
+        sys.exit(0)
     return app.parse_flags_with_usage(argv)
 
 

@@ -6,7 +6,6 @@ equal starting weights the two paths train the same model.
 """
 
 import hashlib
-import os
 import shutil
 import tempfile
 import time
@@ -47,21 +46,30 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 class EpochReport(keras.callbacks.Callback):
-    """Times each epoch's training, evaluates, and hands the epoch to the shared ``Reporter``."""
+    """The shared ``Reporter``'s progress bar and epoch line, as on the manual path: times each
+    epoch's training, then evaluates. (fit runs with ``verbose=0``: Keras' own bar would print
+    its line around tfdp's and under other metric names.)"""
 
     def __init__(self, reporter, evaluator, steps, batch_size, num_examples):
         super().__init__()
-        self.reporter, self.evaluator = reporter, evaluator
+        self.reporter, self.evaluator, self.steps = reporter, evaluator, steps
         self.examples = min(steps * batch_size, num_examples)
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._progress = self.reporter.progress(epoch, self.steps)
         self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._progress.verbose:  # Reading the logs would wait for the step: skip.
+            return
+        self._progress.update(batch + 1, [("loss", float(logs["loss"])),
+                                          ("train_acc", float(logs["accuracy"]))])
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._start  # Training only: evaluation comes next.
-        logs["val_loss"], logs["val_accuracy"] = self.evaluator.evaluate()
+        test_loss, test_acc = self.evaluator.evaluate()
         self.reporter.epoch_end(epoch, loss=logs["loss"], train_acc=logs["accuracy"],
-                                test_acc=logs["val_accuracy"], seconds=seconds,
+                                test_loss=test_loss, test_acc=test_acc, seconds=seconds,
                                 examples=self.examples)
 
 
@@ -106,7 +114,8 @@ def run(config, start_weights=None) -> dict:
 
     eval_examples = data.eval_examples(len(test_split.labels), batch, config.eval_steps)
     reporter = report.Reporter(
-        config.run_dir, config.to_dict(), _device_names(distribution), distribution.is_chief,
+        config.run_dir, report.run_facts(config, batch, replicas), _device_names(distribution),
+        distribution.is_chief,
         history=report.load_history(config.run_dir, first_epoch) if distribution.is_chief else (),
         eval_examples=eval_examples, test_examples=len(test_split.labels))
     if first_epoch < config.epochs:
@@ -120,7 +129,7 @@ def run(config, start_weights=None) -> dict:
         model.fit(
             _distribute(strategy, train, replicas, config.precision), epochs=config.epochs,
             initial_epoch=first_epoch, steps_per_epoch=steps, shuffle=False,  # Already shuffled.
-            verbose=1 if distribution.is_chief and os.isatty(1) else 0,
+            verbose=0,
             callbacks=[EpochReport(reporter, evaluator, steps, batch, len(train_split.labels)),
                        backup.EpochBackup(folder)])
     line = reporter.final_line()
@@ -129,6 +138,7 @@ def run(config, start_weights=None) -> dict:
     logging.info("final weights sha256 %s (worker %d)", hashlib.sha256(
         b"".join(w.tobytes() for w in weights)).hexdigest()[:16], distribution.worker_index)
     path = _export(model, distribution, config.export_root)
+    reporter.record_export(path)
     if distribution.num_workers > 1:
         _barrier(strategy)  # Finish together: a chief exiting first upsets the others' heartbeat.
     # The run is complete: its backups are spent. Left in place, the same command run again

@@ -89,12 +89,15 @@ def _unless_empty(labels, compute, zeros) -> list:
     return tf.cond(tf.size(labels) > 0, compute, zeros)
 
 
-def evaluate(eval_step, split: data.Split, batch_size: int, steps_cap=None) -> float:
-    """Accuracy over the test set (or its first ``steps_cap`` batches)."""
-    correct = 0
+def evaluate(eval_step, split: data.Split, batch_size: int, steps_cap=None) -> tuple:
+    """(mean loss, accuracy) over the test set (or its first ``steps_cap`` batches)."""
+    loss = correct = 0
     for images, labels in data.eval_batches(split, batch_size, steps_cap):
-        correct += int(eval_step(images, labels)[1])
-    return correct / data.eval_examples(len(split.labels), batch_size, steps_cap)
+        batch_loss, batch_correct = eval_step(images, labels)
+        loss += float(batch_loss)
+        correct += int(batch_correct)
+    examples = data.eval_examples(len(split.labels), batch_size, steps_cap)
+    return loss / examples, correct / examples
 
 
 def train(config, devices: list, train_split: data.Split, test_split: data.Split, reporter,
@@ -136,11 +139,11 @@ def train(config, devices: list, train_split: data.Split, test_split: data.Split
             correct += int(right)
             seen += n
             global_step += 1
-            progress.update(i + 1, [("loss", loss_sum / seen), ("acc", correct / seen)])
+            progress.update(i + 1, [("loss", loss_sum / seen), ("train_acc", correct / seen)])
         seconds = time.perf_counter() - start
-        test_acc = evaluate(eval_step, test_split, batch_size, config.eval_steps)
+        test_loss, test_acc = evaluate(eval_step, test_split, batch_size, config.eval_steps)
         reporter.epoch_end(epoch, loss=loss_sum / seen, train_acc=correct / seen,
-                           test_acc=test_acc, seconds=seconds, examples=seen)
+                           test_loss=test_loss, test_acc=test_acc, seconds=seconds, examples=seen)
     return {name: var.numpy() for name, var in replicas[0].items()}
 
 
