@@ -11,7 +11,6 @@ from tfdp import data, report
 from tfdp.config import Config
 from tfdp.manual import trainer
 from tfdp.manual.replicate import replicate
-from tfdp.models import lenet
 
 
 def start_params(dtype=np.float32):
