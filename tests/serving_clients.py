@@ -44,7 +44,8 @@ def saved_model_cli(path, images_file):
 
 def tf2_loader(path, images):
     serve = tf.saved_model.load(path).signatures["serving_default"]
-    return serve(images=tf.constant(images))["classes"].numpy()
+    out = serve(images=tf.constant(images))
+    return out["classes"].numpy(), bool(np.all(np.isfinite(out["logits"].numpy())))
 
 
 def tfsm_layer(path, images):
@@ -69,11 +70,13 @@ def main(path, images_file, labels_file):
 
     tf1_classes, signature = tf1_session(path, images)
     lite_classes, lite_bytes = tflite(path, images)
+    tf2_classes, logits_finite = tf2_loader(path, images)
     print(json.dumps({
         "signature": signature,
         "tf1_session": accuracy(tf1_classes),
         "saved_model_cli": accuracy(saved_model_cli(path, images_file)),
-        "tf2_loader": accuracy(tf2_loader(path, images)),
+        "tf2_loader": accuracy(tf2_classes),
+        "logits_finite": logits_finite,
         "tfsm_layer": accuracy(tfsm_layer(path, images)),
         "tflite": accuracy(lite_classes),
         "tflite_bytes": lite_bytes,

@@ -19,13 +19,19 @@ CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
                         "classes": ["int64", [-1]]}}
 
 
-@pytest.mark.parametrize("strategy, model, batch", [
-    ("manual", "lenet", 100), ("mirrored", "lenet", 100), ("mirrored", "resnet18", 16)])
-def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy, model, batch):
+@pytest.mark.parametrize("strategy, model, batch, lr", [
+    ("manual", "lenet", 100, 0.2), ("mirrored", "lenet", 100, 0.2),
+    # At lr 0.2 a 20-step ResNet diverges (test loss 2,399, logits in the thousands, in a run
+    # here), and in one CI run TFLite's classes then disagreed with TF's (accuracy 0 against
+    # 0.125): a diverged model is no test of a serving client.
+    ("mirrored", "resnet18", 16, 0.02)])
+def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy, model, batch,
+                                       lr):
     eval_steps = 2
     result = run_module("tfdp.train", f"--strategy={strategy}", f"--model={model}",
                         "--num_gpus=2", f"--batch_size={batch}", "--epochs=1",
                         "--steps_per_epoch=20", f"--eval_steps={eval_steps}", "--init=glorot",
+                        f"--lr={lr}",
                         f"--data_dir={data_dir}", f"--workdir={tmp_path / 'work'}",
                         f"--export_dir={tmp_path / 'exp'}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -49,6 +55,7 @@ def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy,
     assert clients.returncode == 0, clients.stderr[-3000:]
     seen = json.loads(clients.stdout.strip().splitlines()[-1])
     assert seen["signature"] == CONTRACT
+    assert seen["logits_finite"], "the run diverged: accuracies would compare ties of NaNs"
     for client in ("tf1_session", "saved_model_cli", "tf2_loader", "tfsm_layer", "tflite"):
         assert seen[client] == pytest.approx(reported["test_acc"], abs=1e-9), (client, seen)
     assert seen["tflite_bytes"] > (100_000 if model == "lenet" else 10_000_000)  # Has weights.
