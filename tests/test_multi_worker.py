@@ -3,6 +3,7 @@ manual path, end with identical weights, export once, survive a killed worker by
 still need the Keras workaround."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +43,9 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     assert any(l.startswith("[0] test acc (first 190 of 10000 test examples):") for l in out)
     assert "MultiWorkerMirroredStrategy, 2 replica(s) in sync on 2 workers" in result.stderr
     assert "global batch 95 = 48 + 47 per replica; lr 0.1; float64" in result.stderr
+    # The workers print tfdp's lines, not TF's start-up banners or saver INFO.
+    assert not re.search(r"^\[\d\] ([IE]\d{4} |WARNING: All log)", result.stderr, re.M), \
+        result.stderr[-3000:]
     assert os.listdir(tmp_path / "exp") == ["1"]  # Exported once, by the chief.
 
     finals = [l for l in result.stderr.splitlines() if "final weights sha256" in l]

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import DEVICES, head
-from tfdp import report, schedule
+from tfdp import logs, report, schedule
 from tfdp.config import Config
 from tfdp.manual import trainer
 
@@ -23,8 +23,11 @@ def test_per_replica_batch_and_scaled_lr_are_used_and_logged(tmp_path, train_spl
                     warmup_epochs=0.5, epochs=1, steps_per_epoch=8, eval_steps=1,
                     init="glorot", workdir=str(tmp_path))
     reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:4], is_chief=False)
-    with caplog.at_level("INFO", logger="absl"):
+    logs.logger.addHandler(caplog.handler)  # Whether or not tfdp.logs.configure() ran.
+    try:
         trainer.train(config, DEVICES[:4], head(train_split, 2000), test_split, reporter)
+    finally:
+        logs.logger.removeHandler(caplog.handler)
     assert "global batch 64 = 16 + 16 + 16 + 16 per device" in caplog.text
     assert "lr 0.2 after 4 warmup steps from 0.05" in caplog.text
     assert reporter.records[0]["examples_per_sec"] * reporter.records[0]["seconds"] == \

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import run_module
+from conftest import REPO, run_module
 from tfdp import data
 
 # Runs in a fresh interpreter that never imports tfdp: what a serving system would do.
@@ -44,6 +44,9 @@ def test_short_run_reports_exports_and_serves(tmp_path, data_dir):
     assert len(final) == 1 and final[0].endswith(
         "sec/epoch on ['/device:CPU:0', '/device:CPU:1']"), final
     assert "global batch 256 = 128 + 128 per device" in result.stderr
+    # tfdp's lines only: no absl-prefixed INFO of TF/TFDS, no C++ start-up banner.
+    assert not re.search(r"^[IE]\d{4} |InitializeLog|Writing fingerprint", result.stderr,
+                         re.M), result.stderr[-3000:]
 
     metrics = json.loads((workdir / "metrics.json").read_text())
     assert [r["epoch"] for r in metrics["epochs"]] == [1, 2]
@@ -98,13 +101,28 @@ def test_help_lists_tfdp_flags():
         assert flag in result.stdout, flag
 
 
+def test_help_into_a_closed_pipe_exits_quietly():
+    """`python -m tfdp.train --help | head -1`: the reader is gone before the help is written."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run([sys.executable, "-m", "tfdp.train", "--help"], stdout=write,
+                                stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO)
+    finally:
+        os.close(write)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
 def test_default_runs_keep_a_folder_each(tmp_path, data_dir):
-    """Two runs of the same command: two run folders, for TensorBoard to compare."""
-    for _ in range(2):
+    """Two runs of the same command: two run folders, for TensorBoard to compare. The second
+    asks for --verbose, which shows the libraries' INFO lines again."""
+    for verbose in ([], ["--verbose"]):
         result = run_module("tfdp.train", "--epochs=1", "--steps_per_epoch=2", "--eval_steps=1",
                             f"--data_dir={data_dir}", f"--export_dir={tmp_path / 'exp'}",
-                            cwd=tmp_path)
+                            *verbose, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-2000:]
+        seen = {w for w in ("InitializeLog", "Writing fingerprint") if w in result.stderr}
+        assert seen == ({"InitializeLog", "Writing fingerprint"} if verbose else set()), seen
     runs = sorted(os.listdir(tmp_path / "runs"))
     assert len(runs) == 2 and all(r.startswith("manual-lenet-1dev-") for r in runs), runs
     for run in runs:

@@ -53,6 +53,7 @@ class Config:
     export_dir: Optional[str] = None
     workdir: Optional[str] = None
     collective_timeout: int = 300
+    verbose: bool = False
 
     def __post_init__(self):
         _choice("strategy", self.strategy, STRATEGIES)

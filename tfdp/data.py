@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import socket
 import threading
@@ -26,9 +27,10 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
+from tfdp import logs
 from tfdp.errors import UserError
+from tfdp.logs import logger
 
 DATASET = "fashion_mnist"
 IMAGE_SHAPE = (28, 28, 1)
@@ -75,6 +77,11 @@ def prepare(data_dir: Optional[str], manual_dir: Optional[str]):
     """Return the TFDS builder, preparing the dataset in ``data_dir`` first if needed."""
     import tensorflow_datasets as tfds  # Heavy import, only where the data is read.
 
+    with logs.quiet_below(logging.ERROR, "absl"):  # See _prepare_once.
+        return _prepare_once(tfds, data_dir, manual_dir)
+
+
+def _prepare_once(tfds, data_dir, manual_dir):
     builder = tfds.builder(DATASET, data_dir=data_dir)
     if builder.is_prepared():
         return builder
@@ -86,14 +93,20 @@ def prepare(data_dir: Optional[str], manual_dir: Optional[str]):
         manual = find_manual_dir(manual_dir)
         if manual:
             check_manual_dir(manual)
-            logging.info("preparing %s in %s from %s (once per data dir)", DATASET,
-                         builder.data_dir_root, manual)
+            logger.info("preparing %s in %s from %s (once per data dir)", DATASET,
+                        builder.data_dir_root, manual)
         else:
             _check_download_reachable(getattr(builder, "URL", None))
-            logging.info("preparing %s in %s: downloading", DATASET, builder.data_dir_root)
+            logger.info("preparing %s in %s: downloading", DATASET, builder.data_dir_root)
+        if not logs.verbose():
+            # tfdp's line above says what happens. TFDS would add a hundred lines of tqdm bars,
+            # two lines on stdout, and (through absl, quietened by the caller) warnings that the
+            # folder it is about to write has no dataset_info.json yet.
+            tfds.disable_progress_bar()
         try:
-            builder.download_and_prepare(
-                download_config=tfds.download.DownloadConfig(manual_dir=manual))
+            with logs.stdout_dropped_unless_verbose():
+                builder.download_and_prepare(
+                    download_config=tfds.download.DownloadConfig(manual_dir=manual))
         except Exception as e:  # TFDS raises many kinds; all mean "could not get the data".
             where = f"from --manual_dir={manual}" if manual else "by downloading"
             raise UserError(

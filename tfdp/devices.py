@@ -9,9 +9,9 @@ the devices already configured are reused (tests configure four logical CPUs onc
 import os
 
 import tensorflow as tf
-from absl import logging
 
 from tfdp.errors import UserError
+from tfdp.logs import logger
 
 # A virtual GPU needs an explicit memory budget; each logical GPU gets this much.
 _VIRTUAL_GPU_MEMORY_MB = 2048
@@ -33,8 +33,8 @@ def configure_devices(num_devices: int) -> list:
                   if kind == "GPU" else tf.config.LogicalDeviceConfiguration())
         try:
             tf.config.set_logical_device_configuration(physical[0], [config] * num_devices)
-            logging.info("%d %s(s) found: splitting %s into %d logical devices", len(physical),
-                         kind, physical[0].name, num_devices)
+            logger.info("%d %s(s) found: splitting %s into %d logical devices", len(physical),
+                        kind, physical[0].name, num_devices)
         except RuntimeError:
             pass  # The runtime is already up: use the logical devices it has, checked below.
     if kind == "CPU":

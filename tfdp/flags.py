@@ -78,6 +78,9 @@ def define_flags() -> None:
                         "<time>; give a run's folder to resume it).")
     flags.DEFINE_integer("collective_timeout", 300,
                          "multi_worker: seconds a collective waits for its peers before failing.")
+    flags.DEFINE_boolean("verbose", False,
+                         "Also print TensorFlow's, TFDS' and absl's INFO lines and progress bars "
+                         "(hidden by default: tfdp prints its own lines, warnings and errors).")
 
 
 def config_from_flags() -> Config:
@@ -107,4 +110,5 @@ def config_from_flags() -> Config:
         export_dir=FLAGS.export_dir,
         workdir=FLAGS.workdir,
         collective_timeout=FLAGS.collective_timeout,
+        verbose=FLAGS.verbose,
     )

@@ -5,16 +5,13 @@
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker   # 2 local workers
 """
 
-import logging
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # Hide TF's C++ INFO chatter; keep warnings.
+from absl import app
 
-from absl import app  # noqa: E402
-
-from tfdp import flags  # noqa: E402
-from tfdp.errors import UserError  # noqa: E402
+from tfdp import flags, logs
+from tfdp.errors import UserError
 
 
 def run_manual(config) -> dict:
@@ -53,12 +50,13 @@ def run_config(config) -> dict:
 
 
 def main(argv):
-    # TF's Python logger speaks INFO on every collective; tfdp's own INFO lines stay.
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)
     if len(argv) > 1:
         sys.exit(f"tfdp.train: error: unexpected arguments {argv[1:]}; flags look like --name=value")
     try:
-        run_config(flags.config_from_flags())
+        config = flags.config_from_flags()
+        logs.configure(config.verbose)
+        logs.import_tensorflow()
+        run_config(config)
     except UserError as e:
         sys.exit(f"tfdp.train: error: {e}")
 
@@ -68,8 +66,11 @@ def parse_flags(argv):
     if any(arg in ("-h", "--help", "-help", "--helpshort") for arg in argv[1:]):
         # absl's --help lists the main module's flags only (tfdp's live in tfdp.flags) and
         # exits 1; --helpfull still shows absl's own too.
-        print(__doc__.strip().replace("``", ""))
-        print(flags.FLAGS.module_help(flags.__name__))
+        try:
+            print(__doc__.strip().replace("``", ""))
+            print(flags.FLAGS.module_help(flags.__name__), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader has all it wants.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
     return app.parse_flags_with_usage(argv)
 

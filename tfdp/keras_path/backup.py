@@ -13,7 +13,8 @@ import re
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
+
+from tfdp.logs import logger
 
 _FILE = re.compile(r"^epoch-(\d+)\.weights\.h5$")
 KEEP = 2
@@ -70,4 +71,4 @@ def agreed_epoch(folder: str, distribution) -> int:
 
 def restore(model, folder: str, epoch: int) -> None:
     model.load_weights(os.path.join(folder, f"epoch-{epoch}.weights.h5"))
-    logging.info("restored weights of epoch %d from %s", epoch, folder)
+    logger.info("restored weights of epoch %d from %s", epoch, folder)

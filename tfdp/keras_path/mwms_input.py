@@ -17,7 +17,8 @@ datasets autotune, so dropping it at the end of ``fit`` waits seconds (evaluatio
 """
 
 import tensorflow as tf
-from absl import logging
+
+from tfdp.logs import logger
 
 
 def distribute(strategy, dataset_fn):
@@ -40,6 +41,6 @@ def distribute(strategy, dataset_fn):
                 experimental_fetch_to_device=False,
                 experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA))
     except (ImportError, AttributeError, TypeError) as e:
-        logging.warning("per-replica input under MultiWorkerMirroredStrategy unavailable (%s); "
-                        "using the slower per-worker MultiDeviceIterator", e)
+        logger.warning("per-replica input under MultiWorkerMirroredStrategy unavailable (%s); "
+                       "using the slower per-worker MultiDeviceIterator", e)
         return strategy.distribute_datasets_from_function(dataset_fn, public)

@@ -11,10 +11,10 @@ import json
 import os
 
 import tensorflow as tf
-from absl import logging
 
 from tfdp import devices
 from tfdp.errors import UserError
+from tfdp.logs import logger
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +66,8 @@ def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
     index = task["index"] + (1 if task["type"] == "worker" and "chief" in cluster else 0)
     is_chief = task["type"] == "chief" or (task["type"] == "worker" and task["index"] == 0
                                            and "chief" not in cluster)
-    logging.info("multi_worker: task %s/%d of %d workers, chief: %s", task["type"],
-                 task["index"], workers, is_chief)
+    logger.info("multi_worker: task %s/%d of %d workers, chief: %s", task["type"],
+                task["index"], workers, is_chief)
     return Distribution(strategy, names, index, workers, is_chief)
 
 

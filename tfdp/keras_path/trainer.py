@@ -12,12 +12,12 @@ import time
 
 import keras
 import tensorflow as tf
-from absl import logging
 
 from tfdp import data, export, report, schedule
 from tfdp.keras_path import backup, evaluation, keras_mwms_fix, mwms_input
 from tfdp.keras_path.strategy import make_distribution
 from tfdp.keras_path.train_step import global_batch_model
+from tfdp.logs import logger
 from tfdp.models import lenet, resnet
 
 
@@ -89,11 +89,11 @@ def run(config, start_weights=None) -> dict:
     steps = data.steps_per_epoch(len(train_split.labels), batch, config.steps_per_epoch)
     warmup = schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0
     peak_lr = config.peak_lr(replicas)
-    logging.info("%s: %s; global batch %d = %s per replica; lr %g%s; %s", config.strategy,
-                 distribution.describe(), batch,
-                 " + ".join(map(str, data.shard_sizes(batch, replicas))),
-                 peak_lr, f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
-                 config.precision)
+    logger.info("%s: %s; global batch %d = %s per replica; lr %g%s; %s", config.strategy,
+                distribution.describe(), batch,
+                " + ".join(map(str, data.shard_sizes(batch, replicas))),
+                peak_lr, f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
+                config.precision)
 
     folder = backup.worker_folder(config.run_dir, distribution.worker_index)
     first_epoch = backup.agreed_epoch(folder, distribution)
@@ -135,7 +135,7 @@ def run(config, start_weights=None) -> dict:
     line = reporter.final_line()
     weights = model.get_weights()
     # Every worker logs this: equal digests show the replicas really ended identical.
-    logging.info("final weights sha256 %s (worker %d)", hashlib.sha256(
+    logger.info("final weights sha256 %s (worker %d)", hashlib.sha256(
         b"".join(w.tobytes() for w in weights)).hexdigest()[:16], distribution.worker_index)
     path = _export(model, distribution, config.export_root)
     reporter.record_export(path)

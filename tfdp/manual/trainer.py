@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
 from tfdp import data, schedule
+from tfdp.logs import logger
 from tfdp.manual.allreduce import ALLREDUCE
 from tfdp.manual.replicate import replicate, split_batch
 from tfdp.models import lenet
@@ -111,12 +111,12 @@ def train(config, devices: list, train_split: data.Split, test_split: data.Split
     steps = data.steps_per_epoch(len(train_split.labels), batch_size, config.steps_per_epoch)
     warmup = schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0
     peak_lr = config.peak_lr(k)
-    logging.info("manual: %d device(s) %s, global batch %d = %s per device, allreduce %s, "
-                 "lr %g%s, %s %s step", k, devices, batch_size,
-                 " + ".join(map(str, data.shard_sizes(batch_size, k))), config.allreduce,
-                 peak_lr,
-                 f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
-                 "eager" if config.eager else "compiled", config.precision)
+    logger.info("manual: %d device(s) %s, global batch %d = %s per device, allreduce %s, "
+                "lr %g%s, %s %s step", k, devices, batch_size,
+                " + ".join(map(str, data.shard_sizes(batch_size, k))), config.allreduce,
+                peak_lr,
+                f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
+                "eager" if config.eager else "compiled", config.precision)
 
     if params is None:
         params = lenet.start_params(config.initializer, config.seed, np.dtype(config.precision))
