@@ -93,3 +93,12 @@ def comparable_start(seed=3, dtype=np.float32):
 def update_difference(a, b, start):
     """max over parameters of |a - b| / |b - start|: how far two runs' updates disagree."""
     return max(np.linalg.norm(a[n] - b[n]) / np.linalg.norm(b[n] - start[n]) for n in a)
+
+
+def train_manual(config, devices, train_split, test_split, reporter, params=None):
+    """The manual path's loop on given splits, with the plan its ``run`` would make."""
+    from tfdp.manual import trainer
+    from tfdp.plan import make_plan
+
+    plan = make_plan(config, len(devices), len(train_split.labels), len(test_split.labels))
+    return trainer.train(config, plan, devices, train_split, test_split, reporter, params)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import head
-from tfdp import data
+from tfdp import data, plan, sharding
 from tfdp.errors import UserError
 
 
@@ -62,14 +62,14 @@ def test_train_batches_depend_on_seed_and_epoch_only(train_split):
 
 def test_eval_batches_cover_the_test_set(test_split):
     assert sum(len(y) for _, y in data.eval_batches(test_split, 256)) == 10000
-    assert data.eval_examples(10000, 256, 3) == 768
+    assert plan.eval_examples(10000, 256, 3) == 768
     assert sum(len(y) for _, y in data.eval_batches(test_split, 256, steps_cap=3)) == 768
 
 
 def test_per_replica_shards_and_weights_cover_each_batch_once(train_split):
     """Batches of 7 and a last one of 2 over 3 replicas: 3 + 2 + 2, then 1 + 1 + 0."""
     batches = data.train_batches(head(train_split, 16), 7, seed=0, first_epoch=0, epochs=1)
-    shards = list(data.per_replica_batches(batches, 3, first=0, count=3))
+    shards = list(sharding.per_replica_batches(batches, 3, first=0, count=3))
     assert [len(y) for _, y, _ in shards] == [3, 2, 2, 3, 2, 2, 1, 1, 0]
     for step, (images, labels) in enumerate(batches):
         own = shards[3 * step: 3 * step + 3]
@@ -77,7 +77,7 @@ def test_per_replica_shards_and_weights_cover_each_batch_once(train_split):
         np.testing.assert_array_equal(np.concatenate([x for x, _, _ in own]), images)
         # Every example weighs 1 / global batch: a replica's weighted sum is its share.
         assert sum(float(np.sum(w)) for _, _, w in own) == pytest.approx(1.0, abs=1e-15)
-    later = list(data.per_replica_batches(batches, 3, first=1, count=2))  # A second pipeline.
+    later = list(sharding.per_replica_batches(batches, 3, first=1, count=2))  # A second pipeline.
     assert [len(y) for _, y, _ in later] == [2, 2, 2, 2, 1, 0]
 
 

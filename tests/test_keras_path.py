@@ -10,12 +10,12 @@ import pytest
 import keras
 import tensorflow as tf
 
-from conftest import DEVICES, comparable_start, head, run_module, update_difference
+from conftest import (DEVICES, comparable_start, head, run_module, train_manual,
+                      update_difference)
 from tfdp import data, report
 from tfdp.config import Config
-from tfdp.keras_path import backup, evaluation, keras_mwms_fix
+from tfdp.keras_path import backup, distributed_input, evaluation, keras_mwms_fix
 from tfdp.keras_path import trainer as keras_trainer
-from tfdp.manual import trainer as manual_trainer
 from tfdp.models import lenet, resnet
 
 
@@ -32,19 +32,19 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
     start = comparable_start(7, np.float64)
     manual_config = Config(**common(tmp_path, data_dir, "manual", precision="float64"))
     reporter = report.Reporter(manual_config.run_dir, manual_config.to_dict(), DEVICES[:2])
-    manual = manual_trainer.train(manual_config, DEVICES[:2], train_split, test_split, reporter,
+    manual = train_manual(manual_config, DEVICES[:2], train_split, test_split, reporter,
                                   params=start)
 
     mirrored = keras_trainer.run(Config(strategy="mirrored", **common(
         tmp_path, data_dir, "mirrored", precision="float64")),
         start_weights=lenet.to_keras_weights(start))
 
-    assert update_difference(lenet.from_keras_weights(mirrored["weights"]), manual, start) < 1e-9
-    assert mirrored["final_line"].endswith("sec/epoch on ['/device:CPU:0', '/device:CPU:1']")
-    assert "(first 192 of 10000 test examples)" in mirrored["final_line"]
-    assert mirrored["export_path"].endswith(os.path.join("mirrored-exp", "1"))
+    assert update_difference(lenet.from_keras_weights(mirrored.weights), manual, start) < 1e-9
+    assert mirrored.final_line.endswith("sec/epoch on ['/device:CPU:0', '/device:CPU:1']")
+    assert "(first 192 of 10000 test examples)" in mirrored.final_line
+    assert mirrored.export_path.endswith(os.path.join("mirrored-exp", "1"))
     # Both paths evaluate the same 192 test examples with the same weights.
-    assert mirrored["records"][-1]["test_acc"] == reporter.records[-1]["test_acc"]
+    assert mirrored.history[-1]["test_acc"] == reporter.records[-1]["test_acc"]
     metrics = json.loads((tmp_path / "mirrored" / "metrics.json").read_text())
     assert [r["epoch"] for r in metrics["epochs"]] == [1]
     assert (tmp_path / "mirrored" / "accuracy.png").exists()
@@ -66,12 +66,12 @@ def test_mirrored_trains_uneven_and_empty_shards_like_manual(tmp_path, data_dir,
                       steps_per_epoch=None, eval_steps=None, epochs=2, precision="float64")
     reporter = report.Reporter(str(tmp_path / f"manual{k}"), {"epochs": 2}, DEVICES[:k],
                                is_chief=False)
-    manual = manual_trainer.train(Config(**settings), DEVICES[:k], split, split, reporter,
+    manual = train_manual(Config(**settings), DEVICES[:k], split, split, reporter,
                                   params=start)
     mirrored = keras_trainer.run(Config(strategy="mirrored", **settings),
                                  start_weights=lenet.to_keras_weights(start))
-    assert update_difference(lenet.from_keras_weights(mirrored["weights"]), manual, start) < 1e-9
-    for got, want in zip(mirrored["records"], reporter.records):
+    assert update_difference(lenet.from_keras_weights(mirrored.weights), manual, start) < 1e-9
+    for got, want in zip(mirrored.history, reporter.records):
         # Keras' trackers hold float32; a count differing by one example would be 1e-3 here.
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
         assert got["train_acc"] == pytest.approx(want["train_acc"], abs=1e-6)
@@ -103,7 +103,7 @@ def test_evaluator_covers_the_same_batches_every_time(test_split):
         model.set_weights(lenet.to_keras_weights(comparable_start(5)))
     batches = data.eval_batches(split, 96).repeat()
     evaluator = evaluation.Evaluator(model, strategy,
-                                     keras_trainer._distribute(strategy, batches, 2), steps=3)
+                                     distributed_input.distribute(strategy, batches, 2), steps=3)
 
     logits = model(data.to_float(split.images), training=False)
     loss = float(np.mean(keras.losses.sparse_categorical_crossentropy(
@@ -143,10 +143,10 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monke
     out = capsys.readouterr().out
     assert "resuming from epoch 2" in out
     assert out.count("epoch 3/3: loss") == 1 and "epoch 1/3: loss" not in out
-    assert [r["epoch"] for r in resumed["records"]] == [1, 2, 3]
+    assert [r["epoch"] for r in resumed.history] == [1, 2, 3]
     metrics = json.loads((tmp_path / "resume" / "metrics.json").read_text())
     assert [r["epoch"] for r in metrics["epochs"]] == [1, 2, 3]
-    for x, y in zip(full["weights"], resumed["weights"]):  # As if it had never stopped.
+    for x, y in zip(full.weights, resumed.weights):  # As if it had never stopped.
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
     assert os.listdir(tmp_path / "resume-exp") == ["1"]
 

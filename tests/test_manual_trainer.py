@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import DEVICES, comparable_start, head, update_difference
+from conftest import DEVICES, comparable_start, head, train_manual, update_difference
 from tfdp import data, report
 from tfdp.config import Config
 from tfdp.manual import trainer
@@ -23,7 +23,7 @@ def train_params(tmp_path, split, k, allreduce="add_n", batch_size=96, dtype=np.
                     allreduce=allreduce, eval_steps=1, workdir=str(tmp_path / f"{k}-{allreduce}"),
                     precision=np.dtype(dtype).name)
     reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:k])
-    return trainer.train(config, DEVICES[:k], split, split, reporter,
+    return train_manual(config, DEVICES[:k], split, split, reporter,
                          params=start_params(dtype))
 
 
@@ -98,7 +98,7 @@ def test_training_learns_and_reports(tmp_path, train_split, test_split):
     config = Config(num_gpus=2, epochs=2, steps_per_epoch=40, eval_steps=8, lr=0.1,
                     workdir=str(tmp_path / "run"))
     reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2])
-    trainer.train(config, DEVICES[:2], train_split, test_split, reporter,
+    train_manual(config, DEVICES[:2], train_split, test_split, reporter,
                   params=start_params())
     first, last = reporter.records
     assert last["loss"] < first["loss"] < np.log(10)

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import DEVICES, REPO, comparable_start, run_module
+from conftest import DEVICES, REPO, comparable_start, run_module, train_manual
 from tfdp import data, report
 from tfdp.config import Config
 from tfdp.keras_path import backup, keras_mwms_fix
-from tfdp.manual import trainer as manual_trainer
 from tfdp.models import lenet
 
 
@@ -42,7 +41,8 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     assert not any(l.startswith("[1] epoch") or l.startswith("[1] test acc") for l in out)
     assert any(l.startswith("[0] test acc (first 190 of 10000 test examples):") for l in out)
     assert "MultiWorkerMirroredStrategy, 2 replica(s) in sync on 2 workers" in result.stderr
-    assert "global batch 95 = 48 + 47 per replica; lr 0.1; float64" in result.stderr
+    assert "global batch 95 = 48 + 47 per replica;" in result.stderr
+    assert "; lr 0.1; float64;" in result.stderr
     # The workers print tfdp's lines, not TF's start-up banners or saver INFO.
     assert not re.search(r"^\[\d\] ([IE]\d{4} |WARNING: All log)", result.stderr, re.M), \
         result.stderr[-3000:]
@@ -55,7 +55,7 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
 
     config = Config(num_gpus=2, workdir=str(tmp_path / "manual"), **settings)
     reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2], is_chief=False)
-    manual = manual_trainer.train(config, DEVICES[:2], train_split, test_split, reporter,
+    manual = train_manual(config, DEVICES[:2], train_split, test_split, reporter,
                                   params=start)
     # The chief's export, served, against the manual model's logits on real test images.
     images = tf.constant(test_split.images[:500])
@@ -139,7 +139,7 @@ def test_keras_still_needs_the_multi_worker_workaround(tmp_path, data_dir):
 
 _PER_REPLICA_CHECK = """
 import tensorflow as tf
-from tfdp.keras_path import mwms_input
+from tfdp.keras_path import distributed_input
 strategy = tf.distribute.MultiWorkerMirroredStrategy()  # One local worker: no TF_CONFIG.
 fn = lambda context: tf.data.Dataset.range(8).batch(2).repeat()
 options = tf.distribute.InputOptions(
@@ -150,7 +150,9 @@ try:
     print("PUBLIC PER_REPLICA WORKS")
 except NotImplementedError:
     print("PUBLIC PER_REPLICA REFUSED")
-worker_iterator = iter(mwms_input.distribute(strategy, fn))._iterators[0]
+batches = tf.data.Dataset.from_tensor_slices(
+    (tf.zeros([8, 28, 28, 1], tf.uint8), tf.zeros([8], tf.int64))).batch(2)
+worker_iterator = iter(distributed_input.distribute(strategy, batches, 1))._iterators[0]
 print("MULTI DEVICE ITERATOR" if "MultiDevice" in type(worker_iterator._iterator).__name__
       else "OWN ITERATOR")
 """
@@ -164,7 +166,8 @@ def test_per_replica_input_under_mwms_is_still_ours_to_build():
     assert result.returncode == 0, result.stderr[-3000:]
     if "PUBLIC PER_REPLICA WORKS" in result.stdout:
         pytest.fail("MultiWorkerMirroredStrategy now accepts PER_REPLICA input: replace "
-                    "tfdp/keras_path/mwms_input.py with the public distribute_datasets_from_function")
+                    "tfdp/keras_path/distributed_input._multi_worker with the public "
+                    "distribute_datasets_from_function")
     assert "PUBLIC PER_REPLICA REFUSED" in result.stdout, result.stdout
     # Our input really gives the replica its own iterator, not a MultiDeviceIterator.
     assert "OWN ITERATOR" in result.stdout, result.stdout + result.stderr[-2000:]

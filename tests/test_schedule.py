@@ -3,10 +3,10 @@
 import pytest
 import tensorflow as tf
 
-from conftest import DEVICES, head
-from tfdp import logs, report, schedule
+from conftest import DEVICES, head, train_manual
+from tfdp import report, schedule
 from tfdp.config import Config
-from tfdp.manual import trainer
+from tfdp.plan import make_plan
 
 
 def test_warmup_rises_linearly_to_the_scaled_rate():
@@ -17,18 +17,17 @@ def test_warmup_rises_linearly_to_the_scaled_rate():
     assert schedule.warmup_steps(0.5, 235) == 118
 
 
-def test_per_replica_batch_and_scaled_lr_are_used_and_logged(tmp_path, train_split, test_split,
-                                                             caplog):
+def test_per_replica_batch_and_scaled_lr_are_planned_and_used(tmp_path, train_split, test_split):
     config = Config(num_gpus=4, per_replica_batch_size=16, lr=0.05, scale_lr=True,
                     warmup_epochs=0.5, epochs=1, steps_per_epoch=8, eval_steps=1,
                     init="glorot", workdir=str(tmp_path))
-    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:4], is_chief=False)
-    logs.logger.addHandler(caplog.handler)  # Whether or not tfdp.logs.configure() ran.
-    try:
-        trainer.train(config, DEVICES[:4], head(train_split, 2000), test_split, reporter)
-    finally:
-        logs.logger.removeHandler(caplog.handler)
-    assert "global batch 64 = 16 + 16 + 16 + 16 per device" in caplog.text
-    assert "lr 0.2 after 4 warmup steps from 0.05" in caplog.text
+    plan = make_plan(config, 4, 2000, 10000)
+    assert (plan.global_batch, plan.per_replica_batch, plan.steps_per_epoch) == (64, (16,) * 4, 8)
+    assert (plan.peak_lr, plan.warmup_steps, plan.eval_examples) == (0.2, 4, 64)
+    line = plan.describe("4 device(s)")
+    assert "global batch 64 = 16 + 16 + 16 + 16 per replica" in line
+    assert "lr 0.2 after 4 warmup steps from 0.05" in line
+    reporter = report.Reporter(config.run_dir, plan.facts(config), DEVICES[:4], is_chief=False)
+    train_manual(config, DEVICES[:4], head(train_split, 2000), test_split, reporter)
     assert reporter.records[0]["examples_per_sec"] * reporter.records[0]["seconds"] == \
         pytest.approx(8 * 64)

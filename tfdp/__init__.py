@@ -1,10 +1,20 @@
 """tfdp: data-parallel training of image classifiers with TensorFlow 2 and Keras 3.
 
-Two paths share flags, data, models, report and export:
+    import tfdp
+    result = tfdp.run(num_gpus=2, batch_size=256, lr=0.2)   # the flags of python -m tfdp.train
+    result.test_accuracy, result.sec_per_epoch, result.export_path
+    result.plot()                                            # accuracy and loss per epoch
+
+Every path has the same entry, ``run(config) -> Result`` (``tfdp.paths``):
 
 * ``tfdp.manual``: the textbook algorithm written out (replicate, split, one tape per device,
   allreduce, the same update everywhere);
 * ``tfdp.keras_path``: Keras ``fit`` under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``.
 """
 
+from tfdp.api import configure_devices, run
+from tfdp.errors import UserError
+from tfdp.result import Result
+
 __version__ = "0.1.0"
+__all__ = ["run", "configure_devices", "Result", "UserError"]

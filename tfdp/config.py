@@ -25,35 +25,78 @@ RUN_STAMP_ENV = "TFDP_RUN_STAMP"
 LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 
 
+def _flag(default, help_text):
+    """A field that is also a flag of ``tfdp.train`` (and a keyword of ``tfdp.run``)."""
+    return dataclasses.field(default=default, metadata={"help": help_text})
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """What one training run needs; field names are the flag names."""
+    """What one training run needs. Each field is a flag: its default and help are written here
+    only (``tfdp.flags`` defines the command line from them)."""
 
-    strategy: str = "manual"
-    model: str = "lenet"
-    num_gpus: int = 1
-    batch_size: Optional[int] = None
-    per_replica_batch_size: Optional[int] = None
-    lr: float = 0.2
-    scale_lr: bool = False
-    warmup_epochs: float = 1.0
-    epochs: int = 10
-    seed: int = 0
-    init: Optional[str] = None
-    steps_per_epoch: Optional[int] = None
-    eval_steps: Optional[int] = None
-    allreduce: str = "add_n"
-    precision: str = "float32"
-    steps_per_execution: int = 1
-    synthetic_data: bool = False
-    eager: bool = False
-    sync_batch_norm: bool = False
-    data_dir: Optional[str] = None
-    manual_dir: Optional[str] = None
-    export_dir: Optional[str] = None
-    workdir: Optional[str] = None
-    collective_timeout: int = 300
-    verbose: bool = False
+    strategy: str = _flag(
+        "manual",
+        "manual: the from-scratch data-parallel loop; mirrored: Keras fit under "
+        "MirroredStrategy; multi_worker: Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG); "
+        "plain: Keras fit on one device with no tf.distribute strategy (the baseline).")
+    model: str = _flag("lenet", "lenet or resnet18 (resnet18 needs a Keras strategy).")
+    num_gpus: int = _flag(
+        1, "Devices to train on (per worker under multi_worker). With fewer GPUs than this, the "
+        "devices that exist are split into logical devices (logical CPUs on a CPU machine).")
+    batch_size: Optional[int] = _flag(
+        None, f"Global minibatch, split across all replicas (default {DEFAULT_BATCH_SIZE}).")
+    per_replica_batch_size: Optional[int] = _flag(
+        None, "Minibatch per replica instead of --batch_size: global = this x replicas.")
+    lr: float = _flag(0.2, "SGD learning rate (for the global batch as given).")
+    scale_lr: bool = _flag(
+        False, "Linear scaling rule (Goyal et al. 2017): lr x replicas, reached after a linear "
+        "warmup.")
+    warmup_epochs: float = _flag(
+        1.0, "Length of the --scale_lr warmup in epochs (fractions allowed; 0 for none).")
+    epochs: int = _flag(10, "Training epochs.")
+    seed: int = _flag(0, "Seed for initial weights and the shuffling order.")
+    init: Optional[str] = _flag(
+        None, "Starting weights: textbook (normal x 0.01; the loss sits at ln 10 for about an "
+        "epoch), glorot (Glorot-uniform, Keras' default; learns at once), or a .npz file of "
+        "LeNet parameters W1..b4. Default: textbook for manual, glorot for the Keras strategies.")
+    steps_per_epoch: Optional[int] = _flag(
+        None, "Cap on training steps per epoch, for short runs (default: whole epoch).")
+    eval_steps: Optional[int] = _flag(
+        None, "Cap on evaluation batches, for short runs (default: whole test set).")
+    allreduce: str = _flag(
+        "add_n", "manual path: add_n (textbook), sharded (parameter-server style) or ring.")
+    precision: str = _flag(
+        "float32", "float32, or float64: every variable and computation in double precision, "
+        "slower, for checking that paths and device counts train the same model to rounding.")
+    steps_per_execution: int = _flag(
+        1, "plain only: training steps per compiled Keras call (fewer Python round trips; "
+        "progress and callbacks then update every N steps).")
+    synthetic_data: bool = _flag(
+        False, "Random images of the real shapes, made in memory: takes the input pipeline out "
+        "of benchmarks (accuracy is then meaningless).")
+    eager: bool = _flag(False,
+                        "Run the training step eagerly instead of compiled (slow; for teaching).")
+    sync_batch_norm: bool = _flag(
+        False, "resnet18: batch-norm statistics over the global batch, across replicas.")
+    data_dir: Optional[str] = _flag(None,
+                                    "tensorflow-datasets data dir (default: TFDS's own).")
+    manual_dir: Optional[str] = _flag(
+        None, "Folder with the four Fashion-MNIST .gz files, used instead of a download when the "
+        "data is not yet prepared (default: $TFDP_MANUAL_DIR, else ../shared/data/fashion_mnist "
+        "beside this checkout, if either exists).")
+    export_dir: Optional[str] = _flag(
+        None, "SavedModel root; each run adds a version <export_dir>/<n> "
+        "(default: saved_models/<model>).")
+    workdir: Optional[str] = _flag(
+        None, "Logs, metrics.json, accuracy.png, TensorBoard and backups (default: a new folder "
+        "per run, runs/<strategy>-<model>-<n>dev-<date>-<time>; give a run's folder to resume "
+        "it).")
+    collective_timeout: int = _flag(
+        300, "multi_worker: seconds a collective waits for its peers before failing.")
+    verbose: bool = _flag(
+        False, "Also print TensorFlow's, TFDS' and absl's INFO lines and progress bars (hidden "
+        "by default: tfdp prints its own lines, warnings and errors).")
 
     def __post_init__(self):
         _choice("strategy", self.strategy, STRATEGIES)

@@ -31,6 +31,7 @@ import tensorflow as tf
 from tfdp import logs
 from tfdp.errors import UserError
 from tfdp.logs import logger
+from tfdp.plan import steps_per_epoch
 
 DATASET = "fashion_mnist"
 IMAGE_SHAPE = (28, 28, 1)
@@ -150,9 +151,8 @@ def load_split(split: str, data_dir: Optional[str] = None,
                manual_dir: Optional[str] = None) -> Split:
     """The whole ``split`` ("train" or "test") as in-memory arrays, read once per process.
 
-    The first read goes through TFDS (decoding 60,000 PNGs: about 3 s, 9 s for a worker on
-    one core) and leaves the arrays as .npy files beside the prepared data; later runs, workers
-    and tests load those in milliseconds.
+    The first read goes through TFDS (decoding 60,000 PNGs: seconds) and leaves the arrays as
+    .npy files beside the prepared data; later runs, workers and tests load those at once.
     """
     import tensorflow_datasets as tfds
 
@@ -174,7 +174,8 @@ def load_split(split: str, data_dir: Optional[str] = None,
     return Split(images, labels)
 
 
-def load_splits(data_dir: Optional[str], manual_dir: Optional[str], synthetic: bool = False):
+def load_splits(data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
+                synthetic: bool = False):
     """(train, test) for a run: the real Fashion-MNIST, or synthetic arrays of its sizes."""
     if synthetic:
         return synthetic_split(60000, seed=1), synthetic_split(10000, seed=2)
@@ -188,17 +189,10 @@ def synthetic_split(num_examples: int, seed: int = 0) -> Split:
                  rng.integers(0, NUM_CLASSES, num_examples, dtype=np.int64))
 
 
-def steps_per_epoch(num_examples: int, batch_size: int, cap: Optional[int] = None) -> int:
-    """Batches in one epoch: the last short batch counts (never dropped), then the cap."""
-    steps = -(-num_examples // batch_size)
-    return min(steps, cap) if cap else steps
-
-
 # Fixed parallelism and buffers, autotuning off. Batches are gathers from arrays in memory, so
 # autotuning has nothing to find, and its background thread makes dropping an iterator wait
-# for that thread's next wake-up, seconds and more as training goes on: measured, 20 s at the
-# end of a 3-epoch multi_worker fit (2.9 s without autotuning), and up to 6.6 s per epoch for
-# each validation iterator Keras drops (tfdp/keras_path/evaluation.py).
+# for that thread's next wake-up, seconds and more as training goes on (docs/benchmarks.md,
+# "Figures behind code comments"; tfdp/keras_path/evaluation.py).
 _PARALLEL_CALLS = 2
 _PREFETCH = 2
 
@@ -241,11 +235,6 @@ def eval_batches(split: Split, batch_size: int, steps_cap: Optional[int] = None)
     return ds.prefetch(_PREFETCH).with_options(_pipeline_options())
 
 
-def eval_examples(num_examples: int, batch_size: int, steps_cap: Optional[int]) -> int:
-    """How many test examples ``eval_batches`` covers."""
-    return min(num_examples, steps_cap * batch_size) if steps_cap else num_examples
-
-
 def to_float(images: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
     """uint8 pixels -> ``dtype`` in [0, 1]: the models' input scaling, in one place."""
     return tf.cast(images, dtype) / 255.0
@@ -259,40 +248,3 @@ def _lock(path: str):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def shard_sizes(n, k: int) -> list:
-    """Sizes of ``n`` examples split into ``k`` shards as evenly as possible (first ones +1).
-
-    Works on Python ints and on scalar tensors (a batch size known only at run time); every
-    path cuts global batches into per-replica shards with it.
-    """
-    base, extra = n // k, n % k
-    if isinstance(n, int):
-        return [base + (1 if i < extra else 0) for i in range(k)]
-    return [base + tf.cast(i < extra, n.dtype) for i in range(k)]
-
-
-def per_replica_batches(global_batches: tf.data.Dataset, num_replicas: int, first: int,
-                        count: int) -> tf.data.Dataset:
-    """Replicas ``first .. first+count-1``'s shards of each global batch, one element each.
-
-    Elements are ``(images, labels, example_weights)``: every example weighs 1 / global batch
-    (float64), so a replica's weighted loss sum is its share of the global mean, however the
-    batch was cut. Shards are contiguous and differ in size by at most one, as the manual
-    path's ``split_batch``; ``tf.distribute`` hands consecutive elements to consecutive local
-    replicas.
-    """
-    def shards(images, labels):
-        total = tf.shape(labels, out_type=tf.int64)[0]
-        sizes = tf.stack(shard_sizes(total, num_replicas))
-        starts = tf.cumsum(sizes, exclusive=True)
-
-        def shard(r):
-            return (images[starts[r]:starts[r] + sizes[r]],
-                    labels[starts[r]:starts[r] + sizes[r]],
-                    tf.fill([sizes[r]], 1.0 / tf.cast(total, tf.float64)))
-
-        return tf.data.Dataset.range(first, first + count).map(shard)
-
-    return global_batches.flat_map(shards).prefetch(_PREFETCH)

@@ -42,7 +42,10 @@ def configure_devices(num_devices: int) -> list:
     logical = [d.name for d in tf.config.list_logical_devices(kind)]
     if len(logical) < num_devices:
         raise UserError(f"--num_gpus={num_devices}, but this process already runs TensorFlow on "
-                        f"{len(logical)} {kind} device(s); start a new process")
+                        f"{len(logical)} {kind} device(s), fixed when TensorFlow started: start a "
+                        "new process (in a notebook, restart the kernel), and run the largest "
+                        f"device count first or call tfdp.configure_devices({num_devices}) "
+                        "before any run")
     return logical[:num_devices]
 
 
@@ -51,8 +54,7 @@ def share_cores(num_devices: int) -> None:
 
     By default every op may use every core (intra-op) and only a couple of ops run at once
     (inter-op), so k replicas queue behind each other. intra = cores / k and inter = k lets the
-    k replicas' ops run side by side; measured here, this and a compiled step turn 83 s/epoch
-    into about 17 s/epoch for two replicas.
+    k replicas' ops run side by side (docs/benchmarks.md, "Figures behind code comments").
     """
     cores = available_cores()
     try:

@@ -5,5 +5,7 @@ anything else that escapes is a bug and keeps its traceback.
 """
 
 
-class UserError(Exception):
-    """A mistake the user can fix; the message names the flag or file and what to do."""
+class UserError(ValueError):
+    """A mistake the user can fix; the message names the flag or file and what to do.
+
+    ``tfdp.run`` raises it as it is (a ``ValueError``); the command line prints its message."""

@@ -1,4 +1,4 @@
-"""What a run shows and writes: a progress bar, one line per epoch, the final textbook line,
+"""What a run shows and writes: a live progress line, one line per epoch, the final textbook line,
 and in ``--workdir`` the metrics JSON, the accuracy and loss plot and TensorBoard scalars.
 
 Only the chief reports (under multi_worker every worker runs the same code; the others are
@@ -9,6 +9,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import tensorflow as tf
 
@@ -31,16 +32,15 @@ class Reporter:
     """
 
     def __init__(self, workdir: str, facts: dict, devices: list, is_chief: bool = True,
-                 history: list = (), eval_examples: int = None, test_examples: int = None):
+                 history: list = (), eval_note: str = ""):
         self.workdir = workdir
         self.facts = dict(facts)
         self.config = self.facts.get("config", self.facts)
         self.devices = list(devices)
         self.is_chief = is_chief
         self.records = list(history)
-        # Say so when the accuracy covers only part of the test set (--eval_steps).
-        self.eval_note = ("" if eval_examples is None or eval_examples >= test_examples
-                          else f" (first {eval_examples} of {test_examples} test examples)")
+        self.eval_note = eval_note  # Says so when evaluation covers part of the test set.
+        self._progress = None
         self._writers = {}
         if is_chief:
             os.makedirs(workdir, exist_ok=True)
@@ -48,17 +48,14 @@ class Reporter:
             self._writers = {part: tf.summary.create_file_writer(
                 os.path.join(workdir, TENSORBOARD_DIR, part)) for part in ("train", "test")}
 
-    def progress(self, epoch: int, steps: int):
-        """A progress bar for one epoch (silent off the chief and outside a terminal)."""
-        import keras
-
-        # Keras redraws the bar in place on any POSIX system; into a log or a pipe that is
-        # noise, so only a terminal gets the live bar (the launcher asks for its chief's).
-        live = self.is_chief and (sys.stdout.isatty() or os.environ.get(LIVE_PROGRESS_ENV) == "1")
-        if live:
-            print(f"epoch {epoch + 1}/{self.config['epochs']}", flush=True)
-        return keras.utils.Progbar(steps, verbose=1 if live else 0,
-                                   stateful_metrics=["loss", "train_acc"])
+    def progress(self, epoch: int, steps: int) -> "Progress":
+        """The live line of one epoch: shown by the chief in a terminal, in a notebook, or when
+        the launcher asks for its chief's (``TFDP_LIVE_PROGRESS``); into a log or a pipe a
+        line redrawn in place is noise, so elsewhere it is silent."""
+        live = self.is_chief and (sys.stdout.isatty() or "ipykernel" in sys.modules
+                                  or os.environ.get(LIVE_PROGRESS_ENV) == "1")
+        self._progress = Progress(f"epoch {epoch + 1}/{self.config['epochs']}", steps, live)
+        return self._progress
 
     def epoch_end(self, epoch: int, loss: float, train_acc: float, test_loss: float,
                   test_acc: float, seconds: float, examples: int) -> None:
@@ -70,6 +67,8 @@ class Reporter:
         self.records = [r for r in self.records if r["epoch"] < record["epoch"]] + [record]
         if not self.is_chief:
             return
+        if self._progress:
+            self._progress.close()
         print(f"epoch {record['epoch']}/{self.config['epochs']}: loss {loss:.4f}, "
               f"train_acc {train_acc:.3f}, test_loss {test_loss:.4f}, "
               f"test_acc {test_acc:.3f}{self.eval_note}, {seconds:.1f} s, "
@@ -111,38 +110,73 @@ class Reporter:
         os.replace(path + ".tmp", path)
 
     def _plot(self):
-        import matplotlib
-        matplotlib.use("Agg")  # No display needed.
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
 
-        epochs = [r["epoch"] for r in self.records]
-        fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(8, 3.5))
-        for ax, pairs, title in ((acc_ax, (("train_acc", "train"), ("test_acc", "test")),
-                                  "accuracy"),
-                                 (loss_ax, (("loss", "train"), ("test_loss", "test")), "loss")):
-            for key, label in pairs:
-                ax.plot(epochs, [r[key] for r in self.records], marker="o", label=label)
-            ax.set_title(title)
-            ax.set_xlabel("epoch")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlim(0.5, max(self.config["epochs"], epochs[-1]) + 0.5)
-            ax.grid(True, alpha=0.3)
-            ax.legend()
-        fig.suptitle(f"{self.config['model']}, {self.config['strategy']}, "
-                     f"{len(self.devices)} device(s)")
-        fig.tight_layout()
+        fig = history_figure(self.records, self.config["epochs"],
+                             f"{self.config['model']}, {self.config['strategy']}, "
+                             f"{len(self.devices)} device(s)")
         fig.savefig(os.path.join(self.workdir, PLOT_FILE), dpi=100)
         plt.close(fig)
 
 
-def run_facts(config, global_batch: int, replicas: int) -> dict:
-    """What a run used, resolved from its flags: for ``metrics.json``."""
-    from tfdp.data import shard_sizes
+class Progress:
+    """One line per epoch redrawn in place with a carriage return only (no backspaces or
+    escape codes, which a notebook would print raw), at most ten times a second; the epoch line
+    follows on a line of its own."""
 
-    return {"config": config.to_dict(), "global_batch": global_batch,
-            "per_replica_batch": shard_sizes(global_batch, replicas), "replicas": replicas,
-            "init": config.initializer, "precision": config.precision}
+    def __init__(self, title: str, steps: int, live: bool):
+        self.title, self.steps, self.live = title, steps, live
+        self._start = time.perf_counter()
+        self._shown = 0.0
+        self._width = 0
+
+    def update(self, step: int, values: list) -> None:
+        if not self.live:
+            return
+        now = time.perf_counter()
+        if step < self.steps and now - self._shown < 0.1:
+            return
+        self._shown = now
+        done = int(30 * step / self.steps)
+        bar = "=" * done + (">" if done < 30 else "") + "." * (29 - done)
+        text = (f"{self.title} {step}/{self.steps} [{bar}] "
+                + " ".join(f"{name} {value:.4f}" for name, value in values)
+                + f" {now - self._start:.0f} s")
+        sys.stdout.write("\r" + text.ljust(self._width))
+        sys.stdout.flush()
+        self._width = len(text)
+
+    def close(self) -> None:
+        """Leave the finished line in place and start a new one (the epoch line's)."""
+        if self.live and self._width:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self._width = 0
+
+
+def history_figure(records: list, epochs: int, title: str):
+    """Train and test accuracy and loss against epochs, as a matplotlib figure."""
+    import matplotlib
+    if "ipykernel" not in sys.modules:
+        matplotlib.use("Agg")  # No display needed; a notebook keeps its own backend.
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    epoch_numbers = [r["epoch"] for r in records]
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(8, 3.5))
+    for ax, pairs, name in ((acc_ax, (("train_acc", "train"), ("test_acc", "test")), "accuracy"),
+                            (loss_ax, (("loss", "train"), ("test_loss", "test")), "loss")):
+        for key, label in pairs:
+            ax.plot(epoch_numbers, [r[key] for r in records], marker="o", label=label)
+        ax.set_title(name)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(0.5, max([epochs, *epoch_numbers]) + 0.5)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
 
 
 def load_history(workdir: str, finished: int) -> list:

@@ -10,43 +10,8 @@ import sys
 
 from absl import app
 
-from tfdp import flags, logs
+from tfdp import flags, logs, paths
 from tfdp.errors import UserError
-
-
-def run_manual(config) -> dict:
-    """The from-scratch path: devices, data, train, report, export."""
-    from tfdp import data, devices, export, report
-    from tfdp.manual import trainer
-
-    names = devices.configure_devices(config.num_gpus)
-    export.check_export_root(config.export_root)
-    batch = config.global_batch_size(len(names))  # Refuses a batch too small, before any work.
-    train_split, test_split = data.load_splits(config.data_dir, config.manual_dir,
-                                               config.synthetic_data)
-    reporter = report.Reporter(
-        config.run_dir, report.run_facts(config, batch, len(names)), names,
-        eval_examples=data.eval_examples(len(test_split.labels), batch, config.eval_steps),
-        test_examples=len(test_split.labels))
-    params = trainer.train(config, names, train_split, test_split, reporter)
-    line = reporter.final_line()
-    path = export.export(trainer.serving_model(params), config.export_root)
-    reporter.record_export(path)
-    print(f"exported {path}", flush=True)
-    return {"final_line": line, "export_path": path, "records": reporter.records,
-            "params": params}
-
-
-def run_config(config) -> dict:
-    """Dispatch one validated run to its path."""
-    from tfdp.config import with_run_dir
-
-    config = with_run_dir(config)
-    if config.strategy == "manual":
-        return run_manual(config)
-    from tfdp.keras_path import trainer as keras_trainer
-
-    return keras_trainer.run(config)
 
 
 def main(argv):
@@ -56,7 +21,7 @@ def main(argv):
         config = flags.config_from_flags()
         logs.configure(config.verbose)
         logs.import_tensorflow()
-        run_config(config)
+        paths.run(config)
     except UserError as e:
         sys.exit(f"tfdp.train: error: {e}")
 

@@ -5,11 +5,8 @@ and drops the last one, and dropping a ``tf.data`` iterator waits for its autotu
 wake (``gdb``: the main thread in ``RootDataset::Iterator::~Iterator``), which sleeps longer and
 longer as training goes on. tfdp's own pipelines do not autotune (``tfdp/data.py``), but under
 MultiWorkerMirroredStrategy each worker's iterator is a ``MultiDeviceIterator`` whose
-per-device datasets TF builds itself, autotuning on. Measured with LeNet, 2 workers, 60 steps
-an epoch: 10.0 s an epoch with Keras' validation, of which 4.4 s dropping its iterator, and
-5.6-6.0 s with this module. (Before the pipelines stopped autotuning, mirrored lost 1.5-6.6 s an
-epoch the same way: the "slow mode" of every Keras row in earlier benchmarks.) Here the
-iterator is made once and lives as long as the run.
+per-device datasets TF builds itself, autotuning on: seconds of every epoch (docs/benchmarks.md,
+"Figures behind code comments"). Here the iterator is made once and lives as long as the run.
 
 Each evaluation takes exactly ``steps`` batches of a repeated dataset: one pass over the same
 test batches every epoch. Sums of loss, correct predictions and examples are all-reduced over

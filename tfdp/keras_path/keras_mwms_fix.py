@@ -43,7 +43,7 @@ def apply() -> bool:
     def reduce_per_replica(values, strategy, reduction):
         if reduction in ("auto", "mean") and trainer._collective_all_reduce_multi_worker(strategy):
             # One batched collective for all the step's logs, not one each: a cross-process
-            # collective costs 4-6 ms here (2 workers on 127.0.0.1, one core each).
+            # collective costs milliseconds (docs/benchmarks.md, "What bounds multi_worker").
             flat = tree.flatten(values)
             reduced = strategy.extended.batch_reduce_to(
                 tf.distribute.ReduceOp.MEAN, [(v, v) for v in flat])

@@ -38,7 +38,9 @@ class Distribution:
         return f"{kind}, {self.replicas} replica(s) in sync on {where}"
 
 
-def make_distribution(name: str, num_gpus: int, collective_timeout: int) -> Distribution:
+def make_distribution(name: str, num_gpus: int = 1, collective_timeout: int = 300) -> Distribution:
+    """The strategy ``name`` over ``num_gpus`` devices (logical ones if there are fewer), with
+    thread pools shared out among them; ``collective_timeout`` bounds multi_worker waits."""
     if name == "mirrored":
         names = devices.configure_devices(num_gpus)
         return Distribution(tf.distribute.MirroredStrategy(names), names, 0, 1, True)
@@ -60,7 +62,12 @@ def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
     # pools (that does not start it), create the strategy, then ask it for its devices.
     devices.share_cores(num_gpus)
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except RuntimeError as e:  # "Collective ops must be configured at program startup".
+        raise UserError("--strategy=multi_worker must be the first thing TensorFlow does in a "
+                        f"process ({e}): run it in a new process, e.g. python -m tfdp.launch, "
+                        "or restart the kernel") from e
     names = list(strategy.extended.worker_devices)
     workers = sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
     index = task["index"] + (1 if task["type"] == "worker" and "chief" in cluster else 0)

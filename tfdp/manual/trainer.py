@@ -13,7 +13,6 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp import data, schedule
-from tfdp.logs import logger
 from tfdp.manual.allreduce import ALLREDUCE
 from tfdp.manual.replicate import replicate, split_batch
 from tfdp.models import lenet
@@ -89,50 +88,52 @@ def _unless_empty(labels, compute, zeros) -> list:
     return tf.cond(tf.size(labels) > 0, compute, zeros)
 
 
-def evaluate(eval_step, split: data.Split, batch_size: int, steps_cap=None) -> tuple:
-    """(mean loss, accuracy) over the test set (or its first ``steps_cap`` batches)."""
+def evaluate(eval_step, split: data.Split, plan) -> tuple:
+    """(mean loss, accuracy) over the test set (or its first ``plan.eval_steps`` batches)."""
     loss = correct = 0
-    for images, labels in data.eval_batches(split, batch_size, steps_cap):
+    for images, labels in data.eval_batches(split, plan.global_batch, plan.eval_steps):
         batch_loss, batch_correct = eval_step(images, labels)
         loss += float(batch_loss)
         correct += int(batch_correct)
-    examples = data.eval_examples(len(split.labels), batch_size, steps_cap)
-    return loss / examples, correct / examples
+    return loss / plan.eval_examples, correct / plan.eval_examples
 
 
-def train(config, devices: list, train_split: data.Split, test_split: data.Split, reporter,
-          params: dict = None) -> dict:
-    """Train LeNet data-parallel on ``devices``; return the trained parameters (numpy).
+def run(config, start_weights=None):
+    """The from-scratch path: devices, data and plan, train, report, export (``tfdp.paths``)."""
+    from tfdp import devices as device_setup
+    from tfdp import export, paths
 
-    ``params`` overrides ``config.initializer`` (tests start paths from equal weights).
-    """
-    k = len(devices)
-    batch_size = config.global_batch_size(k)
-    steps = data.steps_per_epoch(len(train_split.labels), batch_size, config.steps_per_epoch)
-    warmup = schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0
-    peak_lr = config.peak_lr(k)
-    logger.info("manual: %d device(s) %s, global batch %d = %s per device, allreduce %s, "
-                "lr %g%s, %s %s step", k, devices, batch_size,
-                " + ".join(map(str, data.shard_sizes(batch_size, k))), config.allreduce,
-                peak_lr,
-                f" after {warmup} warmup steps from {config.lr:g}" if warmup else "",
-                "eager" if config.eager else "compiled", config.precision)
+    names = device_setup.configure_devices(config.num_gpus)
+    started = paths.start(config, names, len(names), engine=(
+        f"{len(names)} device(s) {names}, allreduce {config.allreduce}, "
+        f"{'eager' if config.eager else 'compiled'} step"))
+    params = None if start_weights is None else lenet.from_keras_weights(start_weights)
+    params = train(config, started.plan, names, started.train_split, started.test_split,
+                   started.reporter, params)
+    return paths.finish(started, lenet.to_keras_weights(params), export=lambda: export.export(
+        serving_model(params), config.export_root))
 
+
+def train(config, plan, devices: list, train_split: data.Split, test_split: data.Split,
+          reporter, params: dict = None) -> dict:
+    """Train LeNet data-parallel on ``devices`` by ``plan``; return the trained parameters
+    (numpy). ``params`` overrides ``config.initializer``."""
     if params is None:
         params = lenet.start_params(config.initializer, config.seed, np.dtype(config.precision))
     replicas = replicate(params, devices)
     train_step = make_train_step(replicas, devices, config.allreduce, config.eager)
     eval_step = make_eval_step(replicas, devices, config.eager)
-    batches = iter(data.train_batches(train_split, batch_size, config.seed, 0, config.epochs,
-                                      config.steps_per_epoch))
+    batches = iter(data.train_batches(train_split, plan.global_batch, config.seed, 0,
+                                      config.epochs, config.steps_per_epoch))
     global_step = 0
     for epoch in range(config.epochs):
-        progress = reporter.progress(epoch, steps)
+        progress = reporter.progress(epoch, plan.steps_per_epoch)
         loss_sum = correct = seen = 0
         start = time.perf_counter()
-        for i in range(steps):
+        for i in range(plan.steps_per_epoch):
             images, labels = next(batches)
-            lr = schedule.learning_rate(global_step, config.lr, peak_lr, warmup)
+            lr = schedule.learning_rate(global_step, plan.base_lr, plan.peak_lr,
+                                        plan.warmup_steps)
             loss, right = train_step(images, labels, tf.constant(lr, tf.float32))
             n = int(labels.shape[0])
             loss_sum += float(loss) * n
@@ -141,7 +142,7 @@ def train(config, devices: list, train_split: data.Split, test_split: data.Split
             global_step += 1
             progress.update(i + 1, [("loss", loss_sum / seen), ("train_acc", correct / seen)])
         seconds = time.perf_counter() - start
-        test_loss, test_acc = evaluate(eval_step, test_split, batch_size, config.eval_steps)
+        test_loss, test_acc = evaluate(eval_step, test_split, plan)
         reporter.epoch_end(epoch, loss=loss_sum / seen, train_acc=correct / seen,
                            test_loss=test_loss, test_acc=test_acc, seconds=seconds, examples=seen)
     return {name: var.numpy() for name, var in replicas[0].items()}

@@ -11,7 +11,7 @@ over all of them alike. Throughput comes from the per-epoch timings the run itse
 
 A configuration is ``path:devices[:option...]``; path is manual, mirrored, multi_worker,
 plain (Keras fit, no strategy, tfdp's input pipeline) or stock (Keras fit on numpy arrays,
-default threads: ``tfdp.bench_stock``); options are an allreduce (add_n, sharded, ring),
+default threads: ``tfdp.bench.stock``); options are an allreduce (add_n, sharded, ring),
 ``eager``, and ``spe=N`` (steps per execution, Keras paths).
 """
 
@@ -68,9 +68,10 @@ def parse_config(text: str) -> dict:
 
 def train_command(config: dict, workdir: str) -> list:
     if config["path"] == "stock":
-        return [sys.executable, "-m", "tfdp.bench_stock", workdir, str(FLAGS.batch_size),
-                str(FLAGS.epochs), str(FLAGS.steps), str(int(FLAGS.data == "synthetic")),
-                *([FLAGS.data_dir] if FLAGS.data_dir else [])]
+        return [sys.executable, "-m", "tfdp.bench.stock", f"--workdir={workdir}",
+                f"--batch_size={FLAGS.batch_size}", f"--epochs={FLAGS.epochs}",
+                f"--steps={FLAGS.steps}", *(["--synthetic"] if FLAGS.data == "synthetic" else []),
+                *([f"--data_dir={FLAGS.data_dir}"] if FLAGS.data_dir else [])]
     args = [f"--model={FLAGS.model}", f"--batch_size={FLAGS.batch_size}",
             f"--epochs={FLAGS.epochs}", f"--steps_per_epoch={FLAGS.steps}", "--eval_steps=1",
             "--init=glorot", f"--workdir={workdir}", f"--export_dir={workdir}/export"]
@@ -239,9 +240,10 @@ def main(argv):
         text.append(format_table(rows, gflops, flops))
         plot(rows, os.path.join(FLAGS.workdir, "bench.png"))
     if FLAGS.allreduce:
-        args = {"sizes": [int(s) for s in FLAGS.allreduce_sizes]} if FLAGS.allreduce_sizes else {}
-        out = subprocess.run([sys.executable, "-m", "tfdp.bench_allreduce", json.dumps(args)],
-                             capture_output=True, text=True)
+        sizes = [f"--sizes={','.join(FLAGS.allreduce_sizes)}"] if FLAGS.allreduce_sizes else []
+        out = subprocess.run([sys.executable, "-m", "tfdp.bench.allreduce", *sizes],
+                             capture_output=True, text=True,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         if out.returncode != 0:
             sys.exit(f"tfdp.bench: error: allreduce benchmark failed: {out.stderr[-500:]}")
         report["allreduce"] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,7 +1,7 @@
 """The stock baseline for ``tfdp.bench``: Keras ``fit(x, y, batch_size=...)`` on numpy arrays,
 one device, no strategy, default thread pools: how Keras' guides train a model.
 
-  python -m tfdp.bench_stock <workdir> <batch_size> <epochs> <steps> <synthetic 0|1> [data_dir]
+  python -m tfdp.bench.stock --workdir=DIR --batch_size=256 --epochs=3 --steps=60 [--synthetic]
 
 Writes ``<workdir>/metrics.json`` with the same per-epoch fields the bench reads from
 ``tfdp.train`` runs.
@@ -9,15 +9,21 @@ Writes ``<workdir>/metrics.json`` with the same per-epoch fields the bench reads
 
 import json
 import os
-import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+from absl import app, flags
 
-import keras  # noqa: E402
+from tfdp import data
+from tfdp.models import lenet
 
-from tfdp import data  # noqa: E402
-from tfdp.models import lenet  # noqa: E402
+flags.DEFINE_string("workdir", None, "Where metrics.json goes.", required=True)
+flags.DEFINE_integer("batch_size", 256, "Minibatch.")
+flags.DEFINE_integer("epochs", 3, "Epochs (the bench drops the first).")
+flags.DEFINE_integer("steps", 60, "Steps per epoch.")
+flags.DEFINE_boolean("synthetic", False, "Random images of the real shapes instead of the data.")
+flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
+FLAGS = flags.FLAGS
 
 
 class EpochTimer(keras.callbacks.Callback):
@@ -34,8 +40,10 @@ class EpochTimer(keras.callbacks.Callback):
                              "examples_per_sec": self.examples / seconds})
 
 
-def main(workdir, batch_size, epochs, steps, synthetic, data_dir=None):
-    train, _ = data.load_splits(data_dir, None, synthetic)
+def main(argv):
+    del argv
+    workdir, batch_size, epochs, steps = FLAGS.workdir, FLAGS.batch_size, FLAGS.epochs, FLAGS.steps
+    train, _ = data.load_splits(FLAGS.data_dir, None, FLAGS.synthetic)
     n = min(len(train.labels), steps * batch_size)
     x, y = train.images[:n].astype("float32") / 255.0, train.labels[:n]
     model = lenet.keras_model()
@@ -50,5 +58,4 @@ def main(workdir, batch_size, epochs, steps, synthetic, data_dir=None):
 
 
 if __name__ == "__main__":
-    a = sys.argv[1:]
-    main(a[0], int(a[1]), int(a[2]), int(a[3]), a[4] == "1", a[5] if len(a) > 5 else None)
+    app.run(main)

@@ -4,22 +4,25 @@ For gradient sizes from a few KB to 64 MB and k = 2..4 devices: time per allredu
 ``add_n``, ``sharded`` and ``ring`` and of tf.distribute's cross-device ops, and the bus
 bandwidth, size x 2(k-1)/k / time (the NCCL convention: what each link carries), against
 the machine's memcpy bandwidth. Prints one JSON document; ``tfdp.bench`` formats it.
+
+  python -m tfdp.bench.allreduce --sizes=4096,262144 --ks=2,3,4 --repeats=5
 """
 
 import json
-import os
-import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from tfdp import devices  # noqa: E402
-from tfdp.manual.allreduce import ALLREDUCE  # noqa: E402
+from tfdp import devices
+from tfdp.manual.allreduce import ALLREDUCE
 
 SIZES = (4 << 10, 256 << 10, 4 << 20, 64 << 20)  # bytes of float32 gradients
+flags.DEFINE_list("sizes", [str(s) for s in SIZES], "Gradient sizes in bytes.")
+flags.DEFINE_list("ks", ["2", "3", "4"], "Device counts.")
+flags.DEFINE_integer("repeats", 5, "Timed repeats per row (the best counts).")
+FLAGS = flags.FLAGS
 DISTRIBUTE_OPS = {
     "ReductionToOneDevice": tf.distribute.ReductionToOneDevice,
     "HierarchicalCopyAllReduce": tf.distribute.HierarchicalCopyAllReduce,
@@ -60,7 +63,9 @@ def distribute_allreduce(ops_class, names, tensors):
     return lambda: strategy.experimental_local_results(reduce())[0].numpy()
 
 
-def main(sizes, ks, repeats):
+def main(argv):
+    del argv
+    sizes, ks, repeats = [int(s) for s in FLAGS.sizes], [int(k) for k in FLAGS.ks], FLAGS.repeats
     names = devices.configure_devices(max(ks))
     rows = []
     for k in ks:
@@ -89,5 +94,4 @@ def main(sizes, ks, repeats):
 
 
 if __name__ == "__main__":
-    args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    main(args.get("sizes", SIZES), args.get("ks", (2, 3, 4)), args.get("repeats", 5))
+    app.run(main)

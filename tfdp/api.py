@@ -1,0 +1,43 @@
+"""tfdp from Python: ``tfdp.run(num_gpus=2, batch_size=256, lr=0.2)`` returns a ``tfdp.Result``.
+
+The keyword arguments are the command line's flags (``python -m tfdp.train --help``), with the
+same defaults and the same checks: a bad one raises ``tfdp.UserError`` (a ``ValueError``)
+carrying the line the command line prints.
+
+Logical devices are fixed when TensorFlow starts, once per process: a later run in the same
+process may use as many devices as the first configured, or fewer. To train on 1 and then 2
+devices in one notebook, call ``tfdp.configure_devices(2)`` first (or run the larger one
+first); otherwise a run that needs more raises and says to restart the kernel.
+"""
+
+import dataclasses
+
+from tfdp import logs
+from tfdp.config import Config
+from tfdp.errors import UserError
+
+FLAGS = tuple(field.name for field in dataclasses.fields(Config))
+
+
+def run(**flags):
+    """Train as ``python -m tfdp.train --flag=value ...`` does; return its ``Result``."""
+    unknown = sorted(set(flags) - set(FLAGS))
+    if unknown:
+        raise UserError(f"unknown flag(s) {', '.join(unknown)}: tfdp.run takes the flags of "
+                        "python -m tfdp.train (see tfdp.api.FLAGS)")
+    config = Config(**flags)
+    logs.configure(config.verbose)
+    logs.import_tensorflow()
+    from tfdp import paths
+
+    return paths.run(config)
+
+
+def configure_devices(num_devices: int) -> list:
+    """Make ``num_devices`` devices (logical ones if there are fewer) before the first run, so
+    that later runs in this process may use up to that many."""
+    logs.configure(logs.verbose())
+    logs.import_tensorflow()
+    from tfdp import devices
+
+    return devices.configure_devices(num_devices)

@@ -1,0 +1,3 @@
+from tfdp.bench.table import run
+
+run()

@@ -1,0 +1,77 @@
+"""The training paths, and what every path does before and after it trains.
+
+A path is a module with ``run(config, start_weights=None) -> tfdp.Result``. It sets up what
+runs its replicas (devices, or a ``tf.distribute`` strategy), then::
+
+    run = paths.start(config, devices, replicas, engine="...")    # data, plan, reporter
+    ...train by run.plan on run.train_split, report to run.reporter...
+    return paths.finish(run, weights, export=lambda: ...)          # final line, export
+
+``start_weights`` (LeNet weights in Keras order) replace ``--init``: tests start paths from
+equal weights to compare them.
+"""
+
+import dataclasses
+import importlib
+
+from tfdp.config import Config, with_run_dir
+from tfdp.logs import logger
+from tfdp.result import Result
+
+PATHS = {
+    "manual": "tfdp.manual.trainer",
+    "mirrored": "tfdp.keras_path.trainer",
+    "multi_worker": "tfdp.keras_path.trainer",
+    "plain": "tfdp.keras_path.trainer",
+}
+
+
+def run(config: Config, start_weights=None) -> Result:
+    """Run one validated configuration on its path (``--strategy``)."""
+    config = with_run_dir(config)
+    return importlib.import_module(PATHS[config.strategy]).run(config, start_weights)
+
+
+@dataclasses.dataclass
+class Started:
+    config: Config
+    plan: object
+    train_split: object
+    test_split: object
+    reporter: object
+    devices: list
+
+
+def start(config: Config, devices: list, replicas: int, engine: str, is_chief: bool = True,
+          first_epoch: int = 0) -> Started:
+    """Check the export folder (chief), load the data, make and state the plan, open the
+    reporter (with the epochs an interrupted run already finished, when resuming)."""
+    from tfdp import data, export, report
+    from tfdp.plan import make_plan
+
+    if is_chief:
+        export.check_export_root(config.export_root)
+    train_split, test_split = data.load_splits(config.data_dir, config.manual_dir,
+                                               config.synthetic_data)
+    plan = make_plan(config, replicas, len(train_split.labels), len(test_split.labels))
+    logger.info("%s", plan.describe(engine))
+    history = report.load_history(config.run_dir, first_epoch) if is_chief else ()
+    reporter = report.Reporter(config.run_dir, plan.facts(config), devices, is_chief,
+                               history=history, eval_note=plan.eval_note)
+    return Started(config, plan, train_split, test_split, reporter, list(devices))
+
+
+def finish(run: Started, weights: list, export) -> Result:
+    """Print the final line, export (``export()`` returns the version's path, or None off the
+    chief) and return the run's ``Result``."""
+    line = run.reporter.final_line()
+    path = export()
+    run.reporter.record_export(path)
+    if path:
+        print(f"exported {path}", flush=True)
+    records = run.reporter.records
+    return Result(test_accuracy=records[-1]["test_acc"] if records else float("nan"),
+                  sec_per_epoch=run.reporter.sec_per_epoch() if records else float("nan"),
+                  history=[dict(r) for r in records], export_path=path,
+                  devices=run.reporter.devices, run_dir=run.config.run_dir, final_line=line,
+                  plan=run.plan, weights=weights)

@@ -1,0 +1,83 @@
+"""A run's arithmetic, computed once: global batch, per-replica shards, steps per epoch, warmup,
+peak learning rate and evaluated examples.
+
+Every path makes its ``Plan`` as soon as it knows how many replicas it has (under
+``multi_worker`` only the strategy knows), states it in one log line, trains by it, and
+records it in ``metrics.json``.
+"""
+
+import dataclasses
+from typing import Optional
+
+from tfdp import schedule
+from tfdp.sharding import shard_sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    strategy: str
+    replicas: int
+    global_batch: int
+    per_replica_batch: tuple   # shard sizes, first replica first
+    steps_per_epoch: int
+    epochs: int
+    base_lr: float
+    peak_lr: float
+    warmup_steps: int
+    train_examples: int        # in the training split
+    eval_examples: int         # test examples each evaluation covers
+    test_examples: int         # in the test split
+    eval_steps: Optional[int]  # cap on evaluation batches (None: the whole test set)
+    init: str
+    precision: str
+
+    @property
+    def eval_note(self) -> str:
+        """`` (first 512 of 10000 test examples)`` when evaluation covers part of the test set."""
+        if self.eval_examples >= self.test_examples:
+            return ""
+        return f" (first {self.eval_examples} of {self.test_examples} test examples)"
+
+    def describe(self, engine: str) -> str:
+        """The run's one line: ``engine`` says what runs the replicas (devices, allreduce or
+        strategy, compiled or eager)."""
+        lr = (f"lr {self.peak_lr:g} after {self.warmup_steps} warmup steps from "
+              f"{self.base_lr:g}" if self.warmup_steps else f"lr {self.peak_lr:g}")
+        return (f"{self.strategy}: {engine}; global batch {self.global_batch} = "
+                f"{' + '.join(map(str, self.per_replica_batch))} per replica; "
+                f"{self.steps_per_epoch} steps/epoch; {lr}; {self.precision}; "
+                f"evaluating {self.eval_examples} of {self.test_examples} test examples")
+
+    def facts(self, config) -> dict:
+        """What the run used, for ``metrics.json`` (beside the configuration as given)."""
+        return {"config": config.to_dict(), "global_batch": self.global_batch,
+                "per_replica_batch": list(self.per_replica_batch), "replicas": self.replicas,
+                "steps_per_epoch": self.steps_per_epoch, "warmup_steps": self.warmup_steps,
+                "peak_lr": self.peak_lr, "eval_examples": self.eval_examples,
+                "init": self.init, "precision": self.precision}
+
+
+def make_plan(config, replicas: int, train_examples: int, test_examples: int) -> Plan:
+    """The plan of ``config`` on ``replicas`` replicas (refuses a batch too small to split)."""
+    batch = config.global_batch_size(replicas)
+    steps = steps_per_epoch(train_examples, batch, config.steps_per_epoch)
+    return Plan(
+        strategy=config.strategy, replicas=replicas, global_batch=batch,
+        per_replica_batch=tuple(shard_sizes(batch, replicas)), steps_per_epoch=steps,
+        epochs=config.epochs, base_lr=config.lr, peak_lr=config.peak_lr(replicas),
+        warmup_steps=schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0,
+        train_examples=train_examples,
+        eval_examples=eval_examples(test_examples, batch, config.eval_steps),
+        test_examples=test_examples, eval_steps=config.eval_steps, init=config.initializer,
+        precision=config.precision)
+
+
+def steps_per_epoch(num_examples: int, batch_size: int, cap: Optional[int] = None) -> int:
+    """Batches in one epoch: the last short batch counts (never dropped), then the cap."""
+    steps = -(-num_examples // batch_size)
+    return min(steps, cap) if cap else steps
+
+
+def eval_examples(num_examples: int, batch_size: int, steps_cap: Optional[int]) -> int:
+    """How many test examples ``steps_cap`` evaluation batches cover."""
+    return min(num_examples, steps_cap * batch_size) if steps_cap else num_examples

@@ -1,0 +1,32 @@
+"""What every training path returns: ``tfdp.Result``."""
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass
+class Result:
+    """One finished run.
+
+    ``history`` holds one dict per epoch, the records of ``metrics.json`` (``epoch``, ``loss``,
+    ``train_acc``, ``test_loss``, ``test_acc``, ``seconds``, ``examples_per_sec``).
+    ``weights`` are the trained weights in Keras order (``model.get_weights()``; for LeNet the
+    same list on every path). ``export_path`` is None on a worker that is not the chief.
+    """
+
+    test_accuracy: float
+    sec_per_epoch: float
+    history: list
+    export_path: Optional[str]
+    devices: list
+    run_dir: str
+    final_line: str
+    plan: object = dataclasses.field(repr=False)
+    weights: list = dataclasses.field(repr=False)
+
+    def plot(self):
+        """The accuracy and loss per epoch as a matplotlib figure (a notebook draws it inline)."""
+        from tfdp import report
+
+        return report.history_figure(self.history, self.plan.epochs,
+                                     f"{self.plan.strategy}, {len(self.devices)} device(s)")
