@@ -107,12 +107,8 @@ def import_tensorflow():
     of ``_STARTUP_BANNERS`` is written back to stderr, in order, whether the import succeeded or
     raised. With ``--verbose`` nothing is captured.
     """
-    if verbose() or "tensorflow" in sys.modules:
-        import tensorflow as tf
-
-        tf.config.list_physical_devices()
-        return tf
-    with _stderr_filtered(_STARTUP_BANNERS):
+    started = "tensorflow" in sys.modules
+    with contextlib.nullcontext() if verbose() or started else _stderr_filtered(_STARTUP_BANNERS):
         import tensorflow as tf
 
         tf.config.list_physical_devices()  # The CUDA probe logs here, on first use.

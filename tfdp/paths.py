@@ -55,7 +55,7 @@ def start(config: Config, devices: list, replicas: int, engine: str, is_chief: b
                                                config.synthetic_data)
     plan = make_plan(config, replicas, len(train_split.labels), len(test_split.labels))
     logger.info("%s", plan.describe(engine))
-    history = report.load_history(config.run_dir, first_epoch) if is_chief else ()
+    history = report.load_history(config.run_dir, first_epoch) if is_chief and first_epoch else ()
     reporter = report.Reporter(config.run_dir, plan.facts(config), devices, is_chief,
                                history=history, eval_note=plan.eval_note)
     return Started(config, plan, train_split, test_split, reporter, list(devices))
