@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from conftest import (DEVICES, comparable_start, head, run_module, train_manual,
                       update_difference)
-from tfdp import data, report
+from tfdp import checkpoints, data, report
 from tfdp.config import Config
-from tfdp.keras_path import backup, distributed_input, evaluation, keras_mwms_fix
+from tfdp.keras_path import distributed_input, evaluation, keras_mwms_fix
 from tfdp.keras_path import trainer as keras_trainer
 from tfdp.models import lenet, resnet
 
@@ -121,27 +121,27 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monke
     full = keras_trainer.run(Config(strategy="mirrored", **dict(
         settings, workdir=str(tmp_path / "full"), export_dir=str(tmp_path / "full-exp"))),
         start_weights=start)
-    assert not os.path.exists(backup.worker_folder(str(tmp_path / "full"), 0))  # Spent.
+    assert not os.path.exists(tmp_path / "full" / "backup")  # Spent.
 
-    save = backup.EpochBackup.on_epoch_end
+    save = checkpoints.Backups.save
 
-    def crash_after_epoch_2(self, epoch, logs=None):
-        save(self, epoch, logs)
-        if epoch + 1 == 2:
+    def crash_after_epoch_2(self, step, weights):
+        path = save(self, step, weights)
+        if step == 10:
             raise RuntimeError("simulated crash")
+        return path
 
-    monkeypatch.setattr(backup.EpochBackup, "on_epoch_end", crash_after_epoch_2)
+    monkeypatch.setattr(checkpoints.Backups, "save", crash_after_epoch_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
         keras_trainer.run(Config(strategy="mirrored", **settings), start_weights=start)
     monkeypatch.undo()
-    folder = backup.worker_folder(str(tmp_path / "resume"), 0)
-    assert backup.finished_epochs(folder) == [1, 2]
+    assert checkpoints.Backups(str(tmp_path / "resume"), 0, {}).steps() == [5, 10]
     assert not os.path.exists(tmp_path / "resume-exp") or not os.listdir(tmp_path / "resume-exp")
     capsys.readouterr()
 
     resumed = keras_trainer.run(Config(strategy="mirrored", **settings), start_weights=start)
     out = capsys.readouterr().out
-    assert "resuming from epoch 2" in out
+    assert "resuming at epoch 3/3, step 0/5 (global step 10)" in out
     assert out.count("epoch 3/3: loss") == 1 and "epoch 1/3: loss" not in out
     assert [r["epoch"] for r in resumed.history] == [1, 2, 3]
     metrics = json.loads((tmp_path / "resume" / "metrics.json").read_text())

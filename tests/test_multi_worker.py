@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import DEVICES, REPO, comparable_start, run_module, train_manual
-from tfdp import data, report
+from tfdp import checkpoints, data, report
 from tfdp.config import Config
-from tfdp.keras_path import backup, keras_mwms_fix
+from tfdp.keras_path import keras_mwms_fix
 from tfdp.models import lenet
 
 
@@ -90,11 +90,11 @@ def test_killed_worker_stops_the_launcher_and_a_rerun_resumes(tmp_path, data_dir
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, cwd=REPO)
-    folder = backup.worker_folder(str(tmp_path / "mw"), 1)
+    backups = checkpoints.Backups(str(tmp_path / "mw"), 1, {})
     deadline = time.time() + 180
-    while not backup.finished_epochs(folder) and time.time() < deadline:
+    while not backups.steps() and time.time() < deadline:
         time.sleep(0.2)
-    assert backup.finished_epochs(folder), "no epoch finished in time"
+    assert backups.steps(), "no epoch finished in time"
     worker = _children(launcher.pid)[1]
     os.kill(worker, signal.SIGKILL)
     killed = time.time()
@@ -106,11 +106,12 @@ def test_killed_worker_stops_the_launcher_and_a_rerun_resumes(tmp_path, data_dir
 
     rerun = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-4000:]
-    resumed = [l for l in rerun.stdout.splitlines() if "resuming from epoch" in l]
-    assert resumed and resumed[0].startswith("[0] resuming from epoch ")
-    epoch = int(resumed[0].split()[-1])
-    assert 1 <= epoch < 4
-    assert f"[0] epoch {epoch}/4: loss" not in rerun.stdout  # Finished epochs are not redone.
+    # Killed, not preempted: it resumes from the last epoch every worker backed up.
+    resumed = re.search(r"^\[0\] resuming at epoch (\d)/4, step 0/15 ", rerun.stdout, re.M)
+    assert resumed, rerun.stdout[-3000:]
+    finished = int(resumed[1]) - 1
+    assert 1 <= finished < 4
+    assert f"[0] epoch {finished}/4: loss" not in rerun.stdout  # Finished epochs are not redone.
     assert "[0] epoch 4/4: loss" in rerun.stdout
     assert os.listdir(tmp_path / "exp") == ["1"]
     records = report.load_history(str(tmp_path / "mw"), 4)

@@ -5,12 +5,12 @@ names the flag to change.
 """
 
 import dataclasses
-import json
 import math
 import os
 import time
 from typing import Optional
 
+from tfdp import cluster
 from tfdp.errors import UserError
 
 STRATEGIES = ("manual", "mirrored", "multi_worker", "plain")
@@ -22,6 +22,11 @@ DEFAULT_BATCH_SIZE = 256
 # Set by the launcher: for all its workers, so they share one default run folder; for its
 # chief, when the launcher runs in a terminal, so that the chief draws its progress bar.
 RUN_STAMP_ENV = "TFDP_RUN_STAMP"
+# The flags that decide what training computes, step by step: a run resumes from a backup only
+# under the same ones (--epochs may grow: the steps before are the same).
+RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batch_size", "lr",
+                "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
+                "precision", "synthetic_data", "sync_batch_norm")
 LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 
 
@@ -143,6 +148,11 @@ class Config:
         return self.init or ("textbook" if self.strategy == "manual" else "glorot")
 
     @property
+    def identity(self) -> dict:
+        """The ``RESUME_FLAGS`` of this run (``init`` as resolved), stored in its backups."""
+        return dict({name: getattr(self, name) for name in RESUME_FLAGS}, init=self.initializer)
+
+    @property
     def export_root(self) -> str:
         return self.export_dir or os.path.join("saved_models", self.model)
 
@@ -178,7 +188,7 @@ def with_run_dir(config: Config) -> Config:
     if config.workdir is not None:
         return config
     stamp = os.environ.get(RUN_STAMP_ENV)
-    if stamp is None and config.strategy == "multi_worker" and _workers_in_tf_config() > 1:
+    if stamp is None and config.strategy == "multi_worker" and cluster.num_workers() > 1:
         raise UserError("--strategy=multi_worker with several workers needs --workdir: every "
                         "worker must use the same run folder (tfdp.launch chooses one for you)")
     base = os.path.join("runs", f"{config.strategy}-{config.model}-{config.num_gpus}dev-"
@@ -188,14 +198,6 @@ def with_run_dir(config: Config) -> Config:
         n += 1
         path = f"{base}-{n}"
     return dataclasses.replace(config, workdir=path)
-
-
-def _workers_in_tf_config() -> int:
-    try:
-        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
-        return sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
-    except (ValueError, AttributeError):
-        return 0  # Reported by the strategy, with the fix.
 
 
 def _choice(flag, value, choices):

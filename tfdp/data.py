@@ -14,7 +14,6 @@
    raw uint8 and applies the same function).
 """
 
-import contextlib
 import fcntl
 import functools
 import hashlib
@@ -28,7 +27,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdp import logs
+from tfdp import logs, workdir
 from tfdp.errors import UserError
 from tfdp.logs import logger
 from tfdp.plan import steps_per_epoch
@@ -86,8 +85,14 @@ def _prepare_once(tfds, data_dir, manual_dir):
     builder = tfds.builder(DATASET, data_dir=data_dir)
     if builder.is_prepared():
         return builder
-    os.makedirs(builder.data_dir_root, exist_ok=True)
-    with _lock(os.path.join(builder.data_dir_root, f".{DATASET}.lock")):
+    try:
+        os.makedirs(builder.data_dir_root, exist_ok=True)
+        lock = _acquire_lock(os.path.join(builder.data_dir_root, f".{DATASET}.lock"))
+    except OSError as e:
+        raise UserError(f"{DATASET} is not prepared in {builder.data_dir_root}, and it cannot be "
+                        f"prepared there ({e.strerror or e}): give a --data_dir you can write "
+                        "to, or one where it is prepared") from None
+    try:
         builder = tfds.builder(DATASET, data_dir=data_dir)
         if builder.is_prepared():  # Another worker prepared it while we waited.
             return builder
@@ -114,6 +119,8 @@ def _prepare_once(tfds, data_dir, manual_dir):
                 f"could not prepare {DATASET} in {builder.data_dir_root} {where} "
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); without "
                 "internet pass --manual_dir=<folder with the four Fashion-MNIST .gz files>")
+    finally:
+        os.close(lock)  # Releases the lock.
     return builder
 
 
@@ -164,11 +171,13 @@ def load_split(split: str, data_dir: Optional[str] = None,
     else:
         arrays = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
         images, labels = arrays["image"], arrays["label"].astype(np.int64)
-        os.makedirs(cache, exist_ok=True)
-        for path, array in zip(paths, (images, labels)):
-            tmp = f"{path}.{os.getpid()}.tmp.npy"
-            np.save(tmp, array)
-            os.replace(tmp, path)  # Atomic: a reader never sees half a file.
+        try:  # A cache only: a read-only data dir (a shared mount) still trains.
+            os.makedirs(cache, exist_ok=True)
+            for path, array in zip(paths, (images, labels)):
+                workdir.write_atomic(path, lambda f, a=array: np.save(f, a), mode="wb")
+        except OSError as e:
+            logger.info("not caching %s as .npy in %s (%s): decoding it each run", split, cache,
+                        e.strerror or e)
     images.setflags(write=False)
     labels.setflags(write=False)
     return Split(images, labels)
@@ -240,11 +249,13 @@ def to_float(images: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
     return tf.cast(images, dtype) / 255.0
 
 
-@contextlib.contextmanager
-def _lock(path: str):
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def _acquire_lock(path: str) -> int:
+    """An exclusive ``flock`` on ``path`` (waits for it); closing the fd releases it."""
+    # O_NOFOLLOW, no truncation: a symlink planted in a shared data dir is never followed.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -1,11 +1,35 @@
-"""The one exception type for mistakes a user can make (flags, data, paths).
+"""The exceptions a run ends with when it is not a bug.
 
-Entry points catch it and print its message on one line with a non-zero exit and no traceback;
-anything else that escapes is a bug and keeps its traceback.
+Entry points catch them and print their message on one line with a non-zero exit and no
+traceback; anything else that escapes is a bug and keeps its traceback.
 """
+
+# ``python -m tfdp.train`` exits with this when it was preempted (SIGTERM) and saved its state:
+# "temporary failure, run again" (sysexits.h EX_TEMPFAIL). The same command resumes.
+PREEMPTED_EXIT_CODE = 75
 
 
 class UserError(ValueError):
     """A mistake the user can fix; the message names the flag or file and what to do.
 
     ``tfdp.run`` raises it as it is (a ``ValueError``); the command line prints its message."""
+
+
+class Diverged(UserError):
+    """The training loss became NaN or infinite: nothing is exported."""
+
+    def __init__(self, loss: float, epoch: int, step: int, steps: int, exact: bool = True):
+        at = "at" if exact else "by"  # The Keras path looks every few steps.
+        super().__init__(f"the training loss is {loss} {at} epoch {epoch + 1}, step {step}/{steps}"
+                         ": training diverged, nothing was exported; try a smaller --lr")
+        self.epoch, self.step = epoch, step
+
+
+class Preempted(Exception):
+    """A SIGTERM stopped the run; ``saved`` says where its state is (None: nothing to save)."""
+
+    def __init__(self, step: int, saved: str = None):
+        where = f"state of step {step} saved in {saved}" if saved else "nothing new to save"
+        super().__init__(f"preempted (SIGTERM) at step {step}: {where}; run the same command "
+                         "again to resume")
+        self.step, self.saved = step, saved

@@ -16,11 +16,14 @@ converter yields a model without weights (keras-team/keras#20095, tensorflow/ser
 Each export is a new version ``<export_root>/<n>/`` (1, 2, ... as TF Serving expects), readable
 by every user (a model server often runs as another). It is written to a hidden temporary
 folder beside it and renamed into place, so a crash never leaves a half-written version and
-never touches an earlier one.
+never touches an earlier one; a temporary folder whose writer was killed is removed by the next
+export.
 """
 
 import os
+import re
 import shutil
+import socket
 import tempfile
 
 import keras
@@ -30,6 +33,9 @@ from tfdp import data
 from tfdp.errors import UserError
 
 SIGNATURE = "serving_default"
+# A version is written in "<export_root>/.partial-<host>-<pid>-<random>" and renamed into place.
+_PARTIAL = ".partial-"
+_PARTIAL_NAME = re.compile(r"^\.partial-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")
 IMAGES = tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8, name="images")
 
 
@@ -71,7 +77,9 @@ def existing_versions(export_root: str) -> list:
 def export(model: keras.Model, export_root: str) -> str:
     """Save ``model`` as the next version under ``export_root``; return its path."""
     check_export_root(export_root)
-    tmp = tempfile.mkdtemp(prefix=".partial-", dir=export_root)
+    remove_stale_partials(export_root)
+    tmp = tempfile.mkdtemp(prefix=f"{_PARTIAL}{socket.gethostname()}-{os.getpid()}-",
+                           dir=export_root)
     try:
         serving_archive(model).write_out(tmp, verbose=False)
         _readable_by_all(tmp)
@@ -86,6 +94,28 @@ def export(model: keras.Model, export_root: str) -> str:
                     raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_stale_partials(export_root: str) -> list:
+    """Remove temporary export folders whose writer has gone (killed while exporting): on this
+    host, known by its pid. Folders of other hosts sharing the root are left to them."""
+    removed = []
+    for name in os.listdir(export_root):
+        match = _PARTIAL_NAME.match(name)
+        if match and match["host"] == socket.gethostname() and not _alive(int(match["pid"])):
+            shutil.rmtree(os.path.join(export_root, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # Alive, another user's.
+        pass
+    return True
 
 
 def save_scratch(model: keras.Model, path: str) -> None:

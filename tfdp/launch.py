@@ -1,14 +1,22 @@
 """``python -m tfdp.launch --num_workers=N -- <train flags>``: N local workers on 127.0.0.1.
 
-Picks free loopback ports, starts N ``python -m tfdp.train`` processes with their ``TF_CONFIG``,
-pins each to its share of the CPU cores, prefixes each worker's output with ``[i]``, and waits.
-If any worker fails, the others are stopped and the launcher exits non-zero at once; Ctrl-C
-stops them all. Only the chief (worker 0) prints the per-epoch report and the final line.
+Moves itself into a private network namespace with loopback only (``tfdp.isolation``; the
+workers inherit it, so their servers are unreachable from outside), picks ports, starts N
+``python -m tfdp.train`` processes with their ``TF_CONFIG``, pins each to its share of the CPU
+cores, prefixes each worker's output with ``[i]``, and waits. Only the chief (worker 0) prints
+the per-epoch report and the final line.
+
+Faults: if a worker fails, the others are stopped and the launcher exits with its code. SIGTERM
+or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every worker saves the
+same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and the same command resumes. Workers die
+with the launcher whatever kills it (``PR_SET_PDEATHSIG``).
 
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
 """
 
 import codecs
+import ctypes
+import functools
 import json
 import os
 import signal
@@ -20,10 +28,18 @@ import time
 
 from absl import app, flags
 
+from tfdp import isolation
 from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
+from tfdp.errors import PREEMPTED_EXIT_CODE
 
 flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
+flags.DEFINE_boolean("isolate", True, "Run the workers in a private network namespace (loopback "
+                     "only), so their unauthenticated TensorFlow servers are unreachable from "
+                     "outside; --noisolate leaves them on every interface.")
 FLAGS = flags.FLAGS
+# Seconds the workers get to save and exit after a SIGTERM before they are killed.
+PREEMPT_GRACE = 30.0
+_PR_SET_PDEATHSIG = 1
 
 
 def free_ports(count: int) -> list:
@@ -57,6 +73,17 @@ def worker_env(index: int, ports: list, run_stamp: str, live_progress: bool) -> 
     return env
 
 
+_OUTPUT = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """One line of the launcher's own on stderr, in a single write (``print`` makes two, and a
+    worker's output could land between them)."""
+    with _OUTPUT:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
 def _pump(stream, prefix, out):
     """Copy a worker's output as it comes (a progress bar redraws without a newline), with
     ``prefix`` at the start of every line and after every carriage return."""
@@ -72,57 +99,129 @@ def _pump(stream, prefix, out):
             pieces.append(char)
             if char in "\r\n":
                 at_line_start = True
-        out.write("".join(pieces))
-        out.flush()
+        with _OUTPUT:  # Whole chunks: the launcher's own lines never land inside a worker's.
+            out.write("".join(pieces))
+            out.flush()
 
 
-def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2) -> int:
-    """Run the workers to the end; return 0 if all succeeded, else the first failure's code."""
+def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
+           isolate: bool = True, grace: float = PREEMPT_GRACE) -> int:
+    """Run the workers to the end; return 0 if all succeeded, else an exit code: the first
+    failure's, ``PREEMPTED_EXIT_CODE`` when they were preempted and saved, 130 after Ctrl-C.
+
+    With ``isolate`` this process first moves into a private network namespace (its workers
+    inherit it: ``tfdp.isolation``)."""
     if num_workers < 1:
-        print(f"tfdp.launch: error: --num_workers must be a positive integer, got {num_workers}",
-              file=sys.stderr)
+        _say(f"tfdp.launch: error: --num_workers must be a positive integer, got {num_workers}")
         return 2
+    where = _network(isolate)
     ports = free_ports(num_workers)
     shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
     procs, pumps = [], []
-    for i in range(num_workers):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tfdp.train", *train_args],
-            env=worker_env(i, ports, stamp, live), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=lambda cores=shares[i]: os.sched_setaffinity(0, cores))
-        procs.append(proc)
-        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-            pump = threading.Thread(target=_pump, args=(stream, f"[{i}] ", out), daemon=True)
-            pump.start()
-            pumps.append(pump)
-    print(f"tfdp.launch: {num_workers} workers on 127.0.0.1 ports {ports}, cores {shares}",
-          file=sys.stderr, flush=True)
-    code = 0
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        while True:
-            codes = [p.poll() for p in procs]  # Poll every worker, each time round.
-            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                i, code = failed[0]
-                print(f"tfdp.launch: worker {i} exited with {code}; stopping the others",
-                      file=sys.stderr, flush=True)
-                code = code if code > 0 else 128 - code  # Killed by signal N: 128 + N.
-                break
-            if all(c == 0 for c in codes):
-                break
-            time.sleep(poll_seconds)
-    except KeyboardInterrupt:
-        print("tfdp.launch: interrupted; stopping the workers", file=sys.stderr, flush=True)
-        code = 130
+        for i in range(num_workers):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tfdp.train", *train_args],
+                env=worker_env(i, ports, stamp, live), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                # A session of its own: Ctrl-C in the terminal reaches the launcher only, which
+                # then asks every worker to save and stop.
+                start_new_session=True,
+                preexec_fn=functools.partial(_in_worker, shares[i], os.getpid()))
+            procs.append(proc)
+            for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                pump = threading.Thread(target=_pump, args=(stream, f"[{i}] ", out), daemon=True)
+                pump.start()
+                pumps.append(pump)
+        _say(f"tfdp.launch: {num_workers} workers on 127.0.0.1 ports {ports} {where}, cores "
+             f"{shares}")
+        return _supervise(procs, poll_seconds, grace)
+    except (KeyboardInterrupt, _Terminated) as stop:
+        interrupted = isinstance(stop, KeyboardInterrupt)
+        _say(f"tfdp.launch: {'interrupted' if interrupted else 'SIGTERM'}; asking the workers "
+             "to save and stop")
+        codes = _preempt(procs, grace)
+        if interrupted:
+            return 130
+        return PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE} else 128 + 15
     finally:
+        signal.signal(signal.SIGTERM, previous)
         _stop(procs)
         for pump in pumps:
             pump.join(timeout=5)
-    return code
+
+
+def _network(isolate: bool) -> str:
+    """Where the workers' servers will listen, said in the launcher's line."""
+    if not isolate:
+        _say("tfdp.launch: warning: --noisolate: the workers' TensorFlow servers listen on every "
+             "interface of this machine, without authentication, while they run")
+        return "(servers on every interface)"
+    ok, how = isolation.private_loopback()
+    if ok:
+        return f"in {how}"
+    _say(f"tfdp.launch: warning: cannot isolate the workers ({how}): their TensorFlow servers "
+         "listen on every interface of this machine, without authentication, while they run")
+    return "(not isolated)"
+
+
+def _in_worker(cores, launcher_pid):
+    """In each worker before it starts: pin its cores, and die with the launcher however the
+    launcher dies (SIGKILL included: the kernel sends SIGKILL to the orphan)."""
+    os.sched_setaffinity(0, cores)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher_pid:  # The launcher died before prctl took effect.
+        os._exit(1)
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def _supervise(procs, poll_seconds, grace) -> int:
+    while True:
+        codes = [p.poll() for p in procs]  # Poll every worker, each time round.
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            i, code = failed[0]
+            if code == PREEMPTED_EXIT_CODE:  # The others stop at the same step on their own.
+                _say(f"tfdp.launch: worker {i} was preempted; waiting for the others to save")
+                codes = _wait(procs, grace)
+                return (PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE}
+                        else next(c for c in codes if c != PREEMPTED_EXIT_CODE) or 1)
+            _say(f"tfdp.launch: worker {i} exited with {code}; stopping the others")
+            return code if code > 0 else 128 - code  # Killed by signal N: 128 + N.
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(poll_seconds)
+
+
+def _preempt(procs, grace) -> list:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    return _wait(procs, grace)
+
+
+def _wait(procs, grace) -> list:
+    """Exit codes, waiting up to ``grace`` seconds in all (None for a worker still running)."""
+    deadline = time.time() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            pass
+    return [p.poll() for p in procs]
 
 
 def _stop(procs, grace: float = 5.0):
+    """SIGTERM every worker still running, SIGKILL those alive ``grace`` seconds later."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -131,12 +230,13 @@ def _stop(procs, grace: float = 5.0):
         try:
             p.wait(timeout=max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
+            _say(f"tfdp.launch: worker {procs.index(p)} did not stop; killing it")
             p.kill()
             p.wait()
 
 
 def main(argv):
-    sys.exit(launch(FLAGS.num_workers, argv[1:]))
+    sys.exit(launch(FLAGS.num_workers, argv[1:], isolate=FLAGS.isolate))
 
 
 def run():

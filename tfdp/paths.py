@@ -14,7 +14,9 @@ equal weights to compare them.
 import dataclasses
 import importlib
 
+from tfdp import cluster, workdir
 from tfdp.config import Config, with_run_dir
+from tfdp.errors import UserError
 from tfdp.logs import logger
 from tfdp.result import Result
 
@@ -27,9 +29,11 @@ PATHS = {
 
 
 def run(config: Config, start_weights=None) -> Result:
-    """Run one validated configuration on its path (``--strategy``)."""
+    """Run one validated configuration on its path (``--strategy``), holding its run folder."""
     config = with_run_dir(config)
-    return importlib.import_module(PATHS[config.strategy]).run(config, start_weights)
+    worker = cluster.task().worker_index if config.strategy == "multi_worker" else 0
+    with workdir.claim(config.run_dir, worker):
+        return importlib.import_module(PATHS[config.strategy]).run(config, start_weights)
 
 
 @dataclasses.dataclass
@@ -43,9 +47,10 @@ class Started:
 
 
 def start(config: Config, devices: list, replicas: int, engine: str, is_chief: bool = True,
-          first_epoch: int = 0) -> Started:
+          first_step: int = 0) -> Started:
     """Check the export folder (chief), load the data, make and state the plan, open the
-    reporter (with the epochs an interrupted run already finished, when resuming)."""
+    reporter (with the epochs an interrupted run already finished, when resuming from
+    ``first_step``)."""
     from tfdp import data, export, report
     from tfdp.plan import make_plan
 
@@ -55,17 +60,33 @@ def start(config: Config, devices: list, replicas: int, engine: str, is_chief: b
                                                config.synthetic_data)
     plan = make_plan(config, replicas, len(train_split.labels), len(test_split.labels))
     logger.info("%s", plan.describe(engine))
+    first_epoch, offset = divmod(first_step, plan.steps_per_epoch)
+    if first_step and is_chief:
+        print(f"resuming at epoch {first_epoch + 1}/{config.epochs}, step "
+              f"{offset}/{plan.steps_per_epoch} (global step {first_step})"
+              if first_epoch < config.epochs else
+              f"resuming a run that finished training ({first_step} steps): exporting it",
+              flush=True)
     history = report.load_history(config.run_dir, first_epoch) if is_chief and first_epoch else ()
     reporter = report.Reporter(config.run_dir, plan.facts(config), devices, is_chief,
                                history=history, eval_note=plan.eval_note)
     return Started(config, plan, train_split, test_split, reporter, list(devices))
 
 
-def finish(run: Started, weights: list, export) -> Result:
+def finish(run: Started, weights: list, export, backups=None) -> Result:
     """Print the final line, export (``export()`` returns the version's path, or None off the
-    chief) and return the run's ``Result``."""
+    chief) and return the run's ``Result``. An export that cannot be written is a one-line
+    error; the last backup keeps the trained weights for the same command to export."""
+    import tensorflow as tf
+
     line = run.reporter.final_line()
-    path = export()
+    try:
+        path = export()
+    except (OSError, tf.errors.OpError) as e:
+        reason = _reason(e)
+        kept = f"the trained weights are kept in {backups.folder}; " if backups else ""
+        raise UserError(f"cannot write the export under {run.config.export_root} ({reason}): "
+                        f"{kept}make room and run the same command again to export") from None
     run.reporter.record_export(path)
     if path:
         print(f"exported {path}", flush=True)
@@ -75,3 +96,13 @@ def finish(run: Started, weights: list, export) -> Result:
                   history=[dict(r) for r in records], export_path=path,
                   devices=run.reporter.devices, run_dir=run.config.run_dir, final_line=line,
                   plan=run.plan, weights=weights)
+
+
+def _reason(error) -> str:
+    """What went wrong, in a few words: TensorFlow's messages carry function and file names."""
+    text = getattr(error, "strerror", None) or str(getattr(error, "message", error))
+    for known in ("No space left on device", "Permission denied", "Read-only file system",
+                  "Disk quota exceeded"):
+        if known in text:
+            return known
+    return text.splitlines()[0][:200] if text else type(error).__name__

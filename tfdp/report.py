@@ -13,7 +13,9 @@ import time
 
 import tensorflow as tf
 
+from tfdp import workdir
 from tfdp.config import LIVE_PROGRESS_ENV
+from tfdp.logs import logger
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
@@ -58,12 +60,16 @@ class Reporter:
         return self._progress
 
     def epoch_end(self, epoch: int, loss: float, train_acc: float, test_loss: float,
-                  test_acc: float, seconds: float, examples: int) -> None:
-        """Record an epoch (``seconds`` is training time only) and rewrite the outputs."""
+                  test_acc: float, seconds: float, examples: int, resumed_at: int = 0) -> None:
+        """Record an epoch (``seconds`` is training time only) and rewrite the outputs.
+        ``resumed_at``: the step within the epoch a resumed run started from (loss, train_acc
+        and seconds then cover the steps after it only)."""
         record = {"epoch": epoch + 1, "loss": float(loss), "train_acc": float(train_acc),
                   "test_loss": float(test_loss), "test_acc": float(test_acc),
                   "seconds": float(seconds),
                   "examples_per_sec": examples / seconds if seconds > 0 else 0.0}
+        if resumed_at:
+            record["resumed_at_step"] = resumed_at
         self.records = [r for r in self.records if r["epoch"] < record["epoch"]] + [record]
         if not self.is_chief:
             return
@@ -72,7 +78,8 @@ class Reporter:
         print(f"epoch {record['epoch']}/{self.config['epochs']}: loss {loss:.4f}, "
               f"train_acc {train_acc:.3f}, test_loss {test_loss:.4f}, "
               f"test_acc {test_acc:.3f}{self.eval_note}, {seconds:.1f} s, "
-              f"{record['examples_per_sec']:.0f} examples/s", flush=True)
+              f"{record['examples_per_sec']:.0f} examples/s"
+              + (f" (resumed: steps after {resumed_at} only)" if resumed_at else ""), flush=True)
         scalars = {"train": {"loss": loss, "acc": train_acc, "seconds": seconds,
                              "examples_per_sec": record["examples_per_sec"]},
                    "test": {"loss": test_loss, "acc": test_acc}}
@@ -91,8 +98,10 @@ class Reporter:
             self._write_json()
 
     def sec_per_epoch(self) -> float:
-        """Mean training seconds per epoch, as the textbook's timer.avg()."""
-        return statistics.fmean(r["seconds"] for r in self.records)
+        """Mean training seconds per epoch, as the textbook's timer.avg() (over whole epochs,
+        when a resumed run has part of one)."""
+        whole = [r for r in self.records if "resumed_at_step" not in r] or self.records
+        return statistics.fmean(r["seconds"] for r in whole)
 
     def final_line(self) -> str:
         """``test acc: 0.85, 16.5 sec/epoch on [...]``, printed by the chief."""
@@ -103,11 +112,9 @@ class Reporter:
         return line
 
     def _write_json(self):
-        path = os.path.join(self.workdir, METRICS_FILE)
         payload = dict(self.facts, devices=self.devices, epochs=self.records)
-        with open(path + ".tmp", "w") as f:
-            json.dump(payload, f, indent=1)
-        os.replace(path + ".tmp", path)
+        workdir.write_atomic(os.path.join(self.workdir, METRICS_FILE),
+                             lambda f: json.dump(payload, f, indent=1))
 
     def _plot(self):
         import matplotlib.pyplot as plt
@@ -115,7 +122,8 @@ class Reporter:
         fig = history_figure(self.records, self.config["epochs"],
                              f"{self.config['model']}, {self.config['strategy']}, "
                              f"{len(self.devices)} device(s)")
-        fig.savefig(os.path.join(self.workdir, PLOT_FILE), dpi=100)
+        workdir.write_atomic(os.path.join(self.workdir, PLOT_FILE),
+                             lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
         plt.close(fig)
 
 
@@ -184,5 +192,10 @@ def load_history(workdir: str, finished: int) -> list:
     path = os.path.join(workdir, METRICS_FILE)
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [r for r in json.load(f)["epochs"] if r["epoch"] <= finished]
+    try:
+        with open(path) as f:
+            return [r for r in json.load(f)["epochs"] if r["epoch"] <= finished]
+    except (OSError, ValueError, KeyError, TypeError) as e:  # Its history only: train on.
+        logger.warning("cannot read the earlier epochs from %s (%s): metrics.json and the plot "
+                       "will start at the resumed epoch", path, e)
+        return []

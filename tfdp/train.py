@@ -11,7 +11,7 @@ import sys
 from absl import app
 
 from tfdp import flags, logs, paths
-from tfdp.errors import UserError
+from tfdp.errors import PREEMPTED_EXIT_CODE, Preempted, UserError
 
 
 def main(argv):
@@ -24,6 +24,9 @@ def main(argv):
         paths.run(config)
     except UserError as e:
         sys.exit(f"tfdp.train: error: {e}")
+    except Preempted as e:
+        print(f"tfdp.train: {e}", file=sys.stderr, flush=True)
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 def parse_flags(argv):

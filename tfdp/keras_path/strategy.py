@@ -7,12 +7,10 @@ else, so this is the first thing the Keras path does.
 """
 
 import dataclasses
-import json
-import os
 
 import tensorflow as tf
 
-from tfdp import devices
+from tfdp import cluster, devices, watchdog
 from tfdp.errors import UserError
 from tfdp.logs import logger
 
@@ -24,10 +22,16 @@ class Distribution:
     worker_index: int      # 0 for a single process
     num_workers: int
     is_chief: bool         # writes exports, metrics and prints reports
+    deadline: object = None  # multi_worker: ends the process if start-up outlasts its timeout
 
     @property
     def replicas(self) -> int:
         return self.strategy.num_replicas_in_sync
+
+    def started(self) -> None:
+        """Start-up is over (every worker answered): cancel the start-up deadline."""
+        if self.deadline is not None:
+            self.deadline.cancel()
 
     def describe(self) -> str:
         where = (f"{self.num_workers} workers x {len(self.devices)} device(s)"
@@ -53,11 +57,17 @@ def make_distribution(name: str, num_gpus: int = 1, collective_timeout: int = 30
 
 
 def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
-    cluster, task = _tf_config()
+    task = cluster.task()
     if not tf.config.list_physical_devices("GPU") and num_gpus != 1:
         raise UserError(f"--num_gpus={num_gpus} with --strategy=multi_worker on a machine "
                         "without GPUs: MultiWorkerMirroredStrategy runs one replica per CPU "
                         "worker; use --num_gpus=1 and more workers")
+    if len(task.workers) > 1:
+        cluster.check_port_free(task)
+    # Creating the strategy waits for every worker to register, and the first collective for
+    # every worker to join: without a deadline a missing peer means waiting forever.
+    peers = [(name, address) for name, address in task.workers if address != task.address]
+    deadline = watchdog.start(collective_timeout, peers) if peers else None
     # MWMS configures collectives and must come before the runtime starts: set the thread
     # pools (that does not start it), create the strategy, then ask it for its devices.
     devices.share_cores(num_gpus)
@@ -65,27 +75,13 @@ def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except RuntimeError as e:  # "Collective ops must be configured at program startup".
+        if deadline:
+            deadline.cancel()
         raise UserError("--strategy=multi_worker must be the first thing TensorFlow does in a "
                         f"process ({e}): run it in a new process, e.g. python -m tfdp.launch, "
                         "or restart the kernel") from e
     names = list(strategy.extended.worker_devices)
-    workers = sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
-    index = task["index"] + (1 if task["type"] == "worker" and "chief" in cluster else 0)
-    is_chief = task["type"] == "chief" or (task["type"] == "worker" and task["index"] == 0
-                                           and "chief" not in cluster)
-    logger.info("multi_worker: task %s/%d of %d workers, chief: %s", task["type"],
-                task["index"], workers, is_chief)
-    return Distribution(strategy, names, index, workers, is_chief)
-
-
-def _tf_config():
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        # One worker on its own: a valid cluster of one, handy for trying the path locally.
-        return {"worker": ["localhost"]}, {"type": "worker", "index": 0}
-    try:
-        config = json.loads(raw)
-        return config["cluster"], config["task"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise UserError(f"TF_CONFIG is not valid ({e}): it needs "
-                        '{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}}')
+    logger.info("multi_worker: task %s/%d of %d workers, chief: %s", task.type, task.index,
+                len(task.workers), task.is_chief)
+    return Distribution(strategy, names, task.worker_index, len(task.workers), task.is_chief,
+                        deadline)

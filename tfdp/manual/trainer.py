@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp import data, schedule
+from tfdp.errors import Diverged, Preempted
 from tfdp.manual.allreduce import ALLREDUCE
 from tfdp.manual.replicate import replicate, split_batch
 from tfdp.models import lenet
@@ -99,44 +100,75 @@ def evaluate(eval_step, split: data.Split, plan) -> tuple:
 
 
 def run(config, start_weights=None):
-    """The from-scratch path: devices, data and plan, train, report, export (``tfdp.paths``)."""
+    """The from-scratch path: devices, data and plan, train, report, export (``tfdp.paths``).
+    A run given the folder of an interrupted one resumes from its newest backup."""
+    from tfdp import checkpoints, export, paths, preemption
     from tfdp import devices as device_setup
-    from tfdp import export, paths
 
-    names = device_setup.configure_devices(config.num_gpus)
-    started = paths.start(config, names, len(names), engine=(
-        f"{len(names)} device(s) {names}, allreduce {config.allreduce}, "
-        f"{'eager' if config.eager else 'compiled'} step"))
-    params = None if start_weights is None else lenet.from_keras_weights(start_weights)
-    params = train(config, started.plan, names, started.train_split, started.test_split,
-                   started.reporter, params)
-    return paths.finish(started, lenet.to_keras_weights(params), export=lambda: export.export(
-        serving_model(params), config.export_root))
+    with preemption.Watch() as watch:
+        names = device_setup.configure_devices(config.num_gpus)
+        backups = checkpoints.Backups(config.run_dir, 0, config.identity)
+        first_step = checkpoints.resume_step(backups)
+        started = paths.start(config, names, len(names), engine=(
+            f"{len(names)} device(s) {names}, allreduce {config.allreduce}, "
+            f"{'eager' if config.eager else 'compiled'} step"), first_step=first_step)
+        if first_step:
+            params = lenet.from_keras_weights(backups.load(first_step))
+        else:
+            params = None if start_weights is None else lenet.from_keras_weights(start_weights)
+        params = train(config, started.plan, names, started.train_split, started.test_split,
+                       started.reporter, params, first_step=first_step, backups=backups,
+                       watch=watch)
+        result = paths.finish(started, lenet.to_keras_weights(params), export=lambda: export.export(
+            serving_model(params), config.export_root), backups=backups)
+    backups.clear()
+    return result
 
 
 def train(config, plan, devices: list, train_split: data.Split, test_split: data.Split,
-          reporter, params: dict = None) -> dict:
-    """Train LeNet data-parallel on ``devices`` by ``plan``; return the trained parameters
-    (numpy). ``params`` overrides ``config.initializer``."""
+          reporter, params: dict = None, first_step: int = 0, backups=None, watch=None) -> dict:
+    """Train LeNet data-parallel on ``devices`` by ``plan`` from global step ``first_step``;
+    return the trained parameters (numpy). ``params`` overrides ``config.initializer``.
+
+    With ``backups``, the state is saved after every epoch; with ``watch``, a SIGTERM stops the
+    loop after the current step, which is saved, and raises ``Preempted``. A non-finite loss
+    raises ``Diverged`` at once."""
     if params is None:
         params = lenet.start_params(config.initializer, config.seed, np.dtype(config.precision))
     replicas = replicate(params, devices)
     train_step = make_train_step(replicas, devices, config.allreduce, config.eager)
     eval_step = make_eval_step(replicas, devices, config.eager)
-    batches = iter(data.train_batches(train_split, plan.global_batch, config.seed, 0,
-                                      config.epochs, config.steps_per_epoch))
-    global_step = 0
-    for epoch in range(config.epochs):
-        progress = reporter.progress(epoch, plan.steps_per_epoch)
+    steps = plan.steps_per_epoch
+    first_epoch, offset = divmod(first_step, steps)
+    if first_epoch >= config.epochs:  # Resumed after the last step: nothing left to train.
+        return {name: var.numpy() for name, var in replicas[0].items()}
+    batches = iter(data.train_batches(train_split, plan.global_batch, config.seed, first_epoch,
+                                      config.epochs, config.steps_per_epoch).skip(offset))
+
+    def weights():
+        return lenet.to_keras_weights({name: var.numpy() for name, var in replicas[0].items()})
+
+    global_step = first_step
+    if watch:
+        watch.step, watch.training = first_step, True  # SIGTERM now waits for the end of a step.
+    for epoch in range(first_epoch, config.epochs):
+        first = offset if epoch == first_epoch else 0
+        progress = reporter.progress(epoch, steps)
         loss_sum = correct = seen = 0
         start = time.perf_counter()
-        for i in range(plan.steps_per_epoch):
+        for i in range(first, steps):
+            if watch and watch.requested:
+                saved = backups.save(global_step, weights()) if backups else None
+                raise Preempted(global_step, saved)
             images, labels = next(batches)
             lr = schedule.learning_rate(global_step, plan.base_lr, plan.peak_lr,
                                         plan.warmup_steps)
             loss, right = train_step(images, labels, tf.constant(lr, tf.float32))
+            loss = float(loss)
+            if not np.isfinite(loss):
+                raise Diverged(loss, epoch, i + 1, steps)
             n = int(labels.shape[0])
-            loss_sum += float(loss) * n
+            loss_sum += loss * n
             correct += int(right)
             seen += n
             global_step += 1
@@ -144,7 +176,13 @@ def train(config, plan, devices: list, train_split: data.Split, test_split: data
         seconds = time.perf_counter() - start
         test_loss, test_acc = evaluate(eval_step, test_split, plan)
         reporter.epoch_end(epoch, loss=loss_sum / seen, train_acc=correct / seen,
-                           test_loss=test_loss, test_acc=test_acc, seconds=seconds, examples=seen)
+                           test_loss=test_loss, test_acc=test_acc, seconds=seconds, examples=seen,
+                           resumed_at=first)
+        saved = backups.save(global_step, weights()) if backups else None
+        if watch and watch.requested:
+            raise Preempted(global_step, saved)
+    if watch:
+        watch.training, watch.step = False, global_step
     return {name: var.numpy() for name, var in replicas[0].items()}
 
 

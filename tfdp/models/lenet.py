@@ -6,6 +6,8 @@ Both forms use the same parameter shapes and flatten order (H, W, C), so weights
 them unchanged (``to_keras_weights`` / ``from_keras_weights``).
 """
 
+import zipfile
+
 import numpy as np
 import tensorflow as tf
 
@@ -43,12 +45,36 @@ def start_params(init: str, seed: int, dtype=np.float32) -> dict:
     """Starting parameters for ``--init``: a scheme name, or a .npz file holding W1..b4."""
     if not init.endswith(".npz"):
         return init_params(seed, dtype, init)
-    with np.load(init) as f:
-        params = {name: f[name].astype(dtype) for name in PARAM_SHAPES}
+    return {name: value.astype(dtype) for name, value in load_npz(init).items()}
+
+
+def load_npz(path: str) -> dict:
+    """LeNet's parameters from a ``numpy.savez`` file, each checked (one-line errors)."""
+    needs = f"--init={path} needs a .npz file (numpy.savez) holding {', '.join(PARAM_SHAPES)}"
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic == b"\x93NUMPY":
+        raise UserError(f"{needs}; this is a single .npy array renamed")
+    if not magic.startswith(b"PK"):
+        raise UserError(f"{needs}; this file is not a zip archive (text, or another format?)")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [name for name in PARAM_SHAPES if name not in f.files]
+            if missing:
+                raise UserError(f"{needs}; it lacks {', '.join(missing)}")
+            params = {name: f[name] for name in PARAM_SHAPES}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"{needs}; it cannot be read ({type(e).__name__}: {e})") from None
     for name, shape in PARAM_SHAPES.items():
         if params[name].shape != shape:
-            raise UserError(f"--init={init}: {name} has shape {params[name].shape}, LeNet needs "
+            raise UserError(f"--init={path}: {name} has shape {params[name].shape}, LeNet needs "
                             f"{shape}")
+        if not np.issubdtype(params[name].dtype, np.floating):
+            raise UserError(f"--init={path}: {name} holds {params[name].dtype}, not floats")
+        if not np.all(np.isfinite(params[name])):
+            raise UserError(f"--init={path}: {name} holds NaN or infinite values")
     return params
 
 

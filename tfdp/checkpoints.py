@@ -1,0 +1,144 @@
+"""Backups of a run's state, so a crash, a kill or a preemption loses at most part of an epoch.
+
+What a run needs to go on is its weights and its global step: the optimizer is plain SGD (no
+slots), its learning rate a function of the step, and the order of the batches a function of
+(seed, epoch). So a backup is one ``.npz`` file, ``<workdir>/backup/worker-<i>/step-<n>.npz``,
+holding the weights (Keras order; for LeNet ``lenet.to_keras_weights``), the step and the flags
+that decide the training (``Config.identity``). Every path writes one after every epoch and one
+at the step where it is preempted, and keeps the newest ``KEEP``.
+
+* Written through ``workdir.write_atomic`` (a new temporary file, fsync, rename): a crash never
+  leaves half a backup under a real name. A full disk is a one-line error, and the backup
+  before it stays.
+* Checked when read: ``.npz`` is a zip with a CRC-32 per array, so a damaged or truncated file
+  fails to load; the run says so and falls back to the newest intact backup.
+* Resumed only by the same training: a backup written with other flags is refused, naming them.
+
+numpy's own format rather than Keras' ``.weights.h5``: the same files serve the from-scratch
+path and the Keras paths, and h5py, on a full disk, crashed the process (a segmentation fault
+under MirroredStrategy) instead of raising.
+"""
+
+import errno
+import json
+import os
+import re
+import shutil
+import zipfile
+
+import numpy as np
+
+from tfdp import workdir
+from tfdp.errors import UserError
+from tfdp.logs import logger
+
+KEEP = 2
+_FILE = re.compile(r"^step-(\d+)\.npz$")
+
+
+class Backups:
+    """The backups of worker ``worker_index`` of the run in ``run_dir``."""
+
+    def __init__(self, run_dir: str, worker_index: int, identity: dict):
+        self.folder = os.path.join(run_dir, "backup", f"worker-{worker_index}")
+        self.identity = identity
+        self._loaded = {}
+
+    def steps(self) -> list:
+        """Steps with a backup file, oldest first (damaged or not)."""
+        if not os.path.isdir(self.folder):
+            return []
+        return sorted(int(m.group(1)) for m in map(_FILE.match, os.listdir(self.folder)) if m)
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.folder, f"step-{step}.npz")
+
+    def save(self, step: int, weights: list) -> str:
+        """Write the backup of ``step``; keep the newest ``KEEP``."""
+        arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(weights)}
+        arrays.update(step=np.int64(step), identity=np.array(json.dumps(self.identity,
+                                                                        sort_keys=True)))
+        path = self.path(step)
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            workdir.write_atomic(path, lambda f: np.savez(f, **arrays), mode="wb")
+        except OSError as e:
+            kept = [s for s in self.steps() if s != step]
+            raise UserError(
+                f"cannot write the backup of step {step} in {self.folder} ({_reason(e)})"
+                + (f"; the backup of step {kept[-1]} is kept" if kept else "")
+                + ": make room and run the same command again") from None
+        for old in self.steps()[:-KEEP]:
+            os.remove(self.path(old))
+        return path
+
+    def load(self, step: int) -> list:
+        """The weights saved at ``step``; raises ``OSError``/``ValueError`` if damaged."""
+        if step not in self._loaded:
+            with np.load(self.path(step), allow_pickle=False) as f:
+                count = len([k for k in f.files if re.fullmatch(r"w\d+", k)])
+                weights = [f[f"w{i}"] for i in range(count)]  # Reading checks each CRC.
+                saved_step, identity = int(f["step"]), json.loads(str(f["identity"]))
+            if saved_step != step:
+                raise ValueError(f"holds step {saved_step}")
+            self._loaded[step] = (weights, identity)
+        return self._loaded[step][0]
+
+    def intact_steps(self) -> list:
+        """Steps whose backup loads, newest first; each damaged one is named in a warning."""
+        intact, damaged = [], []
+        for step in reversed(self.steps()):
+            try:
+                self.load(step)
+                intact.append(step)
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+                damaged.append((step, e))
+        for step, e in damaged:
+            logger.warning("the backup %s is damaged (%s: %s)%s", self.path(step),
+                           type(e).__name__, e, f"; the backup of step {intact[0]} is intact"
+                           if intact else "; no intact backup is left")
+        return intact
+
+    def check_identity(self, step: int) -> None:
+        """Refuse to resume from a backup that other flags wrote, naming the flags."""
+        self.load(step)
+        saved = self._loaded[step][1]
+        differ = sorted(k for k in set(saved) | set(self.identity)
+                        if saved.get(k) != self.identity.get(k))
+        if differ:
+            theirs = " ".join(f"--{k}={saved.get(k)}" for k in differ)
+            ours = " ".join(f"--{k}={self.identity.get(k)}" for k in differ)
+            raise UserError(f"{os.path.dirname(os.path.dirname(self.folder))} holds a run "
+                            f"trained with {theirs}; this command has {ours}: run it with the "
+                            "same flags to resume, or give it another --workdir")
+
+    def clear(self) -> None:
+        """The run is complete: its backups are spent. (Left in place, the same command run
+        again would "resume" after the last step and only export another version.)"""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        run_backups = os.path.dirname(self.folder)
+        if os.path.isdir(run_backups) and not os.listdir(run_backups):
+            os.rmdir(run_backups)
+
+
+def resume_step(backups: Backups, gather=None) -> int:
+    """The newest step this worker (and, with ``gather``, every worker) has an intact backup
+    of; 0 to start afresh. ``gather(steps) -> [steps of each worker]`` is a collective."""
+    local = backups.intact_steps()
+    if local:
+        backups.check_identity(local[0])  # Every worker refuses alike: no one waits alone.
+    common = set(local)
+    if gather is not None:
+        for steps in gather(local):
+            common &= set(steps)
+    step = max(common, default=0)
+    if local and step != local[0]:
+        logger.warning("resuming from the backup of step %d: the newest one every worker has "
+                       "intact", step)
+    return step
+
+
+def _reason(error: OSError) -> str:
+    if error.errno == errno.ENOSPC:
+        return "no space left on the device"
+    return error.strerror or str(error)

@@ -1,0 +1,114 @@
+"""Who this process is in a multi-worker cluster, read from ``TF_CONFIG`` without TensorFlow.
+
+``TF_CONFIG`` holds ``{"cluster": {"chief": [...], "worker": ["host:port", ...]}, "task":
+{"type": "worker", "index": i}}``. Everything a user can get wrong in it is refused here in one
+line, before TensorFlow starts a server on it: TensorFlow's own errors for a bad task index or a
+port in use are tracebacks that do not name the variable or the port.
+"""
+
+import dataclasses
+import errno
+import json
+import os
+import socket
+
+from tfdp.errors import UserError
+
+ENV = "TF_CONFIG"
+_EXAMPLE = '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    cluster: dict          # job name -> list of "host:port"
+    type: str              # "chief" or "worker"
+    index: int             # within its job
+
+    @property
+    def workers(self) -> list:
+        """Every training process, chief first: ``[(name, address), ...]``."""
+        return ([(f"chief {i}", a) for i, a in enumerate(self.cluster.get("chief", []))]
+                + [(f"worker {i}", a) for i, a in enumerate(self.cluster.get("worker", []))])
+
+    @property
+    def worker_index(self) -> int:
+        """Position among ``workers`` (0 is the chief)."""
+        offset = len(self.cluster.get("chief", [])) if self.type == "worker" else 0
+        return offset + self.index
+
+    @property
+    def address(self) -> str:
+        return self.cluster[self.type][self.index]
+
+    @property
+    def is_chief(self) -> bool:
+        return self.worker_index == 0
+
+
+def task(environ=None) -> Task:
+    """This process's task. Without ``TF_CONFIG``: a cluster of one worker, handy for trying the
+    multi-worker path locally."""
+    raw = (os.environ if environ is None else environ).get(ENV)
+    if not raw:
+        return Task({"worker": ["localhost"]}, "worker", 0)
+    try:
+        config = json.loads(raw)
+        cluster, task_ = config["cluster"], config["task"]
+        kind, index = task_["type"], task_["index"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{ENV} is not valid ({type(e).__name__}: {e}): it needs {_EXAMPLE}")
+    if not isinstance(cluster, dict) or not all(
+            isinstance(v, list) and all(isinstance(a, str) for a in v) for v in cluster.values()):
+        raise UserError(f"{ENV}: cluster must map job names to lists of \"host:port\", got "
+                        f"{cluster!r}")
+    if kind not in ("chief", "worker"):
+        raise UserError(f"{ENV}: task type {kind!r} is not one tfdp.train runs (chief, worker)")
+    jobs = cluster.get(kind, [])
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(jobs):
+        raise UserError(f"{ENV}: task index {index!r} is out of range: the cluster has "
+                        f"{len(jobs)} {kind} task(s), indexes 0..{len(jobs) - 1}")
+    if len(cluster.get("chief", [])) > 1:
+        raise UserError(f"{ENV}: a cluster has at most one chief, got {len(cluster['chief'])}")
+    return Task(cluster, kind, index)
+
+
+def num_workers(environ=None) -> int:
+    """Training processes in ``TF_CONFIG`` (0 when it cannot be read: reported later)."""
+    try:
+        return len(task(environ).workers)
+    except UserError:
+        return 0
+
+
+def check_port_free(task_: Task) -> None:
+    """Refuse at once, naming the port, when this task's port is taken (TensorFlow binds every
+    interface and fails with "Could not start gRPC server")."""
+    host, _, port = task_.address.rpartition(":")
+    if not port.isdigit():
+        raise UserError(f"{ENV}: {task_.type} {task_.index} address {task_.address!r} has no "
+                        "port (host:port)")
+    probe = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET)
+    # As gRPC binds: connections of an earlier run still in TIME_WAIT do not hold the port.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("", int(port)))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise UserError(f"port {port} of {ENV}'s {task_.type} {task_.index} "
+                            f"({task_.address}) is already in use: stop what holds it or give "
+                            "this task another port") from None
+        raise
+    finally:
+        probe.close()
+
+
+def unreachable(addresses: list, timeout: float = 1.0) -> list:
+    """The ``host:port`` addresses that do not accept a TCP connection now."""
+    missing = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        except (OSError, ValueError):
+            missing.append(address)
+    return missing

@@ -1,0 +1,61 @@
+"""A run folder belongs to one run at a time, and files in it are replaced, never half-written.
+
+``claim`` takes an exclusive lock per worker (``.lock-worker-<i>``, a ``flock`` the kernel drops
+when the process dies, however it dies), so a second run given the same ``--workdir`` is refused
+in one line instead of colliding with the first or silently resuming from its backups.
+``write_atomic`` writes through a temporary file created exclusively (``mkstemp``: a name nobody
+else can have planted, so a symlink in a shared folder is never followed) and renames it over
+the target.
+"""
+
+import contextlib
+import fcntl
+import os
+import tempfile
+
+from tfdp.errors import UserError
+
+_HELD = {}  # path -> fd, for the claims of this process
+
+
+@contextlib.contextmanager
+def claim(run_dir: str, worker_index: int = 0):
+    """Hold ``run_dir`` for this run (worker ``worker_index``) until the block ends."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, f".lock-worker-{worker_index}")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise UserError(f"--workdir={run_dir}: cannot create its lock file ({e.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UserError(f"--workdir={run_dir} is in use by another run (pid {holder}): wait for "
+                        "it to end, or give this run its own --workdir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[path] = fd
+    try:
+        yield
+    finally:
+        _HELD.pop(path, None)
+        os.close(fd)  # Releases the lock; the file stays (removing it would race a new claim).
+
+
+def write_atomic(path: str, write, mode: str = "w") -> None:
+    """Call ``write(file)`` on a new temporary file beside ``path``, then rename it to ``path``."""
+    folder, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
