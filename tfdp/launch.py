@@ -28,18 +28,25 @@ import time
 
 from absl import app, flags
 
+from tfdp import hosts as emulated_hosts
 from tfdp import isolation
 from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
-from tfdp.errors import PREEMPTED_EXIT_CODE
+from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
 
 flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
 flags.DEFINE_boolean("isolate", True, "Run the workers in a private network namespace (loopback "
                      "only), so their unauthenticated TensorFlow servers are unreachable from "
                      "outside; --noisolate leaves them on every interface.")
+flags.DEFINE_boolean("hosts", False, "Run every worker on an emulated host of its own: a network "
+                     "namespace with its own address, joined to the others by a switch (Linux, "
+                     "root). Everything made is removed on exit.")
+flags.DEFINE_string("link", None, "With --hosts: every host's link rate, both directions, in tc "
+                    "syntax (10mbit, 100mbit, 1gbit); default unshaped.")
 FLAGS = flags.FLAGS
 # Seconds the workers get to save and exit after a SIGTERM before they are killed.
 PREEMPT_GRACE = 30.0
 _PR_SET_PDEATHSIG = 1
+HOST_PORT = 2222  # Each emulated host has its own address, so every worker can use one port.
 
 
 def free_ports(count: int) -> list:
@@ -62,8 +69,8 @@ def core_shares(num_workers: int, cores: list) -> list:
     return [cores[i * per:(i + 1) * per] for i in range(num_workers)]
 
 
-def worker_env(index: int, ports: list, run_stamp: str, live_progress: bool) -> dict:
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+def worker_env(index: int, addresses: list, run_stamp: str, live_progress: bool) -> dict:
+    cluster = {"worker": list(addresses)}
     env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
                                                  "task": {"type": "worker", "index": index}}))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -105,37 +112,51 @@ def _pump(stream, prefix, out):
 
 
 def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
-           isolate: bool = True, grace: float = PREEMPT_GRACE) -> int:
+           isolate: bool = True, grace: float = PREEMPT_GRACE, hosts: bool = False,
+           link: str = None) -> int:
     """Run the workers to the end; return 0 if all succeeded, else an exit code: the first
     failure's, ``PREEMPTED_EXIT_CODE`` when they were preempted and saved, 130 after Ctrl-C.
 
     With ``isolate`` this process first moves into a private network namespace (its workers
-    inherit it: ``tfdp.isolation``)."""
-    if num_workers < 1:
-        _say(f"tfdp.launch: error: --num_workers must be a positive integer, got {num_workers}")
+    inherit it: ``tfdp.isolation``). With ``hosts`` every worker runs on an emulated host of
+    its own, its link shaped to ``link`` (``tfdp.hosts``)."""
+    problem = _check(num_workers, hosts, link)
+    if problem:
+        _say(f"tfdp.launch: error: {problem}")
         return 2
-    where = _network(isolate)
-    ports = free_ports(num_workers)
     shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
-    procs, pumps = [], []
+    procs, pumps, emulated = [], [], None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        if hosts:
+            stale = emulated_hosts.remove_stale()
+            if stale:
+                _say(f"tfdp.launch: removed what a killed launcher left: {', '.join(stale)}")
+            emulated = emulated_hosts.Hosts(num_workers, link)
+            emulated.create()
+            addresses = [f"{emulated.address(i)}:{HOST_PORT}" for i in range(num_workers)]
+            for line in emulated.describe([f"worker {i}" for i in range(num_workers)]):
+                _say(f"tfdp.launch: {line}")
+            where = "on emulated hosts"
+        else:
+            where = _network(isolate)
+            addresses = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
         for i in range(num_workers):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tfdp.train", *train_args],
-                env=worker_env(i, ports, stamp, live), stdout=subprocess.PIPE,
+                env=worker_env(i, addresses, stamp, live), stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 # A session of its own: Ctrl-C in the terminal reaches the launcher only, which
                 # then asks every worker to save and stop.
                 start_new_session=True,
-                preexec_fn=functools.partial(_in_worker, shares[i], os.getpid()))
+                preexec_fn=functools.partial(_in_worker, shares[i], os.getpid(), emulated, i))
             procs.append(proc)
             for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 pump = threading.Thread(target=_pump, args=(stream, f"[{i}] ", out), daemon=True)
                 pump.start()
                 pumps.append(pump)
-        _say(f"tfdp.launch: {num_workers} workers on 127.0.0.1 ports {ports} {where}, cores "
+        _say(f"tfdp.launch: {num_workers} workers at {', '.join(addresses)} {where}, cores "
              f"{shares}")
         return _supervise(procs, poll_seconds, grace)
     except (KeyboardInterrupt, _Terminated) as stop:
@@ -151,6 +172,24 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
         _stop(procs)
         for pump in pumps:
             pump.join(timeout=5)
+        if emulated:
+            emulated.remove()
+
+
+def _check(num_workers: int, hosts: bool, link) -> str:
+    """What is wrong with the launcher's own flags, in one line ("" if nothing)."""
+    if num_workers < 1:
+        return f"--num_workers must be a positive integer, got {num_workers}"
+    if link and not hosts:
+        return "--link shapes the links of emulated hosts: give --hosts too"
+    try:
+        if hosts:
+            emulated_hosts.check_available()
+        if link:
+            emulated_hosts.parse_rate(link)
+    except UserError as e:
+        return str(e)
+    return ""
 
 
 def _network(isolate: bool) -> str:
@@ -167,9 +206,12 @@ def _network(isolate: bool) -> str:
     return "(not isolated)"
 
 
-def _in_worker(cores, launcher_pid):
-    """In each worker before it starts: pin its cores, and die with the launcher however the
-    launcher dies (SIGKILL included: the kernel sends SIGKILL to the orphan)."""
+def _in_worker(cores, launcher_pid, emulated, index):
+    """In each worker before it starts: onto its emulated host (if any), pin its cores, and die
+    with the launcher however the launcher dies (SIGKILL included: the kernel sends SIGKILL to
+    the orphan)."""
+    if emulated:
+        emulated.enter(index)
     os.sched_setaffinity(0, cores)
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != launcher_pid:  # The launcher died before prctl took effect.
@@ -236,7 +278,8 @@ def _stop(procs, grace: float = 5.0):
 
 
 def main(argv):
-    sys.exit(launch(FLAGS.num_workers, argv[1:], isolate=FLAGS.isolate))
+    sys.exit(launch(FLAGS.num_workers, argv[1:], isolate=FLAGS.isolate, hosts=FLAGS.hosts,
+                    link=FLAGS.link))
 
 
 def run():
