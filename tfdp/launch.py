@@ -92,23 +92,34 @@ def _say(line: str) -> None:
 
 
 def _pump(stream, prefix, out):
-    """Copy a worker's output as it comes (a progress bar redraws without a newline), with
-    ``prefix`` at the start of every line and after every carriage return."""
-    at_line_start = True
+    """Copy a worker's output as it comes, with ``prefix`` at the start of every line and after
+    every carriage return (a progress bar redraws without a newline). Only whole lines (or
+    redraws) go out, each under the output lock, so the lines of two workers never mix."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
     for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):
-        text = decoder.decode(chunk)
-        pieces = []
-        for char in text:
-            if at_line_start and char not in "\r\n":
-                pieces.append(prefix)
-                at_line_start = False
-            pieces.append(char)
-            if char in "\r\n":
-                at_line_start = True
-        with _OUTPUT:  # Whole chunks: the launcher's own lines never land inside a worker's.
-            out.write("".join(pieces))
-            out.flush()
+        pending += decoder.decode(chunk)
+        cut = max(pending.rfind("\n"), pending.rfind("\r")) + 1
+        if cut:
+            _emit(pending[:cut], prefix, out)
+            pending = pending[cut:]
+    pending += decoder.decode(b"", final=True)
+    if pending:  # A last line without a newline.
+        _emit(pending, prefix, out)
+
+
+def _emit(text, prefix, out):
+    pieces, at_line_start = [], True
+    for char in text:
+        if at_line_start and char not in "\r\n":
+            pieces.append(prefix)
+            at_line_start = False
+        pieces.append(char)
+        if char in "\r\n":
+            at_line_start = True
+    with _OUTPUT:
+        out.write("".join(pieces))
+        out.flush()
 
 
 def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,

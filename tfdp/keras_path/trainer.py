@@ -6,6 +6,7 @@ equal starting weights the two paths train the same model.
 """
 
 import hashlib
+import re
 import tempfile
 import time
 
@@ -13,7 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdp import checkpoints, data, export, paths, preemption, schedule
+from tfdp import checkpoints, cluster, data, export, paths, preemption, schedule
+from tfdp.errors import UserError
 from tfdp.keras_path import evaluation, keras_mwms_fix
 from tfdp.keras_path.distributed_input import distribute
 from tfdp.keras_path.guard import Guard
@@ -96,10 +98,40 @@ def run(config, start_weights=None):
                                                  if distribution.num_workers > 1 else None)
         finally:
             distribution.started()  # Every worker has answered (or this one gave up).
-        result = _train_and_export(config, distribution, backups, first_step, watch,
-                                   start_weights)
+        try:
+            result = _train_and_export(config, distribution, backups, first_step, watch,
+                                       start_weights)
+        except _PEER_LOST as e:
+            if distribution.num_workers == 1:
+                raise
+            raise _cluster_lost(e, backups) from None
     backups.clear()
     return result
+
+
+# What a collective raises when a peer has died or cannot be reached (heartbeats stopped, the
+# collective timed out, or the coordination service aborted it).
+_PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+              tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+def _cluster_lost(error, backups) -> UserError:
+    """One line naming the peers this worker cannot reach now (or those TensorFlow found
+    unhealthy), and what the same command will resume from."""
+    task = cluster.task()
+    peers = [(name, address) for name, address in task.workers if address != task.address]
+    silent = cluster.unreachable([address for _, address in peers])
+    named = [f"{name} ({address})" for name, address in peers if address in silent]
+    if not named:
+        unhealthy = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)",
+                                          str(error.message))))
+        named = [f"{job} {index} (reported unhealthy)" for job, index in unhealthy]
+    kept = backups.steps()
+    return UserError(
+        f"lost contact with the cluster ({type(error).__name__}): "
+        + (f"unreachable now: {', '.join(named)}" if named else "no peer named")
+        + (f"; the backup of step {kept[-1]} is kept" if kept else "")
+        + ": run the same command again to resume once every worker is reachable")
 
 
 def _train_and_export(config, distribution, backups, first_step, watch, start_weights):
