@@ -11,7 +11,11 @@ or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every work
 same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and the same command resumes. Workers die
 with the launcher whatever kills it (``PR_SET_PDEATHSIG``).
 
+With ``--hosts`` (Linux, root) every worker runs on an emulated host of its own instead,
+with ``--link`` the rate of every host's link (``tfdp.hosts``).
+
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
+  python -m tfdp.launch --num_workers=3 --hosts --link=100mbit -- --strategy=multi_worker
 """
 
 import codecs
