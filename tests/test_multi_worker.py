@@ -172,3 +172,15 @@ def test_per_replica_input_under_mwms_is_still_ours_to_build():
     assert "PUBLIC PER_REPLICA REFUSED" in result.stdout, result.stdout
     # Our input really gives the replica its own iterator, not a MultiDeviceIterator.
     assert "OWN ITERATOR" in result.stdout, result.stdout + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("train_args, strategy", [
+    (["--epochs=1"], "manual"), (["--strategy=mirrored"], "mirrored"),
+    (["--strategy", "plain"], "plain")])
+def test_the_launcher_refuses_strategies_that_train_in_one_process(capsys, train_args, strategy):
+    from tfdp import launch as launcher
+
+    assert launcher.launch(2, train_args) == 2  # Refused before any process starts.
+    assert capsys.readouterr().err == (
+        f"tfdp.launch: error: the launcher starts --strategy=multi_worker workers; "
+        f"--strategy={strategy} trains in one process: run python -m tfdp.train instead\n")

@@ -135,7 +135,7 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
     With ``isolate`` this process first moves into a private network namespace (its workers
     inherit it: ``tfdp.isolation``). With ``hosts`` every worker runs on an emulated host of
     its own, its link shaped to ``link`` (``tfdp.hosts``)."""
-    problem = _check(num_workers, hosts, link)
+    problem = _check(num_workers, hosts, link, train_args)
     if problem:
         _say(f"tfdp.launch: error: {problem}")
         return 2
@@ -191,10 +191,15 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             emulated.remove()
 
 
-def _check(num_workers: int, hosts: bool, link) -> str:
+def _check(num_workers: int, hosts: bool, link, train_args: list) -> str:
     """What is wrong with the launcher's own flags, in one line ("" if nothing)."""
     if num_workers < 1:
         return f"--num_workers must be a positive integer, got {num_workers}"
+    strategy = _strategy(train_args)
+    if strategy != "multi_worker" and not _HELP.intersection(train_args):
+        # Each worker would train a run of its own, all in one folder.
+        return (f"the launcher starts --strategy=multi_worker workers; --strategy={strategy} "
+                "trains in one process: run python -m tfdp.train instead")
     if link and not hosts:
         return "--link shapes the links of emulated hosts: give --hosts too"
     try:
@@ -205,6 +210,20 @@ def _check(num_workers: int, hosts: bool, link) -> str:
     except UserError as e:
         return str(e)
     return ""
+
+
+_HELP = {"-h", "-help", "--help", "--helpshort", "--helpfull"}
+
+
+def _strategy(train_args: list) -> str:
+    """The --strategy the workers will run (tfdp.train's default when not given)."""
+    strategy = "manual"
+    for i, arg in enumerate(train_args):
+        if arg.startswith("--strategy="):
+            strategy = arg.split("=", 1)[1]
+        elif arg == "--strategy" and i + 1 < len(train_args):
+            strategy = train_args[i + 1]
+    return strategy
 
 
 def _network(isolate: bool) -> str:
