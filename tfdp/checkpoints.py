@@ -15,8 +15,8 @@ at the step where it is preempted, and keeps the newest ``KEEP``.
 * Resumed only by the same training: a backup written with other flags is refused, naming them.
 
 numpy's own format rather than Keras' ``.weights.h5``: the same files serve the from-scratch
-path and the Keras paths, and h5py, on a full disk, crashed the process (a segmentation fault
-under MirroredStrategy) instead of raising.
+path and the Keras paths, and with Keras' files a full disk under MirroredStrategy crashed the
+process (a segmentation fault, reported in issue 11) instead of raising.
 """
 
 import errno
