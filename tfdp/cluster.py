@@ -37,6 +37,11 @@ class Task:
         return offset + self.index
 
     @property
+    def peers(self) -> list:
+        """The other training processes: ``[(name, address), ...]``."""
+        return [(name, address) for name, address in self.workers if address != self.address]
+
+    @property
     def address(self) -> str:
         return self.cluster[self.type][self.index]
 
@@ -100,6 +105,12 @@ def check_port_free(task_: Task) -> None:
         raise
     finally:
         probe.close()
+
+
+def silent_peers(peers: list) -> list:
+    """``"worker 1 (host:port)"`` for each of ``peers`` that does not accept a connection now."""
+    silent = unreachable([address for _, address in peers])
+    return [f"{name} ({address})" for name, address in peers if address in silent]
 
 
 def unreachable(addresses: list, timeout: float = 1.0) -> list:

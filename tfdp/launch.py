@@ -298,17 +298,11 @@ def _wait(procs, grace) -> list:
 
 def _stop(procs, grace: float = 5.0):
     """SIGTERM every worker still running, SIGKILL those alive ``grace`` seconds later."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.time() + grace
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            _say(f"tfdp.launch: worker {procs.index(p)} did not stop; killing it")
-            p.kill()
-            p.wait()
+    for i, code in enumerate(_preempt(procs, grace)):
+        if code is None:
+            _say(f"tfdp.launch: worker {i} did not stop; killing it")
+            procs[i].kill()
+            procs[i].wait()
 
 
 def main(argv):

@@ -40,10 +40,9 @@ def main(argv) -> int:
     ready, _, _ = select.select([sys.stdin], [], [], seconds)
     if ready:  # Cancelled, or the worker has gone: either way, nothing to do.
         return 0
-    from tfdp.cluster import unreachable
+    from tfdp.cluster import silent_peers
 
-    silent = unreachable([address for _, address in peers])
-    named = ", ".join(f"{name} ({address})" for name, address in peers if address in silent)
+    named = ", ".join(silent_peers(peers))
     sys.stderr.write(
         f"tfdp.train: error: the cluster did not start within {flag}={argv[2]} s: "
         + (f"never answered: {named}" if named else "every peer listens, but one is stuck")

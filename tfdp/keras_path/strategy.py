@@ -66,8 +66,7 @@ def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
         cluster.check_port_free(task)
     # Creating the strategy waits for every worker to register, and the first collective for
     # every worker to join: without a deadline a missing peer means waiting forever.
-    peers = [(name, address) for name, address in task.workers if address != task.address]
-    deadline = watchdog.start(collective_timeout, peers) if peers else None
+    deadline = watchdog.start(collective_timeout, task.peers) if task.peers else None
     # MWMS configures collectives and must come before the runtime starts: set the thread
     # pools (that does not start it), create the strategy, then ask it for its devices.
     devices.share_cores(num_gpus)

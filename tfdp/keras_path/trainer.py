@@ -118,10 +118,7 @@ _PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
 def _cluster_lost(error, backups) -> UserError:
     """One line naming the peers this worker cannot reach now (or those TensorFlow found
     unhealthy), and what the same command will resume from."""
-    task = cluster.task()
-    peers = [(name, address) for name, address in task.workers if address != task.address]
-    silent = cluster.unreachable([address for _, address in peers])
-    named = [f"{name} ({address})" for name, address in peers if address in silent]
+    named = cluster.silent_peers(cluster.task().peers)
     if not named:
         unhealthy = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)",
                                           str(error.message))))

@@ -140,13 +140,17 @@ def train(config, plan, devices: list, train_split: data.Split, test_split: data
     eval_step = make_eval_step(replicas, devices, config.eager)
     steps = plan.steps_per_epoch
     first_epoch, offset = divmod(first_step, steps)
-    if first_epoch >= config.epochs:  # Resumed after the last step: nothing left to train.
+
+    def trained():
         return {name: var.numpy() for name, var in replicas[0].items()}
+
+    if first_epoch >= config.epochs:  # Resumed after the last step: nothing left to train.
+        return trained()
     batches = iter(data.train_batches(train_split, plan.global_batch, config.seed, first_epoch,
                                       config.epochs, config.steps_per_epoch).skip(offset))
 
     def weights():
-        return lenet.to_keras_weights({name: var.numpy() for name, var in replicas[0].items()})
+        return lenet.to_keras_weights(trained())
 
     global_step = first_step
     if watch:
@@ -183,7 +187,7 @@ def train(config, plan, devices: list, train_split: data.Split, test_split: data
             raise Preempted(global_step, saved)
     if watch:
         watch.training, watch.step = False, global_step
-    return {name: var.numpy() for name, var in replicas[0].items()}
+    return trained()
 
 
 def _count_correct(logits, labels):
