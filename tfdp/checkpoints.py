@@ -19,6 +19,7 @@ path and the Keras paths, and with Keras' files a full disk under MirroredStrate
 process (a segmentation fault, reported in issue 11) instead of raising.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -116,9 +117,10 @@ class Backups:
         """The run is complete: its backups are spent. (Left in place, the same command run
         again would "resume" after the last step and only export another version.)"""
         shutil.rmtree(self.folder, ignore_errors=True)
-        run_backups = os.path.dirname(self.folder)
-        if os.path.isdir(run_backups) and not os.listdir(run_backups):
-            os.rmdir(run_backups)
+        # The last worker to finish removes backup/ itself; the others find it not empty, or
+        # (finishing at the same moment) already gone.
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(self.folder))
 
 
 def resume_step(backups: Backups, gather=None) -> int:
