@@ -10,6 +10,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import socket
 
 from tfdp.errors import UserError
@@ -50,9 +51,9 @@ class Task:
         return self.worker_index == 0
 
 
-def task(environ=None) -> Task:
-    """This process's task. Without ``TF_CONFIG``: a cluster of one worker, handy for trying the
-    multi-worker path locally."""
+def task(environ=None, kinds=("chief", "worker"), program="tfdp.train") -> Task:
+    """This process's task (one of ``kinds``, the task types ``program`` runs). Without
+    ``TF_CONFIG``: a cluster of one worker, handy for trying the multi-worker path locally."""
     raw = (os.environ if environ is None else environ).get(ENV)
     if not raw:
         return Task({"worker": ["localhost"]}, "worker", 0)
@@ -66,8 +67,9 @@ def task(environ=None) -> Task:
             isinstance(v, list) and all(isinstance(a, str) for a in v) for v in cluster.values()):
         raise UserError(f"{ENV}: cluster must map job names to lists of \"host:port\", got "
                         f"{cluster!r}")
-    if kind not in ("chief", "worker"):
-        raise UserError(f"{ENV}: task type {kind!r} is not one tfdp.train runs (chief, worker)")
+    if kind not in kinds:
+        raise UserError(f"{ENV}: task type {kind!r} is not one {program} runs "
+                        f"({', '.join(kinds)})")
     jobs = cluster.get(kind, [])
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(jobs):
         raise UserError(f"{ENV}: task index {index!r} is out of range: the cluster has "
@@ -111,6 +113,19 @@ def silent_peers(peers: list) -> list:
     """``"worker 1 (host:port)"`` for each of ``peers`` that does not accept a connection now."""
     silent = unreachable([address for _, address in peers])
     return [f"{name} ({address})" for name, address in peers if address in silent]
+
+
+def lost_contact(error_name: str, peers: list, error_text: str, kept_steps: list) -> str:
+    """The one line for a run that lost its cluster: the ``peers`` it cannot reach now (else
+    those TensorFlow's ``error_text`` names) and the backup the same command resumes from."""
+    named = silent_peers(peers)
+    if not named:
+        unhealthy = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", error_text)))
+        named = [f"{job} {index} (reported unhealthy)" for job, index in unhealthy]
+    return (f"lost contact with the cluster ({error_name}): "
+            + (f"unreachable now: {', '.join(named)}" if named else "no peer named")
+            + (f"; the backup of step {kept_steps[-1]} is kept" if kept_steps else "")
+            + ": run the same command again to resume once every worker is reachable")
 
 
 def unreachable(addresses: list, timeout: float = 1.0) -> list:

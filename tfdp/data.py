@@ -164,8 +164,8 @@ def load_split(split: str, data_dir: Optional[str] = None,
     import tensorflow_datasets as tfds
 
     builder = prepare(data_dir, manual_dir)
-    cache = os.path.join(builder.data_dir, "tfdp-arrays")
-    paths = [os.path.join(cache, f"{split}-{part}.npy") for part in ("images", "labels")]
+    paths = array_paths(builder.data_dir, split)
+    cache = os.path.dirname(paths[0])
     if all(os.path.exists(p) for p in paths):
         images, labels = (np.load(p) for p in paths)
     else:
@@ -181,6 +181,33 @@ def load_split(split: str, data_dir: Optional[str] = None,
     images.setflags(write=False)
     labels.setflags(write=False)
     return Split(images, labels)
+
+
+def array_paths(prepared_dir: str, split: str) -> list:
+    """Where ``load_split`` keeps a split's arrays: [images .npy, labels .npy]. A worker of the
+    from-scratch path across machines reads them there (``read_npy``)."""
+    return [os.path.join(prepared_dir, "tfdp-arrays", f"{split}-{part}.npy")
+            for part in ("images", "labels")]
+
+
+def prepared_dir(data_dir: Optional[str]) -> str:
+    """The folder TFDS prepares the dataset in under ``data_dir`` (nothing is read or made)."""
+    import tensorflow_datasets as tfds
+
+    with logs.quiet_below(logging.ERROR, "absl"):
+        return tfds.builder(DATASET, data_dir=data_dir).data_dir
+
+
+def read_npy(path: str, dtype: tf.DType, item_shape: tuple) -> tf.Tensor:
+    """A ``.npy`` file written by ``np.save`` (format 1.0: magic, 2-byte header length, header,
+    data) read with TensorFlow ops only, so that it runs on whichever device, local or on a
+    remote worker, the caller places it: the array never passes through the caller."""
+    content = tf.io.read_file(path)
+    tf.debugging.assert_equal(tf.strings.substr(content, 0, 8), b"\x93NUMPY\x01\x00",
+                              message=f"{path} is not a version 1.0 .npy file")
+    header = tf.cast(tf.io.decode_raw(tf.strings.substr(content, 8, 2), tf.uint16)[0], tf.int32)
+    body = tf.strings.substr(content, 10 + header, -1)
+    return tf.reshape(tf.io.decode_raw(body, dtype), [-1, *item_shape])
 
 
 def load_splits(data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
@@ -224,16 +251,23 @@ def train_batches(split: Split, batch_size: int, seed: int, first_epoch: int, ep
     Each epoch holds exactly ``steps_per_epoch(n, batch_size, steps_cap)`` batches, so Keras'
     ``fit(steps_per_epoch=...)`` and a Python loop see the same batches in the same epochs.
     """
-    n = len(split.labels)
-    steps = steps_per_epoch(n, batch_size, steps_cap)
-    order = np.stack([epoch_order(n, seed, e)[: steps * batch_size]
-                      for e in range(first_epoch, epochs)])
     images, labels = tf.constant(split.images), tf.constant(split.labels)
-    batches = (tf.data.Dataset.from_tensor_slices(order)
-               .flat_map(lambda idx: tf.data.Dataset.from_tensor_slices(idx).batch(batch_size))
-               .map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx)),
-                    num_parallel_calls=_PARALLEL_CALLS, deterministic=True))
+    batches = train_indices(len(split.labels), batch_size, seed, first_epoch, epochs,
+                            steps_cap).map(lambda idx: (tf.gather(images, idx),
+                                                        tf.gather(labels, idx)),
+                                           num_parallel_calls=_PARALLEL_CALLS, deterministic=True)
     return batches.prefetch(_PREFETCH).with_options(_pipeline_options())
+
+
+def train_indices(num_examples: int, batch_size: int, seed: int, first_epoch: int, epochs: int,
+                  steps_cap: Optional[int] = None) -> tf.data.Dataset:
+    """The example indices of ``train_batches``' batches, in the same order: what a cluster's
+    client sends its workers, which hold the arrays."""
+    steps = steps_per_epoch(num_examples, batch_size, steps_cap)
+    order = np.stack([epoch_order(num_examples, seed, e)[: steps * batch_size]
+                      for e in range(first_epoch, epochs)])
+    return (tf.data.Dataset.from_tensor_slices(order)
+            .flat_map(lambda idx: tf.data.Dataset.from_tensor_slices(idx).batch(batch_size)))
 
 
 def eval_batches(split: Split, batch_size: int, steps_cap: Optional[int] = None) -> tf.data.Dataset:
@@ -242,6 +276,12 @@ def eval_batches(split: Split, batch_size: int, steps_cap: Optional[int] = None)
     if steps_cap:
         ds = ds.take(steps_cap)
     return ds.prefetch(_PREFETCH).with_options(_pipeline_options())
+
+
+def eval_indices(num_examples: int, batch_size: int, steps_cap: Optional[int] = None):
+    """The example indices of ``eval_batches``' batches."""
+    ds = tf.data.Dataset.range(num_examples).map(lambda i: tf.cast(i, tf.int32)).batch(batch_size)
+    return ds.take(steps_cap) if steps_cap else ds
 
 
 def to_float(images: tf.Tensor, dtype=tf.float32) -> tf.Tensor:

@@ -14,7 +14,7 @@ from tfdp.errors import UserError
 from tfdp.logs import logger
 
 # A virtual GPU needs an explicit memory budget; each logical GPU gets this much.
-_VIRTUAL_GPU_MEMORY_MB = 2048
+VIRTUAL_GPU_MEMORY_MB = 2048
 
 
 def available_cores() -> int:
@@ -29,7 +29,7 @@ def configure_devices(num_devices: int) -> list:
     gpus = tf.config.list_physical_devices("GPU")
     kind, physical = ("GPU", gpus) if gpus else ("CPU", tf.config.list_physical_devices("CPU"))
     if len(physical) < num_devices:
-        config = (tf.config.LogicalDeviceConfiguration(memory_limit=_VIRTUAL_GPU_MEMORY_MB)
+        config = (tf.config.LogicalDeviceConfiguration(memory_limit=VIRTUAL_GPU_MEMORY_MB)
                   if kind == "GPU" else tf.config.LogicalDeviceConfiguration())
         try:
             tf.config.set_logical_device_configuration(physical[0], [config] * num_devices)
@@ -56,9 +56,14 @@ def share_cores(num_devices: int) -> None:
     (inter-op), so k replicas queue behind each other. intra = cores / k and inter = k lets the
     k replicas' ops run side by side (docs/benchmarks.md, "Figures behind code comments").
     """
-    cores = available_cores()
+    intra, inter = thread_shares(num_devices)
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // num_devices))
-        tf.config.threading.set_inter_op_parallelism_threads(max(2, num_devices))
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
     except RuntimeError:
         pass  # Already initialised (a second run in one process): keep what it has.
+
+
+def thread_shares(num_devices: int) -> tuple:
+    """(intra-op, inter-op) threads for ``num_devices`` logical CPU devices (``share_cores``)."""
+    return max(1, available_cores() // num_devices), max(2, num_devices)

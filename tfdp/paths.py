@@ -47,18 +47,23 @@ class Started:
 
 
 def start(config: Config, devices: list, replicas: int, engine: str, is_chief: bool = True,
-          first_step: int = 0) -> Started:
+          first_step: int = 0, examples: tuple = None) -> Started:
     """Check the export folder (chief), load the data, make and state the plan, open the
     reporter (with the epochs an interrupted run already finished, when resuming from
-    ``first_step``)."""
+    ``first_step``). With ``examples`` (train, test sizes), the data is elsewhere (on a
+    cluster's workers) and nothing is loaded here."""
     from tfdp import data, export, report
     from tfdp.plan import make_plan
 
     if is_chief:
         export.check_export_root(config.export_root)
-    train_split, test_split = data.load_splits(config.data_dir, config.manual_dir,
-                                               config.synthetic_data)
-    plan = make_plan(config, replicas, len(train_split.labels), len(test_split.labels))
+    if examples:
+        train_split = test_split = None
+    else:
+        train_split, test_split = data.load_splits(config.data_dir, config.manual_dir,
+                                                   config.synthetic_data)
+        examples = len(train_split.labels), len(test_split.labels)
+    plan = make_plan(config, replicas, *examples)
     logger.info("%s", plan.describe(engine))
     first_epoch, offset = divmod(first_step, plan.steps_per_epoch)
     if first_step and is_chief:

@@ -6,7 +6,6 @@ equal starting weights the two paths train the same model.
 """
 
 import hashlib
-import re
 import tempfile
 import time
 
@@ -116,19 +115,8 @@ _PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
 
 
 def _cluster_lost(error, backups) -> UserError:
-    """One line naming the peers this worker cannot reach now (or those TensorFlow found
-    unhealthy), and what the same command will resume from."""
-    named = cluster.silent_peers(cluster.task().peers)
-    if not named:
-        unhealthy = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)",
-                                          str(error.message))))
-        named = [f"{job} {index} (reported unhealthy)" for job, index in unhealthy]
-    kept = backups.steps()
-    return UserError(
-        f"lost contact with the cluster ({type(error).__name__}): "
-        + (f"unreachable now: {', '.join(named)}" if named else "no peer named")
-        + (f"; the backup of step {kept[-1]} is kept" if kept else "")
-        + ": run the same command again to resume once every worker is reachable")
+    return UserError(cluster.lost_contact(type(error).__name__, cluster.task().peers,
+                                          str(error.message), backups.steps()))
 
 
 def _train_and_export(config, distribution, backups, first_step, watch, start_weights):

@@ -1,0 +1,189 @@
+"""The from-scratch path across machines: the client's side of a cluster of ``tfdp.server``s.
+
+With a ``TF_CONFIG`` whose cluster names ``worker``s and this process as the ``chief``, the
+textbook's code runs unchanged on remote devices: ``tf.device`` accepts
+``/job:worker/replica:0/task:1/device:CPU:0`` once this process has joined the cluster
+(``tf.config.experimental_connect_to_cluster``), and TensorFlow's distributed runtime runs
+each device's part of the compiled step on that device's worker, sending tensors between
+workers directly. This process, the client, holds no replica.
+
+1. ``connect``: join the cluster, take ``--num_gpus`` devices of every worker.
+2. The data, as on a real cluster (section 12.7.3, step 1): every worker reads the arrays from
+   its own disk (``tfdp.server`` prepared them; ``data.read_npy`` placed on the worker) into a
+   variable there; each step the client sends only the global batch's example indices, and
+   every device gathers its shard from its worker's arrays. No image passes through the client.
+3. Faults: a worker that dies makes the next step raise (``UnavailableError``); a worker cut
+   off makes it wait, and TensorFlow sets no deadline, so ``Stall`` ends the process when one
+   call outlasts ``--collective_timeout``. Both end in one line naming the unreachable workers.
+"""
+
+import contextlib
+import dataclasses
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+import tensorflow as tf
+
+from tfdp import cluster, data
+from tfdp.errors import UserError
+from tfdp.logs import logger
+from tfdp.manual.trainer import Feed
+from tfdp.sharding import shard_sizes
+
+JOB = "worker"
+INDICES = tf.TensorSpec([None], tf.int32)
+# What a step raises when a worker has died or cannot be reached.
+PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+             tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+def task_of(config) -> Optional[cluster.Task]:
+    """This process's task when ``TF_CONFIG`` makes it the client of workers, else None."""
+    if not os.environ.get(cluster.ENV):
+        return None
+    task = cluster.task(kinds=("chief",), program="tfdp.train --strategy=manual (the client; "
+                                                  "its workers run python -m tfdp.server)")
+    if not task.cluster.get(JOB):
+        raise UserError(f"{cluster.ENV} names no workers for --strategy=manual to train on: "
+                        "add their host:port under \"worker\", or unset it to train here")
+    return task
+
+
+class Stall:
+    """Ends this process when one call into the cluster outlasts ``seconds``: one line naming
+    the workers that do not answer now, then exit 1. A thread keeps the deadline: the calls wait
+    inside TensorFlow with Python's lock released, and nothing else can interrupt them."""
+
+    def __init__(self, seconds: float, peers: list, kept_steps=lambda: []):
+        self.seconds, self.peers, self.kept_steps = seconds, peers, kept_steps
+        self._since = None
+        self._doing = ""
+        threading.Thread(target=self._keep, daemon=True, name="tfdp-stall").start()
+
+    @contextlib.contextmanager
+    def watching(self, doing: str):
+        self._since, self._doing = time.monotonic(), doing
+        try:
+            yield
+        finally:
+            self._since = None
+
+    def _keep(self):
+        while True:
+            time.sleep(min(1.0, self.seconds / 4))
+            since = self._since
+            if since is not None and time.monotonic() - since > self.seconds:
+                line = cluster.lost_contact(
+                    f"no answer for {self.seconds:g} s while {self._doing}, --collective_timeout",
+                    self.peers, "", self.kept_steps())
+                sys.stderr.write(f"tfdp.train: error: {line}\n")
+                sys.stderr.flush()
+                os._exit(1)  # The main thread waits inside TensorFlow: nothing else stops it.
+
+
+@dataclasses.dataclass
+class Cluster:
+    task: cluster.Task
+    devices: list          # every worker's devices, worker 0's first
+    worker_of: list        # the worker index of each device
+    arrays: dict           # split -> [(images, labels) variables on each worker]
+    examples: dict         # split -> number of examples
+    stall: Stall
+
+    def shards(self, split: str, indices) -> list:
+        """One ``(images, labels)`` shard per device, gathered on its worker from the worker's
+        own arrays: the split of ``split_batch``, applied to indices."""
+        sizes = tf.stack(shard_sizes(tf.shape(indices)[0], len(self.devices)))
+        placed = []
+        for device, worker, part in zip(self.devices, self.worker_of, tf.split(indices, sizes)):
+            images, labels = self.arrays[split][worker]
+            with tf.device(device):
+                placed.append((tf.gather(images, part), tf.gather(labels, part)))
+        return placed
+
+    def feed(self, config, plan) -> Feed:
+        """Each step's example indices, in ``data.train_batches``' order: the same batches, and
+        the same shard on each device, as on one machine."""
+        def train_batches(first_epoch, offset):
+            return iter(data.train_indices(
+                self.examples["train"], plan.global_batch, config.seed, first_epoch,
+                config.epochs, config.steps_per_epoch).skip(offset).map(lambda i: (i,)))
+
+        return Feed([INDICES], train_batches,
+                    lambda: data.eval_indices(self.examples["test"], plan.global_batch,
+                                              plan.eval_steps).map(lambda i: (i,)),
+                    self.shards)
+
+    def describe(self) -> str:
+        workers = ", ".join(f"worker {i} ({a})" for i, a in enumerate(self.task.cluster[JOB]))
+        return f"{len(self.devices)} remote device(s) on {workers}: {self.devices}"
+
+
+def connect(task: cluster.Task, num_gpus: int, data_dir: Optional[str], timeout: float,
+            kept_steps=lambda: []) -> Cluster:
+    """Join the cluster as its chief, take ``num_gpus`` devices of each worker, and have every
+    worker load the data from its own disk."""
+    cluster.check_port_free(task)
+    peers = [(f"worker {i}", a) for i, a in enumerate(task.cluster[JOB])]
+    stall = Stall(timeout, peers, kept_steps)
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(task.cluster),
+                                              job_name="chief", task_index=0)
+    with stall.watching("waiting for the workers to start"):
+        listed = [d.name for d in tf.config.list_logical_devices()]
+    devices, worker_of = [], []
+    for w, (name, address) in enumerate(peers):
+        prefix = f"/job:{JOB}/replica:0/task:{w}/device:"
+        own = [d for d in listed if d.startswith(prefix + "GPU:")] or [
+            d for d in listed if d.startswith(prefix + "CPU:")]
+        if len(own) < num_gpus:
+            raise UserError(f"{name} ({address}) serves {len(own)} device(s), --num_gpus="
+                            f"{num_gpus} asks for {num_gpus} per worker: start its tfdp.server "
+                            f"with --num_gpus={num_gpus}")
+        devices += own[:num_gpus]
+        worker_of += [w] * num_gpus
+    folder = data.prepared_dir(data_dir)
+    arrays, examples = {}, {}
+    for split in ("train", "test"):
+        with stall.watching(f"loading the {split} split on the workers"):
+            arrays[split] = [_load(w, name, address, folder, split)
+                             for w, (name, address) in enumerate(peers)]
+            examples[split] = _check_same(split, arrays[split], peers)
+    logger.info("data: %d training and %d test examples, read by each of the %d workers from "
+                "its own %s", examples["train"], examples["test"], len(peers), folder)
+    return Cluster(task, devices, worker_of, arrays, examples, stall)
+
+
+def _load(worker: int, name: str, address: str, folder: str, split: str) -> tuple:
+    """Variables on the worker's CPU holding its ``split`` arrays, read there from its disk."""
+    images_path, labels_path = data.array_paths(folder, split)
+    try:
+        with tf.device(f"/job:{JOB}/replica:0/task:{worker}/device:CPU:0"):
+            return (tf.Variable(data.read_npy(images_path, tf.uint8, data.IMAGE_SHAPE),
+                                trainable=False, name=f"{split}_images"),
+                    tf.Variable(data.read_npy(labels_path, tf.int64, ()), trainable=False,
+                                name=f"{split}_labels"))
+    except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
+        raise UserError(f"{name} ({address}) cannot read the {split} split at {images_path} "
+                        f"({e.message.splitlines()[0][:120]}): start its tfdp.server with this "
+                        "--data_dir (it prepares the data there), the same on every machine"
+                        ) from None
+
+
+def _check_same(split: str, arrays: list, peers: list) -> int:
+    """The split's size, after checking on every worker that its arrays are the client's
+    expectation of one dataset: equal sizes and checksums (two numbers cross the network)."""
+    sums = []
+    for images, labels in arrays:
+        with tf.device(images.device):
+            sums.append((int(tf.shape(labels)[0]),
+                         int(tf.reduce_sum(tf.cast(images, tf.int64))),
+                         int(tf.reduce_sum(labels * tf.range(tf.shape(labels, tf.int64)[0])))))
+    for (name, address), found in zip(peers[1:], sums[1:]):
+        if found != sums[0]:
+            raise UserError(f"{name} ({address}) holds a different {split} split from worker 0 "
+                            f"(examples, pixel sum, label checksum: {found} against {sums[0]}): "
+                            "prepare the same Fashion-MNIST release on every machine")
+    return sums[0][0]

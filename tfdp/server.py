@@ -1,0 +1,141 @@
+"""``python -m tfdp.server``: one worker of a cluster whose client runs ``tfdp.train``.
+
+The from-scratch path across machines (``--strategy=manual`` with a ``TF_CONFIG`` naming
+workers) places its replicas on the workers' devices by name, and TensorFlow's distributed
+runtime runs each device's part of the step where the device is. A worker is therefore only a
+TensorFlow server: this module prepares the data where the worker is (the client's steps read
+each device's shard here, ``tfdp.manual.remote``), starts the server with ``--num_gpus``
+devices, and serves until the client, seen once, has gone, or until it is stopped.
+
+``TF_CONFIG`` follows ``ParameterServerStrategy``'s conventions: the process running
+``tfdp.train`` is the ``chief``, the servers are the ``worker``s::
+
+  TF_CONFIG='{"cluster": {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]},
+              "task": {"type": "worker", "index": 0}}' python -m tfdp.server --num_gpus=2
+
+TensorFlow's gRPC servers have no authentication: anyone who reaches the port can run any
+operation as this process's user. Run them on a trusted network only.
+"""
+
+import os
+import signal
+import sys
+import time
+
+from absl import app, flags
+
+from tfdp import cluster, logs
+from tfdp.errors import UserError
+
+flags.DEFINE_integer("num_gpus", 1, "Devices this worker serves (as tfdp.train's --num_gpus: "
+                     "logical devices where there are fewer).")
+flags.DEFINE_string("data_dir", None, "tensorflow-datasets data dir; give every machine the "
+                    "client's (default: TFDS's own).")
+flags.DEFINE_string("manual_dir", None, "Folder with the four Fashion-MNIST .gz files, to "
+                    "prepare the data from (as tfdp.train's --manual_dir).")
+flags.DEFINE_boolean("verbose", False, "Also print TensorFlow's INFO lines.")
+FLAGS = flags.FLAGS
+
+JOB = "worker"
+# How often the client's port is probed, and how many probes in a row must fail before the
+# client counts as gone (a busy client may be slow to accept one connection).
+_POLL_SECONDS = 1.0
+_MISSES = 3
+
+
+def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None) -> str:
+    """Prepare the data, start the server, return when the chief has come and gone."""
+    if "chief" not in task.cluster:
+        raise UserError(f"{cluster.ENV} names no chief: the chief is the client, the process "
+                        "running python -m tfdp.train")
+    if num_gpus < 1:
+        raise UserError(f"--num_gpus must be a positive integer, got {num_gpus}")
+    cluster.check_port_free(task)
+    tf = logs.import_tensorflow()
+    where = _prepare_data(data_dir, manual_dir)
+    server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=JOB,
+                                  task_index=task.index, protocol="grpc",
+                                  config=_session_config(tf, num_gpus), start=True)
+    kind = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    chief = task.cluster["chief"][0]
+    names = [f"/job:{JOB}/replica:0/task:{task.index}/device:{kind}:{d}" for d in range(num_gpus)]
+    print(f"tfdp.server: {JOB} {task.index} at {task.address} serves {', '.join(names)}; data "
+          f"in {where}; until the chief at {chief} finishes", flush=True)
+    _wait_for_client(chief)
+    del server
+    return chief
+
+
+def _prepare_data(data_dir, manual_dir) -> str:
+    """Prepare both splits and leave their arrays where the client's steps read them."""
+    from tfdp import data
+
+    for split in ("train", "test"):
+        data.load_split(split, data_dir, manual_dir)
+    folder = data.prepared_dir(data_dir)
+    missing = [p for s in ("train", "test") for p in data.array_paths(folder, s)
+               if not os.path.isfile(p)]
+    if missing:
+        raise UserError(f"cannot leave the arrays the client reads in {os.path.dirname(missing[0])}"
+                        " (not writable?): give a --data_dir this worker can write to, the same "
+                        "on every machine")
+    return folder
+
+
+def _session_config(tf, num_gpus: int):
+    """The server's devices: ``num_gpus`` GPUs, or logical devices where there are fewer (as
+    ``tfdp.devices`` makes them in one process, here through the server's ConfigProto)."""
+    from tfdp import devices
+
+    config = tf.compat.v1.ConfigProto()
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        if len(gpus) >= num_gpus:
+            config.gpu_options.visible_device_list = ",".join(map(str, range(num_gpus)))
+        else:
+            config.gpu_options.visible_device_list = "0"
+            config.gpu_options.experimental.virtual_devices.add(
+                memory_limit_mb=[devices.VIRTUAL_GPU_MEMORY_MB] * num_gpus)
+    else:
+        config.device_count["CPU"] = num_gpus
+        intra, inter = devices.thread_shares(num_gpus)
+        config.intra_op_parallelism_threads = intra
+        config.inter_op_parallelism_threads = inter
+    return config
+
+
+def _wait_for_client(chief: str) -> None:
+    """Until the chief's port has answered once and then stopped answering."""
+    seen, misses = False, 0
+    while True:
+        if cluster.unreachable([chief]):
+            misses += 1
+            if seen and misses >= _MISSES:
+                return
+        else:
+            seen, misses = True, 0
+        time.sleep(_POLL_SECONDS)
+
+
+def main(argv):
+    if len(argv) > 1:
+        sys.exit(f"tfdp.server: error: unexpected arguments {argv[1:]}; flags look like "
+                 "--name=value")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # Stopped: a normal end for a server.
+    try:
+        logs.configure(FLAGS.verbose)
+        task = cluster.task(kinds=(JOB,), program="tfdp.server")
+        chief = serve(task, FLAGS.num_gpus, FLAGS.data_dir, FLAGS.manual_dir)
+    except UserError as e:
+        sys.exit(f"tfdp.server: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+    print(f"tfdp.server: the chief at {chief} has finished; stopping", flush=True)
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
