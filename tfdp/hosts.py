@@ -17,6 +17,7 @@ pid and removes.
 
 import ctypes
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -167,6 +168,20 @@ class Hosts:
         rate = f"{self.link} each way" if self.link else "unshaped"
         return [f"host {i} ({name}) at {self.address(i)} runs {roles[i]}, link {rate}"
                 for i, name in enumerate(self.names)]
+
+    def traffic(self, roles: list) -> list:
+        """One line per host: the bytes its link carried each way so far (``roles[i]`` runs
+        there), as its network card counts them (headers included)."""
+        lines = []
+        for i, name in enumerate(self.names):
+            try:
+                stats = json.loads(_run("ip", "-n", name, "-j", "-s", "link", "show", "eth0")
+                                   )[0]["stats64"]
+            except (RuntimeError, ValueError, LookupError):
+                continue  # Not made, or already gone: nothing to count.
+            lines.append(f"host {i} ({roles[i]}) sent {stats['tx']['bytes'] / 1e6:.2f} MB, "
+                         f"received {stats['rx']['bytes'] / 1e6:.2f} MB")
+        return lines
 
     def remove(self) -> None:
         """Remove every namespace made (their links go with them, and what runs in them)."""

@@ -1,10 +1,15 @@
-"""``python -m tfdp.launch --num_workers=N -- <train flags>``: N local workers on 127.0.0.1.
+"""``python -m tfdp.launch --num_workers=N -- <train flags>``: a local cluster on 127.0.0.1.
 
 Moves itself into a private network namespace with loopback only (``tfdp.isolation``; the
-workers inherit it, so their servers are unreachable from outside), picks ports, starts N
-``python -m tfdp.train`` processes with their ``TF_CONFIG``, pins each to its share of the CPU
-cores, prefixes each worker's output with ``[i]``, and waits. Only the chief (worker 0) prints
-the per-epoch report and the final line.
+workers inherit it, so their servers are unreachable from outside), picks ports, starts the
+cluster's processes with their ``TF_CONFIG``, pins the workers to their shares of the CPU
+cores, prefixes each process's output, and waits. What it starts depends on the strategy:
+
+* ``--strategy=multi_worker``: N ``python -m tfdp.train`` workers, prefixed ``[i]``; only the
+  chief (worker 0) prints the per-epoch report and the final line.
+* ``--strategy=manual``: N ``python -m tfdp.server`` workers (``[i]``) and one ``python -m
+  tfdp.train`` client, the chief (``[chief]``), which trains the from-scratch path on the
+  workers' devices (``--num_gpus`` each; ``tfdp.manual.remote``). The client's exit decides.
 
 Faults: if a worker fails, the others are stopped and the launcher exits with its code. SIGTERM
 or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every worker saves the
@@ -16,10 +21,12 @@ with ``--link`` the rate of every host's link (``tfdp.hosts``).
 
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
   python -m tfdp.launch --num_workers=3 --hosts --link=100mbit -- --strategy=multi_worker
+  python -m tfdp.launch --num_workers=2 --hosts --link=1gbit -- --strategy=manual --allreduce=ring
 """
 
 import codecs
 import ctypes
+import dataclasses
 import functools
 import json
 import os
@@ -37,7 +44,8 @@ from tfdp import isolation
 from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
 from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
 
-flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
+flags.DEFINE_integer("num_workers", 2, "Workers to start on this machine: tfdp.train processes "
+                     "(multi_worker), or tfdp.server processes for one tfdp.train client (manual).")
 flags.DEFINE_boolean("isolate", True, "Run the workers in a private network namespace (loopback "
                      "only), so their unauthenticated TensorFlow servers are unreachable from "
                      "outside; --noisolate leaves them on every interface.")
@@ -73,15 +81,59 @@ def core_shares(num_workers: int, cores: list) -> list:
     return [cores[i * per:(i + 1) * per] for i in range(num_workers)]
 
 
-def worker_env(index: int, addresses: list, run_stamp: str, live_progress: bool) -> dict:
-    cluster = {"worker": list(addresses)}
+def worker_env(index: int, addresses: list, run_stamp: str, live_progress: bool,
+               chief: str = None, kind: str = "worker") -> dict:
+    """The environment of worker ``index`` (``kind="chief"``: of the chief) of a cluster of
+    workers at ``addresses`` and, for the manual path, a chief at ``chief``."""
+    cluster = {"worker": list(addresses), **({"chief": [chief]} if chief else {})}
     env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
-                                                 "task": {"type": "worker", "index": index}}))
+                                                 "task": {"type": kind, "index": index}}))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env.setdefault(RUN_STAMP_ENV, run_stamp)  # One default run folder for all workers.
-    if live_progress and index == 0:  # The chief's bar, when the launcher is in a terminal.
+    reports = kind == "chief" or (index == 0 and not chief)
+    if live_progress and reports:  # The chief's bar, when the launcher is in a terminal.
         env[LIVE_PROGRESS_ENV] = "1"
     return env
+
+
+@dataclasses.dataclass
+class Process:
+    """One process of the local cluster: its role (``worker 1``), command, environment, the
+    cores it may use (None: all), and the prefix of its output lines."""
+    role: str
+    argv: list
+    env: dict
+    cores: list
+    prefix: str
+
+
+def processes(strategy: str, num_workers: int, train_args: list, addresses: list,
+              chief: str, stamp: str, live: bool) -> list:
+    """The processes of the cluster ``strategy`` needs, the one that reports first."""
+    shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
+    train = [sys.executable, "-m", "tfdp.train", *train_args]
+    if strategy == "multi_worker":
+        return [Process(f"worker {i}", train, worker_env(i, addresses, stamp, live), shares[i],
+                        f"[{i}] ") for i in range(num_workers)]
+    server = [sys.executable, "-m", "tfdp.server", *_server_flags(train_args)]
+    # The client only sends indices and reads scalars: it shares every core.
+    return [Process("chief", train, worker_env(0, addresses, stamp, live, chief, "chief"), None,
+                    "[chief] ")] + [
+        Process(f"worker {i}", server, worker_env(i, addresses, stamp, live, chief), shares[i],
+                f"[{i}] ") for i in range(num_workers)]
+
+
+def _server_flags(train_args: list) -> list:
+    """The train flags a ``tfdp.server`` shares with its client: its devices and its data."""
+    shared = []
+    for name in ("num_gpus", "data_dir", "manual_dir"):
+        value = _train_flag(train_args, name)
+        if value is not None:
+            shared.append(f"--{name}={value}")
+    verbose = _train_flag(train_args, "verbose")
+    if verbose is not None:
+        shared.append(f"--verbose={verbose}")
+    return shared
 
 
 _OUTPUT = threading.Lock()
@@ -139,56 +191,84 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
     if problem:
         _say(f"tfdp.launch: error: {problem}")
         return 2
-    shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
+    strategy = _strategy(train_args)
+    count = num_workers + (strategy == "manual")  # The manual path's client is a host too.
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
-    procs, pumps, emulated = [], [], None
+    procs, pumps, emulated, specs = [], [], None, []
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if hosts:
             stale = emulated_hosts.remove_stale()
             if stale:
                 _say(f"tfdp.launch: removed what a killed launcher left: {', '.join(stale)}")
-            emulated = emulated_hosts.Hosts(num_workers, link)
+            emulated = emulated_hosts.Hosts(count, link)
             emulated.create()
-            addresses = [f"{emulated.address(i)}:{HOST_PORT}" for i in range(num_workers)]
-            for line in emulated.describe([f"worker {i}" for i in range(num_workers)]):
-                _say(f"tfdp.launch: {line}")
+            addresses = [f"{emulated.address(i)}:{HOST_PORT}" for i in range(count)]
             where = "on emulated hosts"
         else:
             where = _network(isolate)
-            addresses = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
-        for i in range(num_workers):
+            addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
+        chief = addresses.pop(0) if strategy == "manual" else None
+        specs = processes(strategy, num_workers, train_args, addresses, chief, stamp, live)
+        if emulated:
+            for line in emulated.describe([_role(spec) for spec in specs]):
+                _say(f"tfdp.launch: {line}")
+        for host, spec in enumerate(specs):
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tfdp.train", *train_args],
-                env=worker_env(i, addresses, stamp, live), stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                spec.argv, env=spec.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 # A session of its own: Ctrl-C in the terminal reaches the launcher only, which
                 # then asks every worker to save and stop.
                 start_new_session=True,
-                preexec_fn=functools.partial(_in_worker, shares[i], os.getpid(), emulated, i))
+                preexec_fn=functools.partial(_in_worker, spec.cores, os.getpid(), emulated, host))
             procs.append(proc)
             for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-                pump = threading.Thread(target=_pump, args=(stream, f"[{i}] ", out), daemon=True)
+                pump = threading.Thread(target=_pump, args=(stream, spec.prefix, out),
+                                        daemon=True)
                 pump.start()
                 pumps.append(pump)
-        _say(f"tfdp.launch: {num_workers} workers at {', '.join(addresses)} {where}, cores "
-             f"{shares}")
+        _say(f"tfdp.launch: {_summary(specs)} {where}")
+        if strategy == "manual":
+            return _supervise_client(procs, specs, poll_seconds)
         return _supervise(procs, poll_seconds, grace)
     except (KeyboardInterrupt, _Terminated) as stop:
         interrupted = isinstance(stop, KeyboardInterrupt)
-        _say(f"tfdp.launch: {'interrupted' if interrupted else 'SIGTERM'}; asking the workers "
-             "to save and stop")
-        codes = _preempt(procs, grace)
+        _say(f"tfdp.launch: {'interrupted' if interrupted else 'SIGTERM'}; asking the "
+             f"{'chief' if strategy == 'manual' else 'workers'} to save and stop")
+        # The manual path's client saves the replicas it reads from the workers: they stay up
+        # until it has.
+        codes = _preempt(procs[:1] if strategy == "manual" else procs, grace)
         if interrupted:
             return 130
         return PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE} else 128 + 15
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _stop(procs)
+        _stop(procs, [spec.role for spec in specs])
         for pump in pumps:
             pump.join(timeout=5)
         if emulated:
+            for line in emulated.traffic([spec.role for spec in specs]):
+                _say(f"tfdp.launch: {line}")
             emulated.remove()
+
+
+def _role(spec: Process) -> str:
+    return f"{spec.role} ({spec.argv[2]})"
+
+
+def _summary(specs: list) -> str:
+    """Who runs where: ``2 workers at a, b, cores [[0], [1]]`` (and the manual path's chief)."""
+    workers = [s for s in specs if s.role.startswith("worker")]
+    chief = [s for s in specs if s.role == "chief"]
+    line = (f"{len(workers)} {'tfdp.server ' if chief else ''}workers at "
+            f"{', '.join(_address(s) for s in workers)}")
+    if chief:
+        line += f" and their chief (tfdp.train) at {_address(chief[0])}"
+    return line + f", cores {[s.cores for s in workers]}"
+
+
+def _address(spec: Process) -> str:
+    config = json.loads(spec.env["TF_CONFIG"])
+    return config["cluster"][config["task"]["type"]][config["task"]["index"]]
 
 
 def _check(num_workers: int, hosts: bool, link, train_args: list) -> str:
@@ -196,10 +276,10 @@ def _check(num_workers: int, hosts: bool, link, train_args: list) -> str:
     if num_workers < 1:
         return f"--num_workers must be a positive integer, got {num_workers}"
     strategy = _strategy(train_args)
-    if strategy != "multi_worker" and not _HELP.intersection(train_args):
+    if strategy not in ("multi_worker", "manual") and not _HELP.intersection(train_args):
         # Each worker would train a run of its own, all in one folder.
-        return (f"the launcher starts --strategy=multi_worker workers; --strategy={strategy} "
-                "trains in one process: run python -m tfdp.train instead")
+        return (f"the launcher starts --strategy=multi_worker or manual clusters; "
+                f"--strategy={strategy} trains in one process: run python -m tfdp.train instead")
     if link and not hosts:
         return "--link shapes the links of emulated hosts: give --hosts too"
     try:
@@ -217,13 +297,22 @@ _HELP = {"-h", "-help", "--help", "--helpshort", "--helpfull"}
 
 def _strategy(train_args: list) -> str:
     """The --strategy the workers will run (tfdp.train's default when not given)."""
-    strategy = "manual"
+    return _train_flag(train_args, "strategy") or "manual"
+
+
+def _train_flag(train_args: list, name: str):
+    """The last value ``train_args`` give flag ``name`` (``--name=v``, ``--name v``; for a
+    boolean ``--name``/``--noname``: "true"/"false"), or None."""
+    value = None
     for i, arg in enumerate(train_args):
-        if arg.startswith("--strategy="):
-            strategy = arg.split("=", 1)[1]
-        elif arg == "--strategy" and i + 1 < len(train_args):
-            strategy = train_args[i + 1]
-    return strategy
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{name}":
+            following = train_args[i + 1] if i + 1 < len(train_args) else ""
+            value = following if following and not following.startswith("-") else "true"
+        elif arg == f"--no{name}":
+            value = "false"
+    return value
 
 
 def _network(isolate: bool) -> str:
@@ -241,12 +330,13 @@ def _network(isolate: bool) -> str:
 
 
 def _in_worker(cores, launcher_pid, emulated, index):
-    """In each worker before it starts: onto its emulated host (if any), pin its cores, and die
-    with the launcher however the launcher dies (SIGKILL included: the kernel sends SIGKILL to
-    the orphan)."""
+    """In each process before it starts: onto its emulated host (if any), pin its cores (if
+    given), and die with the launcher however the launcher dies (SIGKILL included: the kernel
+    sends SIGKILL to the orphan)."""
     if emulated:
         emulated.enter(index)
-    os.sched_setaffinity(0, cores)
+    if cores:
+        os.sched_setaffinity(0, cores)
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != launcher_pid:  # The launcher died before prctl took effect.
         os._exit(1)
@@ -278,6 +368,24 @@ def _supervise(procs, poll_seconds, grace) -> int:
         time.sleep(poll_seconds)
 
 
+def _supervise_client(procs, specs, poll_seconds) -> int:
+    """The manual path: the client (``procs[0]``) decides; a worker that ends first is said once
+    (the client finds out on its next step and says what it means for the run)."""
+    reported = set()
+    while True:
+        code = procs[0].poll()
+        if code is not None:
+            if code not in (0, PREEMPTED_EXIT_CODE):
+                _say(f"tfdp.launch: the chief exited with {code}; stopping the workers")
+            return code if code >= 0 else 128 - code
+        for i, proc in enumerate(procs[1:], 1):
+            if i not in reported and proc.poll() is not None:
+                reported.add(i)
+                _say(f"tfdp.launch: {specs[i].role} exited with {proc.returncode} while the "
+                     "chief runs")
+        time.sleep(poll_seconds)
+
+
 def _preempt(procs, grace) -> list:
     for p in procs:
         if p.poll() is None:
@@ -296,11 +404,11 @@ def _wait(procs, grace) -> list:
     return [p.poll() for p in procs]
 
 
-def _stop(procs, grace: float = 5.0):
-    """SIGTERM every worker still running, SIGKILL those alive ``grace`` seconds later."""
+def _stop(procs, roles, grace: float = 5.0):
+    """SIGTERM every process still running, SIGKILL those alive ``grace`` seconds later."""
     for i, code in enumerate(_preempt(procs, grace)):
         if code is None:
-            _say(f"tfdp.launch: worker {i} did not stop; killing it")
+            _say(f"tfdp.launch: {roles[i]} did not stop; killing it")
             procs[i].kill()
             procs[i].wait()
 

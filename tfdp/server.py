@@ -122,6 +122,10 @@ def main(argv):
         sys.exit(f"tfdp.server: error: unexpected arguments {argv[1:]}; flags look like "
                  "--name=value")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # Stopped: a normal end for a server.
+    if not FLAGS.verbose:
+        # TensorFlow's C++ warnings from a server are about its clients' functions ("Local
+        # rendezvous is aborting ... Cleanup" after each one): its errors still show.
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = max(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), "2")
     try:
         logs.configure(FLAGS.verbose)
         task = cluster.task(kinds=(JOB,), program="tfdp.server")

@@ -35,6 +35,7 @@ from tfdp.sharding import shard_sizes
 
 JOB = "worker"
 INDICES = tf.TensorSpec([None], tf.int32)
+STARTING = "waiting for the workers to start"
 # What a step raises when a worker has died or cannot be reached.
 PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
              tf.errors.AbortedError, tf.errors.CancelledError)
@@ -76,9 +77,15 @@ class Stall:
             time.sleep(min(1.0, self.seconds / 4))
             since = self._since
             if since is not None and time.monotonic() - since > self.seconds:
-                line = cluster.lost_contact(
-                    f"no answer for {self.seconds:g} s while {self._doing}, --collective_timeout",
-                    self.peers, "", self.kept_steps())
+                if self._doing == STARTING:
+                    silent = ", ".join(cluster.silent_peers(self.peers)) or "none (one is stuck)"
+                    line = (f"the cluster did not start within --collective_timeout="
+                            f"{self.seconds:g} s: never answered: {silent}; start a tfdp.server "
+                            "for every worker of TF_CONFIG (python -m tfdp.launch does)")
+                else:
+                    line = cluster.lost_contact(
+                        f"no answer for {self.seconds:g} s while {self._doing}, "
+                        "--collective_timeout", self.peers, "", self.kept_steps())
                 sys.stderr.write(f"tfdp.train: error: {line}\n")
                 sys.stderr.flush()
                 os._exit(1)  # The main thread waits inside TensorFlow: nothing else stops it.
@@ -131,7 +138,7 @@ def connect(task: cluster.Task, num_gpus: int, data_dir: Optional[str], timeout:
     stall = Stall(timeout, peers, kept_steps)
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(task.cluster),
                                               job_name="chief", task_index=0)
-    with stall.watching("waiting for the workers to start"):
+    with stall.watching(STARTING):
         listed = [d.name for d in tf.config.list_logical_devices()]
     devices, worker_of = [], []
     for w, (name, address) in enumerate(peers):

@@ -1,0 +1,252 @@
+"""The from-scratch path across machines: ``tfdp.server`` workers and a ``tfdp.train`` client,
+real processes on loopback (``tfdp.launch``) or by hand, and on emulated hosts (root)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import DEVICES, REPO, comparable_start, run_module, train_manual
+from tfdp import checkpoints, data, hosts, report
+from tfdp.config import Config
+from tfdp.launch import free_ports
+from tfdp.models import lenet
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def launch(tmp_path, *train_args, launcher=("--num_workers=2",), popen=False):
+    args = [sys.executable, "-m", "tfdp.launch", *launcher, "--", "--strategy=manual",
+            f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'exp'}", *train_args]
+    if popen:
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=ENV, cwd=REPO)
+    return subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300)
+
+
+def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir, train_split,
+                                                             test_split):
+    # Float64, so the comparison is exact on any CPU; an odd batch, so the shards are uneven.
+    start = comparable_start(4, np.float64)
+    np.savez(tmp_path / "start.npz", **start)
+    settings = dict(batch_size=95, lr=0.1, epochs=2, steps_per_epoch=6, eval_steps=2, seed=3,
+                    data_dir=data_dir, precision="float64", allreduce="ring")
+    result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}",
+                    *[f"--{k}={v}" for k, v in settings.items()])
+    assert result.returncode == 0, result.stderr[-4000:]
+    out, err = result.stdout, result.stderr
+    remote = [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in (0, 1)]
+    assert "2 remote device(s) on worker 0 (127.0.0.1:" in err and str(remote) in err, err
+    assert "global batch 95 = 48 + 47 per replica;" in err
+    assert re.search(r"^\[chief\] data: 60000 training and 10000 test examples, read by each of "
+                     r"the 2 workers from its own ", err, re.M), err
+    for i in (0, 1):
+        assert f"[{i}] tfdp.server: worker {i} at 127.0.0.1:" in out
+    assert sum(l.startswith("[chief] epoch ") for l in out.splitlines()) == 2
+    assert "[chief] test acc (first 190 of 10000 test examples):" in out
+    assert not re.search(r"^\[\w+\] ([IWE]\d{4} |Traceback)", err, re.M), err[-3000:]
+    assert os.listdir(tmp_path / "exp") == ["1"]
+
+    config = Config(num_gpus=2, workdir=str(tmp_path / "local"), **settings)
+    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2], is_chief=False)
+    local = train_manual(config, DEVICES[:2], train_split, test_split, reporter, params=start)
+    images = tf.constant(test_split.images[:500])
+    served = tf.saved_model.load(str(tmp_path / "exp" / "1")).signatures["serving_default"](
+        images=images)["logits"].numpy()
+
+    def logits(params):
+        return lenet.apply(params, data.to_float(images, tf.float64)).numpy()
+
+    moved = np.linalg.norm(logits(local) - logits(start))
+    # The export computes in float64 and serves float32 logits: that rounding only.
+    assert np.linalg.norm(served - logits(local)) / moved < 1e-5
+
+
+def test_a_killed_worker_ends_the_run_naming_it_and_the_same_command_resumes(tmp_path,
+                                                                             data_dir):
+    train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=20", "--eval_steps=1"]
+    run = launch(tmp_path, *train, popen=True)
+    _wait_for_first_backup(run, tmp_path)
+    server = _server_pid(run.pid, 1)
+    os.kill(server, signal.SIGKILL)
+    killed = time.time()
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1, err[-3000:]
+    assert time.time() - killed < 60
+    assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(\w+Error\): "
+                     r"unreachable now: worker 1 \(127\.0\.0\.1:\d+\); the backup of step \d+ is "
+                     r"kept: run the same command again to resume once every worker is reachable$",
+                     err, re.M), err[-3000:]
+    assert "tfdp.launch: worker 1 exited with -9 while the chief runs" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
+
+    rerun = launch(tmp_path, *train)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert re.search(r"^\[chief\] resuming at epoch [23]/3, step 0/20 ", rerun.stdout, re.M)
+    assert os.listdir(tmp_path / "exp") == ["1"]
+
+
+def test_sigterm_to_the_launcher_saves_on_the_chief_before_the_workers_stop(tmp_path, data_dir):
+    train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=100", "--eval_steps=1",
+             "--batch_size=64"]
+    run = launch(tmp_path, *train, popen=True)
+    _wait_for_first_backup(run, tmp_path)
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 75, err[-3000:]
+    assert "tfdp.launch: SIGTERM; asking the chief to save and stop" in err
+    saved = re.search(r"^\[chief\] tfdp\.train: preempted \(SIGTERM\) at step (\d+): state of "
+                      r"step \d+ saved in ", err, re.M)
+    assert saved, err[-3000:]
+    step = int(saved[1])
+    assert checkpoints.Backups(str(tmp_path / "run"), 0, {}).steps()[-1] == step
+
+    rerun = launch(tmp_path, *train)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    epoch, offset = divmod(step, 100)
+    assert f"[chief] resuming at epoch {epoch + 1}/3, step {offset}/100 (global step {step})" \
+        in rerun.stdout
+
+
+def test_by_hand_a_server_and_a_client_refuse_what_cannot_work_in_one_line(tmp_path, data_dir):
+    chief, worker = (f"127.0.0.1:{p}" for p in free_ports(2))
+    cluster = {"chief": [chief], "worker": [worker]}
+
+    def tf_config(kind, cluster=cluster):
+        return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": 0}})}
+
+    no_chief = run_module("tfdp.server", env=tf_config("worker", {"worker": [worker]}))
+    assert no_chief.returncode == 1
+    assert no_chief.stderr.strip().splitlines()[-1] == (
+        "tfdp.server: error: TF_CONFIG names no chief: the chief is the client, the process "
+        "running python -m tfdp.train")
+    as_chief = run_module("tfdp.server", env=tf_config("chief"))
+    assert as_chief.stderr.strip().splitlines()[-1] == (
+        "tfdp.server: error: TF_CONFIG: task type 'chief' is not one tfdp.server runs (worker)")
+    as_worker = run_module("tfdp.train", env=tf_config("worker"))
+    assert as_worker.stderr.strip().splitlines()[-1].startswith(
+        "tfdp.train: error: TF_CONFIG: task type 'worker' is not one tfdp.train --strategy=manual "
+        "(the client; its workers run python -m tfdp.server) runs (chief)")
+
+    def server():
+        return subprocess.Popen([sys.executable, "-m", "tfdp.server", f"--data_dir={data_dir}"],
+                                env=dict(ENV, **tf_config("worker")), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+    client = ["--epochs=1", "--steps_per_epoch=2", "--eval_steps=1",
+              f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'exp'}",
+              "--collective_timeout=60"]
+    # A server serves one client run, and stops once that client has gone.
+    for flags, last_line in [
+            (["--num_gpus=2", f"--data_dir={data_dir}"],
+             f"tfdp.train: error: worker 0 ({worker}) serves 1 device(s), --num_gpus=2 asks for "
+             "2 per worker: start its tfdp.server with --num_gpus=2"),
+            ([f"--data_dir={tmp_path / 'nothing'}"],
+             f"tfdp.train: error: worker 0 ({worker}) cannot read the train split at "
+             f"{tmp_path / 'nothing'}"),
+            ([f"--data_dir={data_dir}"], None)]:
+        serving = server()
+        try:
+            done = run_module("tfdp.train", *flags, *client, env=tf_config("chief"), timeout=120)
+            out, err = serving.communicate(timeout=30)
+        finally:
+            serving.kill()
+        assert f"tfdp.server: worker 0 at {worker} serves " in out
+        assert re.search(rf"^tfdp\.server: the chief at {chief} has finished; stopping$", out,
+                         re.M), out + err
+        assert serving.returncode == 0
+        if last_line is None:
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert "test acc (first 256 of 10000 test examples)" in done.stdout
+        else:
+            assert done.returncode == 1
+            assert done.stderr.strip().splitlines()[-1].startswith(last_line), done.stderr
+    assert done.stderr.count("tfdp.train: error") == 0
+
+    # No server at all: the client gives up after --collective_timeout, naming the worker.
+    lonely = run_module("tfdp.train", f"--data_dir={data_dir}", *client[:-1],
+                        "--collective_timeout=5", env=tf_config("chief"), timeout=120)
+    assert lonely.returncode == 1
+    assert lonely.stderr.strip().splitlines()[-1] == (
+        "tfdp.train: error: the cluster did not start within --collective_timeout=5 s: never "
+        f"answered: worker 0 ({worker}); start a tfdp.server for every worker of TF_CONFIG "
+        "(python -m tfdp.launch does)")
+
+
+root = pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
+                          reason="emulated hosts need Linux and root (network namespaces)")
+
+
+@root
+def test_on_emulated_hosts_the_images_never_pass_through_the_client(tmp_path, data_dir):
+    steps, batch = 20, 1024
+    run = launch(tmp_path, f"--data_dir={data_dir}", "--num_gpus=2", "--epochs=1",
+                 f"--steps_per_epoch={steps}", f"--batch_size={batch}", "--eval_steps=1",
+                 "--allreduce=ring", launcher=("--num_workers=2", "--hosts", "--link=1gbit"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    err = run.stderr
+    assert re.search(r"^tfdp\.launch: host 0 \(tfdp-\d+-h0\) at 10\.\d+\.\d+\.1 runs chief "
+                     r"\(tfdp\.train\), link 1gbit each way$", err, re.M), err
+    assert re.search(r"^tfdp\.launch: host 2 \(tfdp-\d+-h2\) at 10\.\d+\.\d+\.3 runs worker 1 "
+                     r"\(tfdp\.server\), link 1gbit each way$", err, re.M), err
+    assert "4 remote device(s)" in err  # --num_gpus=2 on each of 2 workers.
+    moved = {int(m[1]): (float(m[2]) * 1e6, float(m[3]) * 1e6) for m in re.finditer(
+        r"^tfdp\.launch: host (\d) \([^)]+\) sent ([\d.]+) MB, received ([\d.]+) MB$", err,
+        re.M)}
+    assert set(moved) == {0, 1, 2}, err
+    # The devices read 16 MB of pixels (20 steps of 1,024 images). What the client sends does
+    # not grow with them: the starting parameters for 4 replicas (1 MB), the compiled steps,
+    # and 4 KB of indices a step.
+    pixels = steps * batch * 28 * 28
+    assert moved[0][0] < pixels / 4, (moved, pixels)
+    # The workers' ring moves the gradients between them, not through the client.
+    assert min(moved[1][0], moved[2][0]) > moved[0][1], moved
+    assert not any(n.startswith(hosts.PREFIX) for n in hosts.namespaces())
+
+
+@root
+def test_a_worker_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, data_dir):
+    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=30",
+                 "--batch_size=64", "--eval_steps=1", "--collective_timeout=10",
+                 launcher=("--num_workers=2", "--hosts"), popen=True)
+    _wait_for_first_backup(run, tmp_path)
+    host = f"{hosts.PREFIX}{run.pid}-h2"  # worker 1's host; the processes stay alive.
+    subprocess.run(["ip", "-n", host, "link", "set", "eth0", "down"], check=True)
+    cut = time.time()
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1, err[-3000:]
+    assert time.time() - cut < 10 + 20
+    address = re.search(rf"host 2 \({host}\) at ([\d.]+) ", err)[1]
+    assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(no answer "
+                     r"for 10 s while training step \d+, --collective_timeout\): unreachable "
+                     rf"now: worker 1 \({re.escape(address)}:2222\)", err, re.M), err[-3000:]
+    assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
+    assert not any(n.startswith(f"{hosts.PREFIX}{run.pid}-") for n in hosts.namespaces())
+
+
+def _wait_for_first_backup(run, tmp_path):
+    backups = checkpoints.Backups(str(tmp_path / "run"), 0, {})
+    deadline = time.time() + 180
+    while not backups.steps() and run.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert backups.steps(), "no epoch finished in time"
+
+
+def _server_pid(launcher: int, index: int) -> int:
+    with open(f"/proc/{launcher}/task/{launcher}/children") as f:
+        children = [int(c) for c in f.read().split()]
+    for pid in children:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        config = json.loads(env[b"TF_CONFIG"])
+        if config["task"] == {"type": "worker", "index": index}:
+            return pid
+    raise AssertionError(f"no worker {index} among {children}")
