@@ -175,12 +175,22 @@ def test_per_replica_input_under_mwms_is_still_ours_to_build():
 
 
 @pytest.mark.parametrize("train_args, strategy", [
-    (["--epochs=1"], "manual"), (["--strategy=mirrored"], "mirrored"),
-    (["--strategy", "plain"], "plain")])
+    (["--strategy=mirrored"], "mirrored"), (["--strategy", "plain"], "plain")])
 def test_the_launcher_refuses_strategies_that_train_in_one_process(capsys, train_args, strategy):
     from tfdp import launch as launcher
 
     assert launcher.launch(2, train_args) == 2  # Refused before any process starts.
     assert capsys.readouterr().err == (
-        f"tfdp.launch: error: the launcher starts --strategy=multi_worker workers; "
+        "tfdp.launch: error: the launcher starts --strategy=multi_worker or manual clusters; "
         f"--strategy={strategy} trains in one process: run python -m tfdp.train instead\n")
+
+
+@pytest.mark.parametrize("train_args, value", [
+    ([], None), (["--strategy=manual"], "manual"), (["--strategy", "manual", "--epochs=1"],
+                                                    "manual"),
+    (["--verbose"], "true"), (["--noverbose"], "false"), (["--verbose", "--epochs=1"], "true")])
+def test_the_launcher_reads_train_flags_as_absl_does(train_args, value):
+    from tfdp.launch import _train_flag
+
+    name = "verbose" if "verbose" in "".join(train_args) else "strategy"
+    assert _train_flag(train_args, name) == value

@@ -42,13 +42,15 @@ class Config:
 
     strategy: str = _flag(
         "manual",
-        "manual: the from-scratch data-parallel loop; mirrored: Keras fit under "
+        "manual: the from-scratch data-parallel loop (on the devices of tfdp.server workers "
+        "when TF_CONFIG names them); mirrored: Keras fit under "
         "MirroredStrategy; multi_worker: Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG); "
         "plain: Keras fit on one device with no tf.distribute strategy (the baseline).")
     model: str = _flag("lenet", "lenet or resnet18 (resnet18 needs a Keras strategy).")
     num_gpus: int = _flag(
-        1, "Devices to train on (per worker under multi_worker). With fewer GPUs than this, the "
-        "devices that exist are split into logical devices (logical CPUs on a CPU machine).")
+        1, "Devices to train on (per worker under multi_worker and across machines). With fewer "
+        "GPUs than this, the devices that exist are split into logical devices (logical CPUs on a "
+        "CPU machine).")
     batch_size: Optional[int] = _flag(
         None, f"Global minibatch, split across all replicas (default {DEFAULT_BATCH_SIZE}).")
     per_replica_batch_size: Optional[int] = _flag(
@@ -98,8 +100,8 @@ class Config:
         "per run, runs/<strategy>-<model>-<n>dev-<date>-<time>; give a run's folder to resume "
         "it).")
     collective_timeout: int = _flag(
-        300, "multi_worker: seconds start-up, and then each collective, waits for the peers "
-        "before failing.")
+        300, "multi_worker, and manual across machines: seconds start-up, and then each "
+        "collective or step, waits for the peers before failing.")
     verbose: bool = _flag(
         False, "Also print TensorFlow's, TFDS' and absl's INFO lines and progress bars (hidden "
         "by default: tfdp prints its own lines, warnings and errors).")

@@ -211,7 +211,7 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
         chief = addresses.pop(0) if strategy == "manual" else None
         specs = processes(strategy, num_workers, train_args, addresses, chief, stamp, live)
         if emulated:
-            for line in emulated.describe([_role(spec) for spec in specs]):
+            for line in emulated.describe(_roles(specs)):
                 _say(f"tfdp.launch: {line}")
         for host, spec in enumerate(specs):
             proc = subprocess.Popen(
@@ -251,8 +251,11 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             emulated.remove()
 
 
-def _role(spec: Process) -> str:
-    return f"{spec.role} ({spec.argv[2]})"
+def _roles(specs: list) -> list:
+    """What each process is, naming its program where the cluster runs more than one."""
+    if len({spec.argv[2] for spec in specs}) == 1:
+        return [spec.role for spec in specs]
+    return [f"{spec.role} ({spec.argv[2]})" for spec in specs]
 
 
 def _summary(specs: list) -> str:
