@@ -2,8 +2,13 @@
 these are not timing tests; speed is checked by running tfdp.bench, not by the suite)."""
 
 import json
+import os
+import sys
+
+import pytest
 
 from conftest import run_module
+from tfdp import hosts
 
 
 def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
@@ -34,3 +39,38 @@ def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
 def test_bench_refuses_a_malformed_config(tmp_path):
     result = run_module("tfdp.bench", "--configs=manual", f"--workdir={tmp_path}")
     assert result.returncode != 0 and "expected path:devices" in result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
+                    reason="emulated hosts need Linux and root (network namespaces)")
+def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
+    result = run_module("tfdp.bench", "--hosts", "--allreduce", "--workers=2", "--sizes=96KB",
+                        "--links=1gbit", "--repeats=1", f"--workdir={tmp_path}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "allreduce_hosts.json").read_text())
+    assert [r["algorithm"] for r in rows] == ["add_n", "sharded", "ring", "tf_collective_ring"]
+    for row in rows:
+        assert row["workers"] == 2 and row["bytes"] == 96000
+        assert row["link_bits_per_s"] == 1e9 and row["seconds"] > 0
+        # 2(k-1)S/B for add_n, 2(k-1)/k S/B for the others.
+        factor = 2 if row["algorithm"] == "add_n" else 1
+        assert row["predicted_seconds"] == pytest.approx(factor * 96000 * 8 / 1e9)
+        # Whoever sends most sends what the arithmetic says, plus headers and set-up.
+        assert row["predicted_sent_bytes"] <= row["sent_bytes_per_call"] < 3 * (
+            row["predicted_sent_bytes"] + 100e3), row
+    table = (tmp_path / "allreduce_hosts.md").read_text()
+    assert table.count("\n| 1gbit | 2 | 0.10 MB | ") == 4, table
+    assert (tmp_path / "allreduce_hosts.png").stat().st_size > 1000
+    assert not [n for n in hosts.namespaces() if n.startswith(hosts.PREFIX)]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--hosts"], "--hosts measures the allreduce across emulated hosts: give --allreduce too"),
+    (["--hosts", "--allreduce", "--sizes=big"], "--sizes entry 'big' is not a size like 0.43MB"),
+    (["--hosts", "--allreduce", "--workers=1"], "--workers=1: give worker counts of 2 or more"),
+    (["--hosts", "--allreduce", "--links=fast"], "--links=fast is not a rate like 10mbit")])
+def test_the_allreduce_across_hosts_refuses_bad_flags_in_one_line(tmp_path, flags, message):
+    result = run_module("tfdp.bench", *flags, f"--workdir={tmp_path}")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(f"tfdp.bench: error: {message}"), \
+        result.stderr

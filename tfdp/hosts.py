@@ -34,11 +34,11 @@ _RATE = re.compile(r"^(?P<number>\d+(?:\.\d+)?)(?P<unit>|k|m|g)bit$")
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
 
-def parse_rate(text: str) -> int:
+def parse_rate(text: str, flag: str = "--link") -> int:
     """``tc`` rate syntax (``10mbit``, ``1gbit``, ``500kbit``) -> bits per second."""
     match = _RATE.match(text.strip().lower())
     if not match or float(match["number"]) <= 0:
-        raise UserError(f"--link={text} is not a rate like 10mbit, 100mbit or 1gbit")
+        raise UserError(f"{flag}={text} is not a rate like 10mbit, 100mbit or 1gbit")
     return int(float(match["number"]) * _UNITS[match["unit"]])
 
 
@@ -169,19 +169,24 @@ class Hosts:
         return [f"host {i} ({name}) at {self.address(i)} runs {roles[i]}, link {rate}"
                 for i, name in enumerate(self.names)]
 
-    def traffic(self, roles: list) -> list:
-        """One line per host: the bytes its link carried each way so far (``roles[i]`` runs
-        there), as its network card counts them (headers included)."""
-        lines = []
-        for i, name in enumerate(self.names):
+    def counters(self) -> list:
+        """``(sent, received)`` bytes of every host's link so far, as its network card counts
+        them (headers included); None for a host that is gone."""
+        found = []
+        for name in self.names:
             try:
                 stats = json.loads(_run("ip", "-n", name, "-j", "-s", "link", "show", "eth0")
                                    )[0]["stats64"]
+                found.append((stats["tx"]["bytes"], stats["rx"]["bytes"]))
             except (RuntimeError, ValueError, LookupError):
-                continue  # Not made, or already gone: nothing to count.
-            lines.append(f"host {i} ({roles[i]}) sent {stats['tx']['bytes'] / 1e6:.2f} MB, "
-                         f"received {stats['rx']['bytes'] / 1e6:.2f} MB")
-        return lines
+                found.append(None)  # Not made, or already gone: nothing to count.
+        return found
+
+    def traffic(self, roles: list) -> list:
+        """One line per host: the bytes its link carried each way so far (``roles[i]`` runs
+        there)."""
+        return [f"host {i} ({roles[i]}) sent {c[0] / 1e6:.2f} MB, received {c[1] / 1e6:.2f} MB"
+                for i, c in enumerate(self.counters()) if c]
 
     def remove(self) -> None:
         """Remove every namespace made (their links go with them, and what runs in them)."""

@@ -25,7 +25,6 @@ with ``--link`` the rate of every host's link (``tfdp.hosts``).
 """
 
 import codecs
-import ctypes
 import dataclasses
 import functools
 import json
@@ -41,6 +40,7 @@ from absl import app, flags
 
 from tfdp import hosts as emulated_hosts
 from tfdp import isolation
+from tfdp.children import prepare_child
 from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
 from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
 
@@ -57,7 +57,6 @@ flags.DEFINE_string("link", None, "With --hosts: every host's link rate, both di
 FLAGS = flags.FLAGS
 # Seconds the workers get to save and exit after a SIGTERM before they are killed.
 PREEMPT_GRACE = 30.0
-_PR_SET_PDEATHSIG = 1
 HOST_PORT = 2222  # Each emulated host has its own address, so every worker can use one port.
 
 
@@ -219,7 +218,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
                 # A session of its own: Ctrl-C in the terminal reaches the launcher only, which
                 # then asks every worker to save and stop.
                 start_new_session=True,
-                preexec_fn=functools.partial(_in_worker, spec.cores, os.getpid(), emulated, host))
+                preexec_fn=functools.partial(prepare_child, spec.cores, os.getpid(), emulated,
+                                             host))
             procs.append(proc)
             for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 pump = threading.Thread(target=_pump, args=(stream, spec.prefix, out),
@@ -330,19 +330,6 @@ def _network(isolate: bool) -> str:
     _say(f"tfdp.launch: warning: cannot isolate the workers ({how}): their TensorFlow servers "
          "listen on every interface of this machine, without authentication, while they run")
     return "(not isolated)"
-
-
-def _in_worker(cores, launcher_pid, emulated, index):
-    """In each process before it starts: onto its emulated host (if any), pin its cores (if
-    given), and die with the launcher however the launcher dies (SIGKILL included: the kernel
-    sends SIGKILL to the orphan)."""
-    if emulated:
-        emulated.enter(index)
-    if cores:
-        os.sched_setaffinity(0, cores)
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != launcher_pid:  # The launcher died before prctl took effect.
-        os._exit(1)
 
 
 class _Terminated(Exception):

@@ -33,6 +33,8 @@ flags.DEFINE_string("data_dir", None, "tensorflow-datasets data dir; give every 
                     "client's (default: TFDS's own).")
 flags.DEFINE_string("manual_dir", None, "Folder with the four Fashion-MNIST .gz files, to "
                     "prepare the data from (as tfdp.train's --manual_dir).")
+flags.DEFINE_boolean("data", True, "Prepare the data where this worker is, for tfdp.train; "
+                     "--nodata serves devices only (the allreduce benchmark across hosts).")
 flags.DEFINE_boolean("verbose", False, "Also print TensorFlow's INFO lines.")
 FLAGS = flags.FLAGS
 
@@ -43,8 +45,10 @@ _POLL_SECONDS = 1.0
 _MISSES = 3
 
 
-def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None) -> str:
-    """Prepare the data, start the server, return when the chief has come and gone."""
+def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None,
+          with_data: bool = True) -> str:
+    """Prepare the data (``with_data``), start the server, return when the chief has come and
+    gone."""
     if "chief" not in task.cluster:
         raise UserError(f"{cluster.ENV} names no chief: the chief is the client, the process "
                         "running python -m tfdp.train")
@@ -52,15 +56,16 @@ def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None) -> 
         raise UserError(f"--num_gpus must be a positive integer, got {num_gpus}")
     cluster.check_port_free(task)
     tf = logs.import_tensorflow()
-    where = _prepare_data(data_dir, manual_dir)
+    where = _prepare_data(data_dir, manual_dir) if with_data else None
     server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=JOB,
                                   task_index=task.index, protocol="grpc",
                                   config=_session_config(tf, num_gpus), start=True)
     kind = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
     chief = task.cluster["chief"][0]
     names = [f"/job:{JOB}/replica:0/task:{task.index}/device:{kind}:{d}" for d in range(num_gpus)]
-    print(f"tfdp.server: {JOB} {task.index} at {task.address} serves {', '.join(names)}; data "
-          f"in {where}; until the chief at {chief} finishes", flush=True)
+    data = f"data in {where}" if where else "no data"
+    print(f"tfdp.server: {JOB} {task.index} at {task.address} serves {', '.join(names)}; "
+          f"{data}; until the chief at {chief} finishes", flush=True)
     _wait_for_client(chief)
     del server
     return chief
@@ -129,7 +134,7 @@ def main(argv):
     try:
         logs.configure(FLAGS.verbose)
         task = cluster.task(kinds=(JOB,), program="tfdp.server")
-        chief = serve(task, FLAGS.num_gpus, FLAGS.data_dir, FLAGS.manual_dir)
+        chief = serve(task, FLAGS.num_gpus, FLAGS.data_dir, FLAGS.manual_dir, FLAGS.data)
     except UserError as e:
         sys.exit(f"tfdp.server: error: {e}")
     except KeyboardInterrupt:

@@ -8,6 +8,8 @@ over all of them alike. Throughput comes from the per-epoch timings the run itse
   python -m tfdp.bench                                   # the default table, real data
   python -m tfdp.bench --data=synthetic --configs=manual:1,manual:2,manual:2:ring
   python -m tfdp.bench --configs= --allreduce            # the allreduce table only
+  python -m tfdp.bench --hosts --allreduce --workers=2,3,4 --sizes=4MB --links=100mbit
+                                                         # across emulated hosts (root)
 
 A configuration is ``path:devices[:option...]``; path is manual, mirrored, multi_worker,
 plain (Keras fit, no strategy, tfdp's input pipeline) or stock (Keras fit on numpy arrays,
@@ -38,6 +40,12 @@ flags.DEFINE_integer("epochs", 3, "Epochs per run; the first is warm-up and not 
 flags.DEFINE_integer("rounds", 2, "Interleaved rounds over all configurations.")
 flags.DEFINE_boolean("allreduce", False, "Also run the allreduce micro-benchmark.")
 flags.DEFINE_list("allreduce_sizes", None, "Allreduce sizes in bytes (default 4K..64M).")
+flags.DEFINE_boolean("hosts", False, "With --allreduce: the allreduce across emulated hosts "
+                     "(Linux, root; tfdp.bench.hosts) instead of the local table and allreduce.")
+flags.DEFINE_list("workers", ["2", "3", "4"], "--hosts: worker counts k to try.")
+flags.DEFINE_list("sizes", ["0.5MB", "4MB"], "--hosts: gradient sizes (0.43MB, 4MB, 45MB ...).")
+flags.DEFINE_list("links", ["100mbit", "1gbit"], "--hosts: link rates, each way (tc syntax).")
+flags.DEFINE_integer("repeats", 5, "--hosts: timed allreduce calls per row, after a warm-up.")
 flags.DEFINE_string("workdir", os.path.join("runs", "bench"), "Where the table, JSON and chart go.")
 flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
 flags.DEFINE_string("manual_dir", None, "Fashion-MNIST .gz folder (as for tfdp.train).")
@@ -215,6 +223,8 @@ def plot(rows, path):
 
 def main(argv):
     del argv
+    if FLAGS.hosts:
+        return main_hosts()
     try:
         configs = [parse_config(c) for c in FLAGS.configs if c.strip()]
     except ValueError as e:
@@ -254,6 +264,39 @@ def main(argv):
         f.write("\n\n".join(text) + "\n")
     print("\n\n".join(text))
     print(f"\nwritten: {FLAGS.workdir}/bench.json, bench.md" + (", bench.png" if configs else ""))
+
+
+def main_hosts():
+    """``--hosts --allreduce``: the allreduce across emulated hosts, written as
+    allreduce_hosts.md, .json and .png in --workdir."""
+    from tfdp.bench import hosts
+    from tfdp.errors import UserError
+
+    try:
+        if not FLAGS.allreduce:
+            raise UserError("--hosts measures the allreduce across emulated hosts: give "
+                            "--allreduce too")
+        workers = [int(k) for k in FLAGS.workers if k.strip()]
+        if not workers or min(workers) < 2:
+            raise UserError(f"--workers={','.join(FLAGS.workers)}: give worker counts of 2 or "
+                            "more, e.g. 2,3,4")
+        sizes = [hosts.parse_size(s) for s in FLAGS.sizes]
+        if FLAGS.repeats < 1:
+            raise UserError(f"--repeats must be a positive integer, got {FLAGS.repeats}")
+        os.makedirs(FLAGS.workdir, exist_ok=True)
+        rows = hosts.measure(workers, sizes, FLAGS.links, FLAGS.repeats,
+                             say=lambda line: print(f"tfdp.bench: {line}", flush=True))
+    except (UserError, ValueError) as e:
+        sys.exit(f"tfdp.bench: error: {e}")
+    base = os.path.join(FLAGS.workdir, "allreduce_hosts")
+    with open(base + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    table = hosts.format_rows(rows)
+    with open(base + ".md", "w") as f:
+        f.write(table + "\n")
+    hosts.plot(rows, base + ".png")
+    print(table)
+    print(f"\nwritten: {base}.json, .md, .png")
 
 
 def run():

@@ -1,0 +1,71 @@
+"""TensorFlow's own cross-process all-reduce, timed on one worker of a cluster: the
+``CollectiveAllReduce`` that ``MultiWorkerMirroredStrategy`` runs (its ring implementation,
+as on CPUs). ``tfdp.bench.hosts`` starts one per emulated host, with ``TF_CONFIG``.
+
+Each worker all-reduces a float32 tensor of each size (one warm-up call, then ``repeats``
+timed calls; every call waits for every worker, so the calls line up), checks the sum, and
+worker 0 marks each size's phase and prints one JSON line, as ``tfdp.bench.remote_allreduce``
+does.
+"""
+
+import json
+import statistics
+import time
+
+import tensorflow as tf
+from absl import app, flags
+
+from tfdp import cluster, logs
+from tfdp.bench.hosts import mark
+
+flags.DEFINE_list("sizes", ["4000000"], "Sizes in bytes.")
+flags.DEFINE_integer("repeats", 5, "Timed calls per size, after one warm-up call.")
+FLAGS = flags.FLAGS
+
+NAME = "tf_collective_ring"
+
+
+def main(argv):
+    del argv
+    logs.configure(verbose=False)
+    task = cluster.task()
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    k = strategy.num_replicas_in_sync
+    rows = []
+    for size in (int(s) for s in FLAGS.sizes):
+        n = max(1, size // 4)
+        value = tf.fill([n], float(task.worker_index + 1))
+
+        def replica(value):
+            total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                                   value)
+            return tf.reduce_sum(total)  # One number back, as for tfdp's algorithms.
+
+        @tf.function
+        def reduce():
+            return strategy.run(replica, args=(value,))  # noqa: B023 (traced right here)
+
+        expected = n * k * (k + 1) / 2
+        if task.is_chief:  # The others wait for it in the first all-reduce.
+            mark(f"{NAME} {size}")
+        got = float(reduce())
+        if abs(got - expected) > 1e-4 * expected:
+            raise SystemExit(f"{NAME}: wrong sum {got}, expected {expected}")
+        samples = []
+        for _ in range(FLAGS.repeats):
+            start = time.perf_counter()
+            float(reduce())
+            samples.append(time.perf_counter() - start)
+        if task.is_chief:
+            mark("end")
+        rows.append({"algorithm": NAME, "workers": k, "bytes": n * 4,
+                     "seconds": statistics.median(samples), "samples": samples,
+                     "calls": 1 + FLAGS.repeats})
+    if task.is_chief:
+        print(json.dumps(rows), flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,246 @@
+"""The allreduce across emulated hosts: section 12.7's arithmetic, measured.
+
+  python -m tfdp.bench --hosts --allreduce --workers=2,3,4 --sizes=0.5MB,4MB --links=100mbit,1gbit
+
+For each link rate and each k, k + 1 emulated hosts (``tfdp.hosts``: network namespaces on a
+switch, every link shaped with ``tc tbf`` in both directions): k ``tfdp.server`` workers and, on
+the last host, a client timing tfdp's ``add_n``, ``sharded`` and ``ring`` on the workers' devices
+(``tfdp.bench.remote_allreduce``); then, on the same k hosts, k MultiWorkerMirroredStrategy
+workers timing TensorFlow's own collective ring (``tfdp.bench.collective``).
+
+Each row is set against what the textbook's arithmetic predicts (``predict``). With S bytes of
+gradient, k workers and links of B bytes/s each way (full duplex; the switch is never the
+bottleneck, only each host's own link):
+
+* ``add_n``: every worker sends its S to worker 0, whose incoming link carries (k-1)S; then
+  worker 0 sends the sum to the k-1 others, its outgoing link carrying (k-1)S. One phase after
+  the other: 2(k-1)S/B, growing with k.
+* ``sharded``: worker i sums parameter i mod k. Each worker sends the (k-1)/k of its gradient
+  that others own while it receives the (k-1) copies of its own 1/k: (k-1)S/(kB) each way at
+  once, then the same again for the broadcast: 2(k-1)S/(kB).
+* ``ring`` and TensorFlow's ring: 2(k-1) steps, in each of which every link carries S/k each
+  way at once: 2(k-1)S/(kB), "which does not grow as we increase the size of the ring".
+
+The predictions count payload only: no TCP/IP and Ethernet headers (1,448 payload bytes per
+1,514 on the wire: 4.6 %), no gRPC framing, no latency, no computation (the sums).
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import threading
+
+from tfdp import hosts as emulated_hosts
+from tfdp.children import prepare_child
+from tfdp.errors import UserError
+
+TFDP_ALGORITHMS = ("add_n", "sharded", "ring")
+TF_ALGORITHM = "tf_collective_ring"
+SERVER_PORT, COLLECTIVE_PORT = 2222, 2223
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9}
+# The timing processes print MARK before and after each phase and wait for a line on stdin,
+# so the byte counters of every host are read between phases.
+MARK = "tfdp-bench-mark"
+# tfdp's gradient is this many equal parameters (divisible by 2, 3 and 4: sharded gives each of
+# k workers the same share), so sizes are rounded to multiples of 4 x PIECES bytes.
+PIECES = 12
+
+
+def mark(label: str) -> None:
+    """In a timing process: say where we are, and wait until the counters have been read."""
+    print(f"{MARK} {label}", flush=True)
+    sys.stdin.readline()
+
+
+def parse_size(text: str) -> int:
+    """``0.43MB``, ``4MB``, ``64KB``, ``1000000`` -> bytes (decimal units, as link rates)."""
+    value = text.strip().lower()
+    number = value.rstrip("kmgb")
+    unit = value[len(number):]
+    try:
+        size = int(float(number) * _SIZE_UNITS[unit])
+    except (ValueError, KeyError):
+        size = 0
+    if size < 4 * PIECES:
+        raise UserError(f"--sizes entry {text!r} is not a size like 0.43MB, 4MB or 64KB (at "
+                        f"least {4 * PIECES} bytes)")
+    return size // (4 * PIECES) * (4 * PIECES)
+
+
+def predict(algorithm: str, workers: int, size: int, link_bits_per_s: float) -> float:
+    """Seconds the textbook's arithmetic gives one allreduce of ``size`` bytes (module doc)."""
+    per_second = link_bits_per_s / 8
+    if algorithm == "add_n":
+        return 2 * (workers - 1) * size / per_second
+    return 2 * (workers - 1) / workers * size / per_second
+
+
+def predict_sent(algorithm: str, workers: int, size: int) -> float:
+    """Bytes the busiest host sends in one allreduce, by the same arithmetic: worker 0 under
+    add_n, every worker alike otherwise."""
+    if algorithm == "add_n":
+        return (workers - 1) * size
+    return 2 * (workers - 1) / workers * size
+
+
+def measure(workers: list, sizes: list, links: list, repeats: int, say=print) -> list:
+    """Every row: tfdp's three algorithms and TensorFlow's ring, each k, size and link."""
+    rates = [(link, emulated_hosts.parse_rate(link, "--links")) for link in links]
+    emulated_hosts.check_available()
+    stale = emulated_hosts.remove_stale()
+    if stale:
+        say(f"removed what a killed run left: {', '.join(stale)}")
+    rows = []
+    for link, rate in rates:
+        for k in workers:
+            say(f"{k} workers at {link}: tfdp's {', '.join(TFDP_ALGORITHMS)}, then TensorFlow's "
+                f"ring; {len(sizes)} size(s) x {repeats} repeats ...")
+            hosts = emulated_hosts.Hosts(k + 1, link)
+            hosts.create()
+            try:
+                timeout = 120 + 4 * (repeats + 2) * sum(
+                    predict("add_n", k, s, rate) for s in sizes)
+                found = (_tfdp_rows(hosts, k, sizes, repeats, timeout)
+                         + _collective_rows(hosts, k, sizes, repeats, timeout))
+            finally:
+                hosts.remove()
+            for row in found:
+                like = "ring" if row["algorithm"] == TF_ALGORITHM else row["algorithm"]
+                row["link"], row["link_bits_per_s"] = link, rate
+                row["predicted_seconds"] = predict(like, k, row["bytes"], rate)
+                row["ratio"] = row["seconds"] / row["predicted_seconds"]
+                row["predicted_sent_bytes"] = predict_sent(like, k, row["bytes"])
+            rows += found
+    return rows
+
+
+def _tfdp_rows(hosts, k, sizes, repeats, timeout) -> list:
+    """k servers on hosts 0..k-1, the client on host k."""
+    workers = [f"{hosts.address(i)}:{SERVER_PORT}" for i in range(k)]
+    cluster = {"chief": [f"{hosts.address(k)}:{SERVER_PORT}"], "worker": workers}
+    servers = [_start(hosts, i, [sys.executable, "-m", "tfdp.server", "--nodata"],
+                      _tf_config(cluster, "worker", i)) for i in range(k)]
+    try:
+        client = _start(hosts, k, [sys.executable, "-m", "tfdp.bench.remote_allreduce",
+                                   f"--sizes={','.join(map(str, sizes))}",
+                                   f"--repeats={repeats}"], _tf_config(cluster, "chief", 0))
+        return _rows_of(client, hosts, "the client of tfdp's algorithms", timeout)
+    finally:
+        _stop(servers)
+
+
+def _collective_rows(hosts, k, sizes, repeats, timeout) -> list:
+    cluster = {"worker": [f"{hosts.address(i)}:{COLLECTIVE_PORT}" for i in range(k)]}
+    procs = [_start(hosts, i, [sys.executable, "-m", "tfdp.bench.collective",
+                               f"--sizes={','.join(map(str, sizes))}", f"--repeats={repeats}"],
+                    _tf_config(cluster, "worker", i)) for i in range(k)]
+    try:
+        return _rows_of(procs[0], hosts, "TensorFlow's collective (worker 0)", timeout)
+    finally:
+        _stop(procs)
+
+
+def _tf_config(cluster: dict, kind: str, index: int) -> dict:
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind,
+                                                                 "index": index}})}
+
+
+def _start(hosts, index: int, argv: list, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        argv, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=functools.partial(prepare_child, None, os.getpid(), hosts, index))
+
+
+def _rows_of(proc, hosts, what: str, timeout: float) -> list:
+    """The rows ``proc`` prints, each with the bytes the busiest host sent per call during its
+    phase (the counters are read at every MARK)."""
+    expired = []
+    timer = threading.Timer(timeout, lambda: (expired.append(True), proc.kill()))
+    timer.start()
+    errors = []
+    drain = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
+    drain.start()
+    readings, last = [], ""
+    try:
+        for line in proc.stdout:
+            if line.startswith(MARK):
+                readings.append(hosts.counters())
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+            elif line.strip():
+                last = line
+        proc.wait()
+    finally:
+        timer.cancel()
+    drain.join(timeout=10)
+    if proc.returncode != 0:
+        if expired:
+            raise UserError(f"{what} did not finish within {timeout:.0f} s")
+        tail = ("".join(errors).strip().splitlines() or ["(no output)"])[-1]
+        raise UserError(f"{what} failed ({proc.returncode}): {tail}")
+    rows = json.loads(last)
+    for row, before, after in zip(rows, readings[0::2], readings[1::2]):
+        row["sent_bytes_per_call"] = max(
+            (a[0] - b[0]) for a, b in zip(after, before) if a and b) / row["calls"]
+    return rows
+
+
+def _stop(procs):
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def format_rows(rows: list) -> str:
+    lines = ["allreduce across emulated hosts: median of the timed calls after one warm-up; "
+             "predicted: the textbook's arithmetic (tfdp/bench/hosts.py)",
+             "| link | workers | size | algorithm | measured | predicted | measured / predicted "
+             "| busiest host sent | predicted |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['link']} | {r['workers']} | {r['bytes'] / 1e6:.2f} MB | "
+                     f"{r['algorithm']} | {r['seconds'] * 1e3:.1f} ms | "
+                     f"{r['predicted_seconds'] * 1e3:.1f} ms | {r['ratio']:.2f} | "
+                     f"{r['sent_bytes_per_call'] / 1e6:.2f} MB | "
+                     f"{r['predicted_sent_bytes'] / 1e6:.2f} MB |")
+    return "\n".join(lines)
+
+
+def plot(rows: list, path: str) -> None:
+    """Time against k per algorithm, at the largest size on the slowest link: Fig. 12.7.3's
+    question, measured (solid) against predicted (dashed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    size = max(r["bytes"] for r in rows)
+    rate = min(r["link_bits_per_s"] for r in rows)
+    chosen = [r for r in rows if r["bytes"] == size and r["link_bits_per_s"] == rate]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, algorithm in enumerate(dict.fromkeys(r["algorithm"] for r in chosen)):
+        mine = sorted((r for r in chosen if r["algorithm"] == algorithm),
+                      key=lambda r: r["workers"])
+        ks = [r["workers"] for r in mine]
+        color = f"C{i}"
+        ax.plot(ks, [r["seconds"] * 1e3 for r in mine], "o-", color=color,
+                label=f"{algorithm} measured")
+        ax.plot(ks, [r["predicted_seconds"] * 1e3 for r in mine], "--", color=color, alpha=0.6,
+                label=f"{algorithm} predicted")
+    ax.set_xlabel("workers (k)")
+    ax.set_ylabel("one allreduce (ms)")
+    ax.set_xticks(sorted({r["workers"] for r in chosen}))
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{size / 1e6:.2f} MB over {chosen[0]['link']} links")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

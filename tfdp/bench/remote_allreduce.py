@@ -1,0 +1,92 @@
+"""tfdp's allreduce algorithms across machines, timed from the client of a ``tfdp.server``
+cluster (``tfdp.bench.hosts`` starts it on an emulated host; ``TF_CONFIG`` names the workers).
+
+Every worker holds its gradient in variables on its CPU, made there (nothing crosses the
+network to create them): ``PIECES`` equal parameters, so that ``sharded`` (parameter i summed
+on worker i mod k) is balanced, as the textbook's arithmetic assumes (sizes are multiples of
+4 x PIECES bytes). One call runs the
+allreduce and, on every worker, sums what it received, returning one scalar per worker: the
+client reads k numbers, and checks them (every worker must hold k times its own sum).
+
+Around each (algorithm, size) it prints ``MARK`` and waits for a line on stdin, so that whoever
+started it can read the hosts' byte counters between phases (``tfdp.bench.hosts``). At the end
+it prints one JSON line: ``[{"algorithm", "workers", "bytes", "seconds", "samples", "calls"},
+...]``.
+"""
+
+import json
+import os
+import statistics
+import time
+
+import tensorflow as tf
+from absl import app, flags
+
+from tfdp.bench.hosts import PIECES, mark
+from tfdp.manual.allreduce import ALLREDUCE
+
+flags.DEFINE_list("sizes", ["4000000"], "Gradient sizes in bytes.")
+flags.DEFINE_list("algorithms", list(ALLREDUCE), "tfdp algorithms to time.")
+flags.DEFINE_integer("repeats", 5, "Timed calls per row, after one warm-up call.")
+FLAGS = flags.FLAGS
+
+
+
+def main(argv):
+    del argv
+    cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+    k = len(cluster["worker"])
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster), job_name="chief",
+                                              task_index=0)
+    devices = [f"/job:worker/replica:0/task:{w}/device:CPU:0" for w in range(k)]
+    rows = []
+    for size in (int(s) for s in FLAGS.sizes):
+        per_piece = max(1, size // 4 // PIECES)
+        grads = []
+        for d, device in enumerate(devices):
+            with tf.device(device):
+                grads.append([tf.Variable(tf.fill([per_piece], float(d + 1)), trainable=False)
+                              for _ in range(PIECES)])
+        expected = per_piece * PIECES * k * (k + 1) / 2  # Every worker: the sum of all.
+        for name in FLAGS.algorithms:
+            step = _compiled(ALLREDUCE[name], devices, grads)
+            mark(f"{name} {size}")
+            got = step()  # Trace, and the warm-up call.
+            if any(abs(float(g) - expected) > 1e-4 * expected for g in got):
+                raise SystemExit(f"{name}: wrong sums {[float(g) for g in got]}, expected "
+                                 f"{expected}")
+            samples = []
+            for _ in range(FLAGS.repeats):
+                start = time.perf_counter()
+                [float(g) for g in step()]
+                samples.append(time.perf_counter() - start)
+            mark("end")
+            rows.append({"algorithm": name, "workers": k, "bytes": per_piece * PIECES * 4,
+                         "seconds": statistics.median(samples), "samples": samples,
+                         "calls": 1 + FLAGS.repeats})
+        del grads
+    print(json.dumps(rows), flush=True)
+
+
+def _compiled(allreduce, devices, grads):
+    @tf.function
+    def step():
+        values = []
+        for device, g in zip(devices, grads):
+            # Read where the variable is: read_value() outside a device scope ends in an
+            # identity placed on the caller's device, and every gradient would pass through
+            # the client (measured: twice the traffic, through host k).
+            with tf.device(device):
+                values.append([v.read_value() for v in g])
+        out = allreduce(values, devices)
+        sums = []
+        for device, received in zip(devices, out):
+            with tf.device(device):
+                sums.append(tf.add_n([tf.reduce_sum(t) for t in received]))
+        return sums
+
+    return step
+
+
+if __name__ == "__main__":
+    app.run(main)
