@@ -44,7 +44,8 @@ def test_bench_refuses_a_malformed_config(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
                     reason="emulated hosts need Linux and root (network namespaces)")
 def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
-    result = run_module("tfdp.bench", "--hosts", "--allreduce", "--workers=2", "--sizes=96KB",
+    result = run_module("tfdp.bench", "--hosts", "--allreduce", "--configs=", "--workers=2",
+                        "--sizes=96KB",
                         "--links=1gbit", "--repeats=1", f"--workdir={tmp_path}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "allreduce_hosts.json").read_text())
@@ -59,15 +60,43 @@ def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
         assert row["predicted_sent_bytes"] <= row["sent_bytes_per_call"] < 3 * (
             row["predicted_sent_bytes"] + 100e3), row
     table = (tmp_path / "allreduce_hosts.md").read_text()
-    assert table.count("\n| 1gbit | 2 | 0.10 MB | ") == 4, table
+    assert table.count("\n| 1gbit | 2 | 96.0 KB | ") == 4, table
     assert (tmp_path / "allreduce_hosts.png").stat().st_size > 1000
     assert not [n for n in hosts.namespaces() if n.startswith(hosts.PREFIX)]
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
+                    reason="emulated hosts need Linux and root (network namespaces)")
+def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
+    result = run_module("tfdp.bench", "--hosts", "--configs=manual:1,manual:2:ring,multi_worker:2",
+                        "--links=1gbit", "--steps=3", "--batch_size=64", f"--data_dir={data_dir}",
+                        f"--workdir={tmp_path}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "training_hosts.json").read_text())
+    assert [(r["name"], r["link"]) for r in rows] == [
+        (name, link) for name in ("manual:1", "manual:2:ring", "multi_worker:2")
+        for link in ("unshaped", "1gbit")]
+    for row in rows:
+        assert row["step_seconds"] > 0 and row["compute_seconds"] > 0
+        assert row["gradient_bytes"] == 516272  # LeNet's parameters in float32.
+        assert row["step_seconds"] == pytest.approx(row["compute_seconds"]
+                                                    + row["communication_seconds"])
+        shaped = row["link"] == "1gbit" and row["workers"] > 1
+        # The ring's 2(k-1)/k S/B: 4.1 ms for LeNet on 2 hosts at 1 Gbit/s; none on one host.
+        assert row["predicted_communication_seconds"] == pytest.approx(
+            516272 * 8 / 1e9 if shaped else 0.0)
+        assert (row["k_machines_step_seconds"] is None) == (row["path"] == "multi_worker")
+    table = (tmp_path / "training_hosts.md").read_text()
+    assert table.count("\n| manual:2:ring | ") == 2, table
+    assert not [n for n in hosts.namespaces() if n.startswith(hosts.PREFIX)]
+
+
 @pytest.mark.parametrize("flags, message", [
-    (["--hosts"], "--hosts measures the allreduce across emulated hosts: give --allreduce too"),
+    (["--hosts", "--configs=mirrored:2"], "--configs entry 'mirrored:2': with --hosts, expected "
+                                          "manual:k"),
     (["--hosts", "--allreduce", "--sizes=big"], "--sizes entry 'big' is not a size like 0.43MB"),
-    (["--hosts", "--allreduce", "--workers=1"], "--workers=1: give worker counts of 2 or more"),
+    (["--hosts", "--allreduce", "--configs=", "--workers=1"],
+     "--workers=1: give worker counts of 2 or more"),
     (["--hosts", "--allreduce", "--links=fast"], "--links=fast is not a rate like 10mbit")])
 def test_the_allreduce_across_hosts_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     result = run_module("tfdp.bench", *flags, f"--workdir={tmp_path}")

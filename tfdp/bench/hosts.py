@@ -121,7 +121,7 @@ def _tfdp_rows(hosts, k, sizes, repeats, timeout) -> list:
     workers = [f"{hosts.address(i)}:{SERVER_PORT}" for i in range(k)]
     cluster = {"chief": [f"{hosts.address(k)}:{SERVER_PORT}"], "worker": workers}
     servers = [_start(hosts, i, [sys.executable, "-m", "tfdp.server", "--nodata"],
-                      _tf_config(cluster, "worker", i)) for i in range(k)]
+                      _tf_config(cluster, "worker", i), read=False) for i in range(k)]
     try:
         client = _start(hosts, k, [sys.executable, "-m", "tfdp.bench.remote_allreduce",
                                    f"--sizes={','.join(map(str, sizes))}",
@@ -135,7 +135,7 @@ def _collective_rows(hosts, k, sizes, repeats, timeout) -> list:
     cluster = {"worker": [f"{hosts.address(i)}:{COLLECTIVE_PORT}" for i in range(k)]}
     procs = [_start(hosts, i, [sys.executable, "-m", "tfdp.bench.collective",
                                f"--sizes={','.join(map(str, sizes))}", f"--repeats={repeats}"],
-                    _tf_config(cluster, "worker", i)) for i in range(k)]
+                    _tf_config(cluster, "worker", i), read=i == 0) for i in range(k)]
     try:
         return _rows_of(procs[0], hosts, "TensorFlow's collective (worker 0)", timeout)
     finally:
@@ -147,10 +147,13 @@ def _tf_config(cluster: dict, kind: str, index: int) -> dict:
                                                                  "index": index}})}
 
 
-def _start(hosts, index: int, argv: list, env: dict) -> subprocess.Popen:
+def _start(hosts, index: int, argv: list, env: dict, read: bool = True) -> subprocess.Popen:
+    """``argv`` on host ``index``; its output piped to us if we ``read`` it (``_rows_of``), else
+    dropped (a pipe nobody reads would block it once full)."""
+    out = subprocess.PIPE if read else subprocess.DEVNULL
     return subprocess.Popen(
         argv, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env), stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        stdout=out, stderr=out, text=True, start_new_session=True,
         preexec_fn=functools.partial(prepare_child, None, os.getpid(), hosts, index))
 
 
@@ -206,12 +209,14 @@ def format_rows(rows: list) -> str:
              "| link | workers | size | algorithm | measured | predicted | measured / predicted "
              "| busiest host sent | predicted |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    def amount(n):
+        return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} KB"
+
     for r in rows:
-        lines.append(f"| {r['link']} | {r['workers']} | {r['bytes'] / 1e6:.2f} MB | "
+        lines.append(f"| {r['link']} | {r['workers']} | {amount(r['bytes'])} | "
                      f"{r['algorithm']} | {r['seconds'] * 1e3:.1f} ms | "
                      f"{r['predicted_seconds'] * 1e3:.1f} ms | {r['ratio']:.2f} | "
-                     f"{r['sent_bytes_per_call'] / 1e6:.2f} MB | "
-                     f"{r['predicted_sent_bytes'] / 1e6:.2f} MB |")
+                     f"{amount(r['sent_bytes_per_call'])} | {amount(r['predicted_sent_bytes'])} |")
     return "\n".join(lines)
 
 

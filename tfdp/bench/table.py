@@ -20,6 +20,7 @@ default threads: ``tfdp.bench.stock``); options are an allreduce (add_n, sharded
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,11 @@ import time
 
 from absl import app, flags
 
+# With --hosts, unless given: shorter runs than on one machine (a 10 Mbit/s link makes a step
+# of add_n on 4 hosts last seconds).
+HOSTS_CONFIGS = ("manual:1,manual:2:add_n,manual:2:ring,manual:4:add_n,manual:4:ring,multi_worker:2,"
+                 "multi_worker:4")
+HOSTS_DEFAULTS = {"configs": HOSTS_CONFIGS.split(","), "steps": 20, "epochs": 2, "rounds": 1}
 flags.DEFINE_list("configs",
                   "stock:1,plain:1,manual:1,manual:2,mirrored:1,mirrored:2,multi_worker:2",
                   "Configurations to run (see the module doc).")
@@ -40,11 +46,14 @@ flags.DEFINE_integer("epochs", 3, "Epochs per run; the first is warm-up and not 
 flags.DEFINE_integer("rounds", 2, "Interleaved rounds over all configurations.")
 flags.DEFINE_boolean("allreduce", False, "Also run the allreduce micro-benchmark.")
 flags.DEFINE_list("allreduce_sizes", None, "Allreduce sizes in bytes (default 4K..64M).")
-flags.DEFINE_boolean("hosts", False, "With --allreduce: the allreduce across emulated hosts "
-                     "(Linux, root; tfdp.bench.hosts) instead of the local table and allreduce.")
+flags.DEFINE_boolean("hosts", False, "Across emulated hosts (Linux, root) instead of one "
+                     "machine: the training table (configs manual:k[:allreduce], multi_worker:k; "
+                     f"default {HOSTS_CONFIGS} with --steps=20 --epochs=2 --rounds=1) and, with "
+                     "--allreduce, the allreduce table.")
 flags.DEFINE_list("workers", ["2", "3", "4"], "--hosts: worker counts k to try.")
 flags.DEFINE_list("sizes", ["0.5MB", "4MB"], "--hosts: gradient sizes (0.43MB, 4MB, 45MB ...).")
-flags.DEFINE_list("links", ["100mbit", "1gbit"], "--hosts: link rates, each way (tc syntax).")
+flags.DEFINE_list("links", ["10mbit", "100mbit", "1gbit"],
+                  "--hosts: link rates, each way (tc syntax).")
 flags.DEFINE_integer("repeats", 5, "--hosts: timed allreduce calls per row, after a warm-up.")
 flags.DEFINE_string("workdir", os.path.join("runs", "bench"), "Where the table, JSON and chart go.")
 flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
@@ -267,36 +276,58 @@ def main(argv):
 
 
 def main_hosts():
-    """``--hosts --allreduce``: the allreduce across emulated hosts, written as
-    allreduce_hosts.md, .json and .png in --workdir."""
-    from tfdp.bench import hosts
+    """``--hosts``: training across emulated hosts (``tfdp.bench.host_training``, written as
+    training_hosts.md and .json) and, with ``--allreduce``, the allreduce across them
+    (``tfdp.bench.hosts``: allreduce_hosts.md, .json and .png), in --workdir."""
+    from tfdp.bench import host_training, hosts
     from tfdp.errors import UserError
 
+    def setting(name):
+        return getattr(FLAGS, name) if FLAGS[name].present else HOSTS_DEFAULTS[name]
+
+    def say(line):
+        print(f"tfdp.bench: {line}", flush=True)
+
+    # SIGTERM as Ctrl-C: the emulated hosts of the moment are removed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+    text = []
     try:
-        if not FLAGS.allreduce:
-            raise UserError("--hosts measures the allreduce across emulated hosts: give "
-                            "--allreduce too")
+        configs = [host_training.parse(c) for c in setting("configs") if c.strip()]
         workers = [int(k) for k in FLAGS.workers if k.strip()]
-        if not workers or min(workers) < 2:
+        if FLAGS.allreduce and (not workers or min(workers) < 2):
             raise UserError(f"--workers={','.join(FLAGS.workers)}: give worker counts of 2 or "
                             "more, e.g. 2,3,4")
-        sizes = [hosts.parse_size(s) for s in FLAGS.sizes]
+        sizes = [hosts.parse_size(s) for s in FLAGS.sizes] if FLAGS.allreduce else []
         if FLAGS.repeats < 1:
             raise UserError(f"--repeats must be a positive integer, got {FLAGS.repeats}")
         os.makedirs(FLAGS.workdir, exist_ok=True)
-        rows = hosts.measure(workers, sizes, FLAGS.links, FLAGS.repeats,
-                             say=lambda line: print(f"tfdp.bench: {line}", flush=True))
+        if configs:
+            rows = host_training.measure(configs, FLAGS.links, FLAGS.batch_size,
+                                         setting("steps"), setting("epochs"), setting("rounds"),
+                                         FLAGS.data_dir, FLAGS.manual_dir, say=say)
+            _write(os.path.join(FLAGS.workdir, "training_hosts"), rows,
+                   host_training.format_rows(rows))
+            text.append(host_training.format_rows(rows))
+        if FLAGS.allreduce:
+            rows = hosts.measure(workers, sizes, FLAGS.links, FLAGS.repeats, say=say)
+            base = os.path.join(FLAGS.workdir, "allreduce_hosts")
+            _write(base, rows, hosts.format_rows(rows))
+            hosts.plot(rows, base + ".png")
+            text.append(hosts.format_rows(rows))
     except (UserError, ValueError) as e:
         sys.exit(f"tfdp.bench: error: {e}")
-    base = os.path.join(FLAGS.workdir, "allreduce_hosts")
+    print("\n\n".join(text))
+    print(f"\nwritten in {FLAGS.workdir}: "
+          + ", ".join(["training_hosts.md, .json"] * bool(configs)
+                      + ["allreduce_hosts.md, .json, .png"] * FLAGS.allreduce))
+
+
+def _write(base: str, rows: list, table: str) -> None:
     with open(base + ".json", "w") as f:
         json.dump(rows, f, indent=1)
-    table = hosts.format_rows(rows)
     with open(base + ".md", "w") as f:
         f.write(table + "\n")
-    hosts.plot(rows, base + ".png")
-    print(table)
-    print(f"\nwritten: {base}.json, .md, .png")
 
 
 def run():
