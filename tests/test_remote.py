@@ -100,7 +100,7 @@ def test_sigterm_to_the_launcher_saves_on_the_chief_before_the_workers_stop(tmp_
     run = launch(tmp_path, *train, popen=True)
     _wait_for_first_backup(run, tmp_path)
     run.send_signal(signal.SIGTERM)
-    out, err = run.communicate(timeout=120)
+    out, err = run.communicate(timeout=240)
     assert run.returncode == 75, err[-3000:]
     assert "tfdp.launch: SIGTERM; asking the chief to save and stop" in err
     saved = re.search(r"^\[chief\] tfdp\.train: preempted \(SIGTERM\) at step (\d+): state of "

@@ -17,7 +17,9 @@ STRATEGIES = ("manual", "mirrored", "multi_worker", "plain")
 MODELS = ("lenet", "resnet18")
 ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
-PRECISIONS = ("float32", "float64")
+PRECISIONS = ("float32", "float64", "bfloat16")
+# Short names accepted for --precision (the issue tracker and other libraries use them).
+PRECISION_ALIASES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}
 DEFAULT_BATCH_SIZE = 256
 # Set by the launcher: for all its workers, so they share one default run folder; for its
 # chief, when the launcher runs in a terminal, so that the chief draws its progress bar.
@@ -26,7 +28,7 @@ RUN_STAMP_ENV = "TFDP_RUN_STAMP"
 # under the same ones (--epochs may grow: the steps before are the same).
 RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batch_size", "lr",
                 "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
-                "precision", "synthetic_data", "sync_batch_norm")
+                "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm")
 LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 
 
@@ -73,8 +75,14 @@ class Config:
         None, "Cap on evaluation batches, for short runs (default: whole test set).")
     allreduce: str = _flag(
         "add_n", "manual path: add_n (textbook), sharded (parameter-server style) or ring.")
+    allreduce_dtype: str = _flag(
+        "float32", "manual path: the dtype the gradients travel and are summed in, cast back "
+        "before the update: float32 (the gradients' own: float64 under --precision=float64), "
+        "or bfloat16 (bf16: half the bytes on every link).")
     precision: str = _flag(
-        "float32", "float32, or float64: every variable and computation in double precision, "
+        "float32", "float32; bfloat16 (or bf16): mixed precision, computing in bfloat16 with "
+        "float32 parameters, update, loss and softmax (fast on CPUs with avx512_bf16 or AMX "
+        "and on recent GPUs); or float64: every variable and computation in double precision, "
         "slower, for checking that paths and device counts train the same model to rounding.")
     steps_per_execution: int = _flag(
         1, "plain only: training steps per compiled Keras call (fewer Python round trips; "
@@ -107,9 +115,20 @@ class Config:
         "by default: tfdp prints its own lines, warnings and errors).")
 
     def __post_init__(self):
+        if self.precision in PRECISION_ALIASES:  # Frozen: set the full name once, here.
+            object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision])
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("model", self.model, MODELS)
         _choice("allreduce", self.allreduce, ALLREDUCES)
+        if self.allreduce_dtype in PRECISION_ALIASES:
+            object.__setattr__(self, "allreduce_dtype", PRECISION_ALIASES[self.allreduce_dtype])
+        _choice("allreduce_dtype", self.allreduce_dtype, ("float32", "bfloat16"))
+        if self.allreduce_dtype != "float32" and self.strategy != "manual":
+            raise UserError(f"--allreduce_dtype={self.allreduce_dtype} is the manual path's "
+                            f"(its own allreduce); --strategy={self.strategy} sums in float32")
+        if self.allreduce_dtype != "float32" and self.precision == "float64":
+            raise UserError("--allreduce_dtype=bfloat16 with --precision=float64 would round "
+                            "the gradients the float64 run exists to keep exact")
         _choice("precision", self.precision, PRECISIONS)
         if self.init is not None and self.init not in INITS and not (
                 self.init.endswith(".npz") and os.path.isfile(self.init)):
@@ -149,6 +168,11 @@ class Config:
     def initializer(self) -> str:
         """The textbook's start for the from-scratch path, Keras' own (Glorot) for fit."""
         return self.init or ("textbook" if self.strategy == "manual" else "glorot")
+
+    @property
+    def variable_dtype(self) -> str:
+        """The parameters' dtype: float32 under bfloat16 mixed precision."""
+        return "float32" if self.precision == "bfloat16" else self.precision
 
     @property
     def identity(self) -> dict:

@@ -67,3 +67,24 @@ def share_cores(num_devices: int) -> None:
 def thread_shares(num_devices: int) -> tuple:
     """(intra-op, inter-op) threads for ``num_devices`` logical CPU devices (``share_cores``)."""
     return max(1, available_cores() // num_devices), max(2, num_devices)
+
+
+# /proc/cpuinfo flags of CPUs with bfloat16 arithmetic: AVX512-BF16 and AMX (x86), BF16 (Arm).
+_BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+
+
+def native_bfloat16(cpuinfo: str = None) -> bool:
+    """Whether this machine computes in bfloat16 natively: a GPU of compute capability 8.0 or
+    more, or a CPU with one of ``_BF16_CPU_FLAGS`` (``cpuinfo``: /proc/cpuinfo's text)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        capability = tf.config.experimental.get_device_details(gpus[0]).get(
+            "compute_capability", (0, 0))
+        return tuple(capability) >= (8, 0)
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    return bool(_BF16_CPU_FLAGS.intersection(cpuinfo.split()))

@@ -364,15 +364,15 @@ def _supervise_client(procs, specs, poll_seconds) -> int:
     reported = set()
     while True:
         code = procs[0].poll()
-        if code is not None:
-            if code not in (0, PREEMPTED_EXIT_CODE):
-                _say(f"tfdp.launch: the chief exited with {code}; stopping the workers")
-            return code if code >= 0 else 128 - code
-        for i, proc in enumerate(procs[1:], 1):
+        for i, proc in enumerate(procs[1:], 1):  # Before the chief's end: it may be why.
             if i not in reported and proc.poll() is not None:
                 reported.add(i)
                 _say(f"tfdp.launch: {specs[i].role} exited with {proc.returncode} while the "
                      "chief runs")
+        if code is not None:
+            if code not in (0, PREEMPTED_EXIT_CODE):
+                _say(f"tfdp.launch: the chief exited with {code}; stopping the workers")
+            return code if code >= 0 else 128 - code
         time.sleep(poll_seconds)
 
 

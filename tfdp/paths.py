@@ -53,6 +53,7 @@ def start(config: Config, devices: list, replicas: int, engine: str, is_chief: b
     ``first_step``). With ``examples`` (train, test sizes), the data is elsewhere (on a
     cluster's workers) and nothing is loaded here."""
     from tfdp import data, export, report
+    from tfdp.devices import native_bfloat16
     from tfdp.plan import make_plan
 
     if is_chief:
@@ -65,6 +66,10 @@ def start(config: Config, devices: list, replicas: int, engine: str, is_chief: b
         examples = len(train_split.labels), len(test_split.labels)
     plan = make_plan(config, replicas, *examples)
     logger.info("%s", plan.describe(engine))
+    if "bfloat16" in (config.precision, config.allreduce_dtype) and not native_bfloat16():
+        logger.warning("this machine has no native bfloat16 arithmetic (no avx512_bf16, "
+                       "amx_bf16 or a GPU of compute capability 8.0+): bfloat16 will be slower "
+                       "than float32 here, not wrong")
     first_epoch, offset = divmod(first_step, plan.steps_per_epoch)
     if first_step and is_chief:
         print(f"resuming at epoch {first_epoch + 1}/{config.epochs}, step "

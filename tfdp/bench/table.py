@@ -31,8 +31,8 @@ from absl import app, flags
 
 # With --hosts, unless given: shorter runs than on one machine (a 10 Mbit/s link makes a step
 # of add_n on 4 hosts last seconds).
-HOSTS_CONFIGS = ("manual:1,manual:2:add_n,manual:2:ring,manual:4:add_n,manual:4:ring,multi_worker:2,"
-                 "multi_worker:4")
+HOSTS_CONFIGS = ("manual:1,manual:2:add_n,manual:2:ring,manual:4:add_n,manual:4:ring,"
+                 "multi_worker:2,multi_worker:4")
 HOSTS_DEFAULTS = {"configs": HOSTS_CONFIGS.split(","), "steps": 20, "epochs": 2, "rounds": 1}
 flags.DEFINE_list("configs",
                   "stock:1,plain:1,manual:1,manual:2,mirrored:1,mirrored:2,multi_worker:2",

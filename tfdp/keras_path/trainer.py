@@ -22,6 +22,7 @@ from tfdp.keras_path.strategy import make_distribution
 from tfdp.keras_path.train_step import global_batch_model
 from tfdp.logs import logger
 from tfdp.models import lenet, resnet
+from tfdp.models.precision import input_dtype
 from tfdp.plan import steps_per_epoch
 
 
@@ -29,8 +30,8 @@ def build_model(config):
     """The Keras model in ``--precision``, trained with tfdp's step (``train_step.py``)."""
     if config.model == "resnet18":
         return global_batch_model(resnet.resnet(sync_batch_norm=config.sync_batch_norm,
-                                                dtype=config.precision))
-    model = global_batch_model(lenet.keras_model(dtype=config.precision))
+                                                precision=config.precision))
+    model = global_batch_model(lenet.keras_model(precision=config.precision))
     # The same starting weights as the manual path for the same --init and --seed.
     model.set_weights(lenet.to_keras_weights(lenet.start_params(config.initializer, config.seed)))
     return model
@@ -144,7 +145,7 @@ def _train_and_export(config, distribution, backups, first_step, watch, start_we
         # Evaluated by EpochReport with one iterator for the run, not by fit (evaluation.py).
         test = data.eval_batches(started.test_split, plan.global_batch, config.eval_steps)
         evaluator = evaluation.Evaluator(
-            model, strategy, distribute(strategy, test, replicas, config.precision),
+            model, strategy, distribute(strategy, test, replicas, input_dtype(config.precision)),
             steps=steps_per_epoch(plan.eval_examples, plan.global_batch))
         report = EpochReport(started.reporter, evaluator, plan, first_step=offset)
         guard = Guard(watch, backups, distribution, plan.steps_per_epoch)
@@ -159,7 +160,7 @@ def _train_and_export(config, distribution, backups, first_step, watch, start_we
             train = data.train_batches(started.train_split, plan.global_batch, config.seed,
                                        begin, end, config.steps_per_epoch).skip(skip)
             model.fit(
-                distribute(strategy, train, replicas, config.precision), epochs=end,
+                distribute(strategy, train, replicas, input_dtype(config.precision)), epochs=end,
                 initial_epoch=begin, steps_per_epoch=plan.steps_per_epoch - skip,
                 shuffle=False, verbose=0,  # Shuffled already; tfdp's reporter draws progress.
                 callbacks=[report, guard])

@@ -48,11 +48,16 @@ def local_feed(config, plan, devices: list, train_split: data.Split,
 
 
 def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool = False,
-                    feed: Feed = None):
+                    feed: Feed = None, compute_dtype=None, allreduce_dtype=None):
     """``step(*batch, lr) -> (loss, correct)`` over the global batch, updating replicas. The
-    batch is ``(images, labels)`` unless a ``feed`` says otherwise."""
+    batch is ``(images, labels)`` unless a ``feed`` says otherwise. ``compute_dtype``
+    (default: the parameters') is what the forward and backward passes compute in;
+    ``allreduce_dtype`` (default: the gradients') is what the gradients travel and are summed
+    in, cast back before the update."""
     reduce = ALLREDUCE[allreduce]
     dtype = replicas[0]["W1"].dtype
+    compute = tf.as_dtype(compute_dtype or dtype)
+    travel = tf.as_dtype(allreduce_dtype or dtype)
     signature, shards = _batch_of(feed, devices)
 
     def step(*batch_and_lr):
@@ -63,17 +68,19 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
         for device, params, (x, y) in zip(devices, replicas, placed):
             with tf.device(device):
                 loss, right, *g = _unless_empty(
-                    y, lambda: _shard_gradients(params, x, y, n),
+                    y, lambda: _shard_gradients(params, x, y, n, compute),
                     lambda: [tf.zeros([], dtype), tf.zeros([], tf.int64),
                              *[tf.zeros_like(v) for v in params.values()]])
                 grads.append(g)
                 losses.append(loss)
                 correct.append(right)
+        if travel != dtype:
+            grads = [_cast_on(device, g, travel) for device, g in zip(devices, grads)]
         summed = reduce(grads, devices)
         for device, params, g in zip(devices, replicas, summed):
             with tf.device(device):
                 for var, grad in zip(params.values(), g):
-                    var.assign_sub(tf.cast(lr, dtype) * grad)
+                    var.assign_sub(tf.cast(lr, dtype) * tf.cast(grad, dtype))
         return tf.add_n(losses), tf.add_n(correct)
 
     if eager:
@@ -88,22 +95,29 @@ def _batch_of(feed, devices):
     return [_IMAGES, _LABELS], lambda split, images, labels: split_batch(images, labels, devices)
 
 
-def _shard_gradients(params: dict, x, y, global_batch):
+def _cast_on(device, tensors, dtype) -> list:
+    with tf.device(device):
+        return [tf.cast(t, dtype) for t in tensors]
+
+
+def _shard_gradients(params: dict, x, y, global_batch, compute):
     """One device's forward and backward pass: (loss share, correct, gradients)."""
     with tf.GradientTape() as tape:
-        logits = lenet.apply(params, data.to_float(x, global_batch.dtype))
+        logits = _logits(params, x, compute)
         per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
         loss = tf.reduce_sum(per_example) / global_batch  # / global batch: grads then add up
     return [loss, _count_correct(logits, y), *tape.gradient(loss, list(params.values()))]
 
 
-def make_eval_step(replicas: list, devices: list, eager: bool = False, feed: Feed = None):
+def make_eval_step(replicas: list, devices: list, eager: bool = False, feed: Feed = None,
+                   compute_dtype=None):
     """``step(*batch) -> (summed loss, correct)``, the batch split like in training."""
     dtype = replicas[0]["W1"].dtype
+    compute = tf.as_dtype(compute_dtype or dtype)
     signature, shards = _batch_of(feed, devices)
 
     def shard_sums(params, x, y):
-        logits = lenet.apply(params, data.to_float(x, dtype))
+        logits = _logits(params, x, compute)
         return [tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)),
                 _count_correct(logits, y)]
 
@@ -118,6 +132,18 @@ def make_eval_step(replicas: list, devices: list, eager: bool = False, feed: Fee
         return tf.add_n(losses), tf.add_n(correct)
 
     return step if eager else tf.function(step, input_signature=signature)
+
+
+def _logits(params: dict, images, compute):
+    """LeNet's logits, in the parameters' dtype, computed in ``compute``. Under mixed
+    precision (bfloat16) the parameters are cast on the way in and the logits back, so the
+    softmax and the loss are float32 and the gradients reach the float32 parameters through
+    the casts."""
+    dtype = params["W1"].dtype
+    if compute == dtype:
+        return lenet.apply(params, data.to_float(images, dtype))
+    low = {name: tf.cast(value, compute) for name, value in params.items()}
+    return tf.cast(lenet.apply(low, data.to_float(images, compute)), dtype)
 
 
 def _unless_empty(labels, compute, zeros) -> list:
@@ -176,7 +202,7 @@ def run(config, start_weights=None):
             raise UserError(cluster.lost_contact(type(e).__name__, spread.stall.peers,
                                                  str(e.message), backups.steps())) from None
         result = paths.finish(started, lenet.to_keras_weights(params), export=lambda: export.export(
-            serving_model(params), config.export_root), backups=backups)
+            serving_model(params, config.precision), config.export_root), backups=backups)
     backups.clear()
     return result
 
@@ -193,13 +219,17 @@ def train(config, plan, devices: list, train_split: data.Split, test_split: data
     raises ``Diverged`` at once. Across machines, ``stall`` (``tfdp.manual.remote.Stall``) ends
     the process when the cluster stops answering."""
     if params is None:
-        params = lenet.start_params(config.initializer, config.seed, np.dtype(config.precision))
+        params = lenet.start_params(config.initializer, config.seed,
+                                    np.dtype(config.variable_dtype))
     feed = feed or local_feed(config, plan, devices, train_split, test_split)
     busy = stall.watching if stall else lambda doing: contextlib.nullcontext()
     with busy("placing the replicas"):
         replicas = replicate(params, devices)
-    train_step = make_train_step(replicas, devices, config.allreduce, config.eager, feed)
-    eval_step = make_eval_step(replicas, devices, config.eager, feed)
+    # --allreduce_dtype=float32 is the gradients' own dtype (float64 under --precision=float64).
+    travel = config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None
+    train_step = make_train_step(replicas, devices, config.allreduce, config.eager, feed,
+                                 config.precision, travel)
+    eval_step = make_eval_step(replicas, devices, config.eager, feed, config.precision)
     steps = plan.steps_per_epoch
     first_epoch, offset = divmod(first_step, steps)
 
@@ -258,9 +288,10 @@ def _count_correct(logits, labels):
     return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int64))
 
 
-def serving_model(params: dict):
-    """The trained parameters in LeNet's Keras twin, in float32, for ``tfdp.export``."""
-    model = lenet.keras_model()
+def serving_model(params: dict, precision: str = "float32"):
+    """The trained parameters in LeNet's Keras twin, for ``tfdp.export``: float32, or mixed
+    bfloat16 like the training that made them."""
+    model = lenet.keras_model(precision="bfloat16" if precision == "bfloat16" else "float32")
     model.set_weights(lenet.to_keras_weights(
         {name: np.asarray(value, np.float32) for name, value in params.items()}))
     return model

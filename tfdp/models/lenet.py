@@ -89,21 +89,23 @@ def apply(params: dict, images: tf.Tensor) -> tf.Tensor:
     return tf.matmul(h, params["W4"]) + params["b4"]
 
 
-def keras_model(num_classes: int = 10, dtype=None):
-    """The Keras twin (Keras' default initializers), taking float images in [0, 1].
-
-    ``dtype`` sets every layer's variables and compute (default: Keras' float32)."""
+def keras_model(num_classes: int = 10, precision: str = "float32"):
+    """The Keras twin (Keras' default initializers), taking float images in [0, 1], in
+    ``--precision`` (``tfdp.models.precision``)."""
     import keras
 
+    from tfdp.models.precision import keras_dtypes
+
+    inputs, dtype, last = keras_dtypes(precision)
     return keras.Sequential([
-        keras.Input((28, 28, 1), dtype=dtype),
+        keras.Input((28, 28, 1), dtype=inputs),
         keras.layers.Conv2D(20, 3, activation="relu", dtype=dtype),
         keras.layers.AveragePooling2D(2, dtype=dtype),
         keras.layers.Conv2D(50, 5, activation="relu", dtype=dtype),
         keras.layers.AveragePooling2D(2, dtype=dtype),
         keras.layers.Flatten(dtype=dtype),
         keras.layers.Dense(128, activation="relu", dtype=dtype),
-        keras.layers.Dense(num_classes, dtype=dtype),
+        keras.layers.Dense(num_classes, dtype=last),
     ], name="lenet")
 
 

@@ -8,17 +8,21 @@ Global average pooling and a dense layer to 10 classes. About 11.2 million weigh
 
 import keras
 
+from tfdp.models.precision import keras_dtypes
+
 # (channels, blocks, stride of the first block)
 RESNET18_STAGES = ((64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2))
 
 
 def resnet(stages=RESNET18_STAGES, num_classes=10, sync_batch_norm=False, name="resnet18",
-           dtype=None):
+           precision="float32"):
     """A ResNet from a stage table, taking float images [n, 28, 28, 1] in [0, 1].
 
     ``sync_batch_norm`` computes batch statistics over the global batch, across replicas;
-    ``dtype`` sets every layer's variables and compute (default: Keras' float32).
+    ``precision`` as ``--precision`` (``tfdp.models.precision``).
     """
+    inputs_dtype, dtype, last = keras_dtypes(precision)
+
     def conv(channels, size, stride=1, padding="same"):
         return keras.layers.Conv2D(channels, size, strides=stride, padding=padding, dtype=dtype)
 
@@ -35,10 +39,10 @@ def resnet(stages=RESNET18_STAGES, num_classes=10, sync_batch_norm=False, name="
             x = conv(channels, 1, stride, "valid")(x)
         return keras.layers.ReLU(dtype=dtype)(keras.layers.Add(dtype=dtype)([x, y]))
 
-    inputs = keras.Input((28, 28, 1), dtype=dtype)
+    inputs = keras.Input((28, 28, 1), dtype=inputs_dtype)
     x = bn_relu(conv(64, 3)(inputs))
     for channels, blocks, stride in stages:
         for block in range(blocks):
             x = residual_block(x, channels, stride if block == 0 else 1)
     x = keras.layers.GlobalAveragePooling2D(dtype=dtype)(x)
-    return keras.Model(inputs, keras.layers.Dense(num_classes, dtype=dtype)(x), name=name)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, dtype=last)(x), name=name)

@@ -1,0 +1,101 @@
+"""``--precision=bfloat16`` (mixed precision) on every path, and ``--allreduce_dtype``: the runs
+train and serve the same contract, the parameters stay float32, and bfloat16 agrees with float32
+to bfloat16's rounding (speed is the bench's to measure, not the suite's)."""
+
+import os
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import DEVICES, comparable_start, run_module, update_difference
+import tfdp
+from tfdp import devices
+from tfdp.config import Config
+from tfdp.errors import UserError
+from tfdp.manual import trainer
+from tfdp.manual.replicate import replicate
+
+# bfloat16 keeps 8 significant bits: rounding to it moves a value by up to 2^-9 of itself.
+HALF_ULP = 2.0 ** -9
+
+
+@pytest.mark.parametrize("strategy, num_gpus", [("manual", 2), ("mirrored", 2), ("plain", 1)])
+def test_bfloat16_trains_keeps_float32_parameters_and_serves_float32(tmp_path, data_dir,
+                                                                    strategy, num_gpus):
+    result = tfdp.run(strategy=strategy, num_gpus=num_gpus, precision="bf16", epochs=1,
+                      steps_per_epoch=8, eval_steps=1, init="glorot", data_dir=data_dir,
+                      workdir=str(tmp_path / "run"), export_dir=str(tmp_path / "exp"))
+    assert result.plan.precision == "bfloat16"
+    assert all(w.dtype == np.float32 for w in result.weights)  # Parameters: float32.
+    assert 0 <= result.test_accuracy <= 1 and np.isfinite(result.history[0]["loss"])
+    serve = tf.saved_model.load(result.export_path).signatures["serving_default"]
+    out = serve(images=tf.zeros([3, 28, 28, 1], tf.uint8))
+    assert out["logits"].dtype == tf.float32 and out["probabilities"].dtype == tf.float32
+    assert out["classes"].dtype == tf.int64
+    np.testing.assert_allclose(out["probabilities"].numpy().sum(axis=1), 1, rtol=1e-5)
+
+
+def test_bfloat16_under_multi_worker_trains_and_exports(tmp_path, data_dir):
+    result = run_module("tfdp.launch", "--num_workers=2", "--", "--strategy=multi_worker",
+                        "--precision=bf16", "--epochs=1", "--steps_per_epoch=4",
+                        "--eval_steps=1", f"--data_dir={data_dir}",
+                        f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'exp'}",
+                        timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "; bfloat16; " in result.stderr
+    assert os.listdir(tmp_path / "exp") == ["1"]
+
+
+def _one_step(start, images, labels, **dtypes):
+    replicas = replicate(start, DEVICES[:2])
+    trainer.make_train_step(replicas, DEVICES[:2], "ring", **dtypes)(images, labels,
+                                                                     tf.constant(0.1))
+    return {name: var.numpy() for name, var in replicas[0].items()}
+
+
+def test_bfloat16_agrees_with_float32_to_its_rounding(train_split):
+    images = tf.constant(train_split.images[:256])
+    labels = tf.constant(train_split.labels[:256])
+    start = comparable_start(3)
+    exact = _one_step(start, images, labels)
+    mixed = _one_step(start, images, labels, compute_dtype="bfloat16")
+    assert all(v.dtype == np.float32 for v in mixed.values())
+    # A gradient in bfloat16 passes through about 16 rounded operands (a weight and an
+    # activation per layer, forward and backward, 4 layers), each off by up to HALF_ULP: to
+    # first order 16 x 2^-9 = 3 % of the update, which sums over many terms may amplify a
+    # little. Allow 4 times that; and more than float32's own rounding (~1e-6), or the step
+    # did not compute in bfloat16 at all.
+    assert 1e-3 < update_difference(mixed, exact, start) < 4 * 16 * HALF_ULP
+    # Summing in bfloat16 rounds each of the 2 gradients and the sum once: 3 x 2^-9 at most
+    # per element, before cancellation.
+    summed = _one_step(start, images, labels, allreduce_dtype="bfloat16")
+    assert 1e-5 < update_difference(summed, exact, start) < 2 * 3 * HALF_ULP
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(precision="fp16"), "--precision=fp16 is not one of: float32, float64, bfloat16"),
+    (dict(allreduce_dtype="fp16"), "--allreduce_dtype=fp16 is not one of: float32, bfloat16"),
+    (dict(strategy="mirrored", allreduce_dtype="bf16"),
+     "--allreduce_dtype=bfloat16 is the manual path's (its own allreduce); "
+     "--strategy=mirrored sums in float32"),
+    (dict(precision="float64", allreduce_dtype="bf16"),
+     "--allreduce_dtype=bfloat16 with --precision=float64 would round the gradients the "
+     "float64 run exists to keep exact")])
+def test_bad_precision_flags_are_one_line_errors(kwargs, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        Config(**kwargs)
+
+
+def test_short_names_are_accepted():
+    config = Config(precision="bf16", allreduce_dtype="bf16")
+    assert (config.precision, config.allreduce_dtype, config.variable_dtype) == (
+        "bfloat16", "bfloat16", "float32")
+    assert Config(precision="fp32").precision == "float32"
+
+
+def test_native_bfloat16_is_read_from_the_cpu_flags():
+    assert devices.native_bfloat16("flags\t: fpu sse avx512f avx512_bf16 amx_tile")
+    assert devices.native_bfloat16("Features\t: fp asimd bf16 i8mm")  # Arm
+    assert not devices.native_bfloat16("flags\t: fpu sse avx2 avx512f")
