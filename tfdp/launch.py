@@ -194,7 +194,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
     count = num_workers + (strategy == "manual")  # The manual path's client is a host too.
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
     procs, pumps, emulated, specs = [], [], None, []
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    _SIGNALLED.clear()
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if hosts:
             stale = emulated_hosts.remove_stale()
@@ -227,6 +228,7 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
                 pump.start()
                 pumps.append(pump)
         _say(f"tfdp.launch: {_summary(specs)} {where}")
+        _raise_if_signalled()
         if strategy == "manual":
             return _supervise_client(procs, specs, poll_seconds)
         return _supervise(procs, poll_seconds, grace)
@@ -241,7 +243,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             return 130
         return PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE} else 128 + 15
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         _stop(procs, [spec.role for spec in specs])
         for pump in pumps:
             pump.join(timeout=5)
@@ -336,12 +339,28 @@ class _Terminated(Exception):
     pass
 
 
-def _on_sigterm(signum, frame):
-    raise _Terminated()
+# The signal handlers only note the signal; the supervising loops raise at a point of their
+# choosing. An exception raised by a handler can land inside Popen.poll() between its taking
+# Popen's internal wait lock and the try that releases it: the lock stays taken, and the later
+# wait() for that worker blocks forever (seen in CI with py-spy: the launcher in Popen._wait,
+# its chief a zombie nobody reaped).
+_SIGNALLED = []
+
+
+def _on_signal(signum, frame):
+    _SIGNALLED.append(signum)
+
+
+def _raise_if_signalled():
+    if signal.SIGINT in _SIGNALLED:
+        raise KeyboardInterrupt()
+    if _SIGNALLED:
+        raise _Terminated()
 
 
 def _supervise(procs, poll_seconds, grace) -> int:
     while True:
+        _raise_if_signalled()
         codes = [p.poll() for p in procs]  # Poll every worker, each time round.
         failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
         if failed:
@@ -363,6 +382,7 @@ def _supervise_client(procs, specs, poll_seconds) -> int:
     (the client finds out on its next step and says what it means for the run)."""
     reported = set()
     while True:
+        _raise_if_signalled()
         code = procs[0].poll()
         for i, proc in enumerate(procs[1:], 1):  # Before the chief's end: it may be why.
             if i not in reported and proc.poll() is not None:
