@@ -102,3 +102,20 @@ def train_manual(config, devices, train_split, test_split, reporter, params=None
 
     plan = make_plan(config, len(devices), len(train_split.labels), len(test_split.labels))
     return trainer.train(config, plan, devices, train_split, test_split, reporter, params)
+
+
+def served_disagreement(version, trained, start, images) -> float:
+    """|served logits - ``trained``'s logits| / |how far training moved them|, on ``images``
+    (uint8), for an export ``version`` folder against float64 LeNet parameters: the export
+    computes in float64 and serves float32 logits, so that rounding only (~1e-7)."""
+    import tensorflow as tf
+
+    images = tf.constant(images)
+    served = tf.saved_model.load(str(version)).signatures["serving_default"](
+        images=images)["logits"].numpy()
+
+    def logits(params):
+        return lenet.apply(params, data.to_float(images, tf.float64)).numpy()
+
+    moved = np.linalg.norm(logits(trained) - logits(start))
+    return np.linalg.norm(served - logits(trained)) / moved

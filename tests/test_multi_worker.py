@@ -11,13 +11,12 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from conftest import DEVICES, REPO, comparable_start, run_module, train_manual
-from tfdp import checkpoints, data, report
+from conftest import (DEVICES, REPO, comparable_start, run_module, served_disagreement,
+                      train_manual)
+from tfdp import checkpoints, report
 from tfdp.config import Config
 from tfdp.keras_path import keras_mwms_fix
-from tfdp.models import lenet
 
 
 def launch(tmp_path, *train_args, env=None):
@@ -57,18 +56,10 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2], is_chief=False)
     manual = train_manual(config, DEVICES[:2], train_split, test_split, reporter,
                                   params=start)
-    # The chief's export, served, against the manual model's logits on real test images.
-    images = tf.constant(test_split.images[:500])
-    served = tf.saved_model.load(str(tmp_path / "exp" / "1")).signatures["serving_default"](
-        images=images)["logits"].numpy()
-
-    def logits(params):
-        return lenet.apply(params, data.to_float(images, tf.float64)).numpy()
-
-    moved = np.linalg.norm(logits(manual) - logits(start))
-    # The export computes in float64 and returns float32 logits: that rounding only (the float32
-    # runs that drift apart are explained in conftest.comparable_start).
-    assert np.linalg.norm(served - logits(manual)) / moved < 1e-5
+    # The chief's export, served, against the manual model's logits on real test images (the
+    # float32 runs that drift apart are explained in conftest.comparable_start).
+    assert served_disagreement(tmp_path / "exp" / "1", manual, start,
+                               test_split.images[:500]) < 1e-5
 
 
 def test_a_worker_with_an_empty_shard_adds_nothing(tmp_path, data_dir):

@@ -11,13 +11,12 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from conftest import DEVICES, REPO, comparable_start, run_module, train_manual
-from tfdp import checkpoints, data, hosts, report
+from conftest import (DEVICES, REPO, comparable_start, run_module, served_disagreement,
+                      train_manual)
+from tfdp import checkpoints, hosts, report
 from tfdp.config import Config
 from tfdp.launch import free_ports
-from tfdp.models import lenet
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -57,16 +56,8 @@ def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir,
     config = Config(num_gpus=2, workdir=str(tmp_path / "local"), **settings)
     reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2], is_chief=False)
     local = train_manual(config, DEVICES[:2], train_split, test_split, reporter, params=start)
-    images = tf.constant(test_split.images[:500])
-    served = tf.saved_model.load(str(tmp_path / "exp" / "1")).signatures["serving_default"](
-        images=images)["logits"].numpy()
-
-    def logits(params):
-        return lenet.apply(params, data.to_float(images, tf.float64)).numpy()
-
-    moved = np.linalg.norm(logits(local) - logits(start))
-    # The export computes in float64 and serves float32 logits: that rounding only.
-    assert np.linalg.norm(served - logits(local)) / moved < 1e-5
+    assert served_disagreement(tmp_path / "exp" / "1", local, start,
+                               test_split.images[:500]) < 1e-5
 
 
 def test_a_killed_worker_ends_the_run_naming_it_and_the_same_command_resumes(tmp_path,
