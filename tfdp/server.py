@@ -39,10 +39,12 @@ flags.DEFINE_boolean("verbose", False, "Also print TensorFlow's INFO lines.")
 FLAGS = flags.FLAGS
 
 JOB = "worker"
-# How often the client's port is probed, and how many probes in a row must fail before the
-# client counts as gone (a busy client may be slow to accept one connection).
-_POLL_SECONDS = 1.0
-_MISSES = 3
+# How often the client's port is probed: often enough to see a client that connects and
+# refuses to run within a second (a wrong --num_gpus), which would otherwise be missed and
+# leave the server waiting for ever. How long the port must stay shut before the client counts
+# as gone: a busy client may be slow to accept one connection.
+_POLL_SECONDS = 0.1
+_GONE_AFTER_SECONDS = 3.0
 
 
 def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None,
@@ -111,14 +113,12 @@ def _session_config(tf, num_gpus: int):
 
 def _wait_for_client(chief: str) -> None:
     """Until the chief's port has answered once and then stopped answering."""
-    seen, misses = False, 0
+    last_answer = None
     while True:
-        if cluster.unreachable([chief]):
-            misses += 1
-            if seen and misses >= _MISSES:
-                return
-        else:
-            seen, misses = True, 0
+        if not cluster.unreachable([chief]):
+            last_answer = time.monotonic()
+        elif last_answer is not None and time.monotonic() - last_answer >= _GONE_AFTER_SECONDS:
+            return
         time.sleep(_POLL_SECONDS)
 
 
