@@ -12,27 +12,40 @@ from tfdp import hosts
 
 
 def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
-    result = run_module("tfdp.bench", "--configs=stock:1,manual:1,manual:2:ring,mirrored:2",
+    result = run_module("tfdp.bench", "--configs=stock:1,manual:1,manual:2:ring,manual:2:ring:bf16,"
+                        "plain:1:bf16:spe=2:intra=1:inter=1",
                         "--steps=3", "--epochs=2", "--rounds=1", "--batch_size=64",
                         "--allreduce", "--allreduce_sizes=4096", f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["name"]: r for r in report["rows"]}
-    assert list(rows) == ["stock:1", "manual:1", "manual:2:ring", "mirrored:2"]
+    assert list(rows) == ["stock:1", "manual:1", "manual:2:ring", "manual:2:ring:bf16",
+                          "plain:1:bf16:spe=2:intra=1:inter=1"]
     for row in rows.values():
         assert row["examples_per_sec"] > 0 and row["min"] <= row["examples_per_sec"] <= row["max"]
-        assert 0 < row["flops_fraction"] < 1
+        assert 0 < row["of_float32_ceiling"] < 1 and 0 < row["of_bfloat16_ceiling"] < 1
         assert row["vs_stock"] > 0
     assert rows["manual:2:ring"]["allreduce"] == "ring"
     assert rows["manual:2:ring"]["speedup"] > 0  # Against manual:1.
+    bf16 = rows["manual:2:ring:bf16"]
+    assert bf16["precision"] == "bfloat16" and bf16["speedup"] is None  # No manual:1:bf16 row.
+    assert bf16["vs_fp32"] == pytest.approx(
+        bf16["examples_per_sec"] / rows["manual:2:ring"]["examples_per_sec"])
+    assert bf16["vs_plain"] == pytest.approx(
+        bf16["examples_per_sec"] / rows["plain:1:bf16:spe=2:intra=1:inter=1"]["examples_per_sec"])
+    assert rows["manual:1"]["vs_plain"] is None  # No float32 plain row.
+    tuned = rows["plain:1:bf16:spe=2:intra=1:inter=1"]
+    assert (tuned["spe"], tuned["intra"], tuned["inter"]) == (2, 1, 1)
     assert report["matmul_gflops"] > 1
+    assert set(report["matmul_gflops_by_dtype"]) == {"float32", "bfloat16"}
     assert 13e6 < report["training_flops_per_example"] < 14e6  # LeNet: 3 x 4.5 MFLOP
     algorithms = {r["algorithm"] for r in report["allreduce"]["rows"]}
     assert {"add_n", "sharded", "ring", "ReductionToOneDevice", "CollectiveAllReduce"} <= algorithms
     assert all(r["k"] in (2, 3, 4) for r in report["allreduce"]["rows"])
     table = (tmp_path / "bench.md").read_text()
-    assert table.count("\n| manual:") == 2 and "| add_n | 2 | 4 KB |" in table
+    assert table.count("\n| manual:") == 3 and "| add_n | 2 | 4 KB |" in table
+    assert "| bf16 | compiled, 2 steps/call | 1 intra, 1 inter |" in table
     assert (tmp_path / "bench.png").stat().st_size > 1000
 
 
@@ -45,22 +58,31 @@ def test_bench_refuses_a_malformed_config(tmp_path):
                     reason="emulated hosts need Linux and root (network namespaces)")
 def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
     result = run_module("tfdp.bench", "--hosts", "--allreduce", "--configs=", "--workers=2",
-                        "--sizes=96KB",
+                        "--sizes=96KB", "--dtypes=fp32,bf16",
                         "--links=1gbit", "--repeats=1", f"--workdir={tmp_path}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "allreduce_hosts.json").read_text())
-    assert [r["algorithm"] for r in rows] == ["add_n", "sharded", "ring", "tf_collective_ring"]
+    assert [(r["algorithm"], r["dtype"]) for r in rows] == [
+        (algorithm, dtype) for dtype in ("float32", "bfloat16")
+        for algorithm in ("add_n", "sharded", "ring")] + [
+        ("tf_collective_ring", dtype) for dtype in ("float32", "bfloat16")]
     for row in rows:
-        assert row["workers"] == 2 and row["bytes"] == 96000
+        # The same 24,000 parameters; in bfloat16 half the bytes travel.
+        assert row["workers"] == 2 and row["parameters"] == 24000
+        assert row["bytes"] == (96000 if row["dtype"] == "float32" else 48000)
         assert row["link_bits_per_s"] == 1e9 and row["seconds"] > 0
         # 2(k-1)S/B for add_n, 2(k-1)/k S/B for the others.
         factor = 2 if row["algorithm"] == "add_n" else 1
-        assert row["predicted_seconds"] == pytest.approx(factor * 96000 * 8 / 1e9)
+        assert row["predicted_seconds"] == pytest.approx(factor * row["bytes"] * 8 / 1e9)
         # Whoever sends most sends what the arithmetic says, plus headers and set-up.
         assert row["predicted_sent_bytes"] <= row["sent_bytes_per_call"] < 3 * (
             row["predicted_sent_bytes"] + 100e3), row
+    sent = {(r["algorithm"], r["dtype"]): r["sent_bytes_per_call"] for r in rows}
+    for algorithm in ("add_n", "sharded", "ring", "tf_collective_ring"):
+        assert sent[algorithm, "bfloat16"] < 0.75 * sent[algorithm, "float32"], sent
     table = (tmp_path / "allreduce_hosts.md").read_text()
-    assert table.count("\n| 1gbit | 2 | 96.0 KB | ") == 4, table
+    assert table.count("\n| 1gbit | 2 | 96.0 KB | fp32 | ") == 4, table
+    assert table.count("\n| 1gbit | 2 | 48.0 KB | bf16 | ") == 4, table
     assert (tmp_path / "allreduce_hosts.png").stat().st_size > 1000
     assert not [n for n in hosts.namespaces() if n.startswith(hosts.PREFIX)]
 
@@ -97,7 +119,9 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
     (["--hosts", "--allreduce", "--sizes=big"], "--sizes entry 'big' is not a size like 0.43MB"),
     (["--hosts", "--allreduce", "--configs=", "--workers=1"],
      "--workers=1: give worker counts of 2 or more"),
-    (["--hosts", "--allreduce", "--links=fast"], "--links=fast is not a rate like 10mbit")])
+    (["--hosts", "--allreduce", "--links=fast"], "--links=fast is not a rate like 10mbit"),
+    (["--hosts", "--allreduce", "--dtypes=int8"], "--dtypes entry 'int8': give float32 or bfloat16"),
+    (["--configs=stock:1:bf16"], "--configs entry 'stock:1:bf16': stock is Keras' defaults")])
 def test_the_allreduce_across_hosts_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     result = run_module("tfdp.bench", *flags, f"--workdir={tmp_path}")
     assert result.returncode == 1

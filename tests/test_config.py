@@ -45,3 +45,19 @@ def test_global_batch_arithmetic():
     assert Config(per_replica_batch_size=64).global_batch_size(4) == 256
     assert Config(lr=0.1, scale_lr=True).peak_lr(4) == pytest.approx(0.4)
     assert Config(lr=0.1).peak_lr(4) == 0.1
+
+
+def test_thread_shares_follow_tensorflows_thread_variables(monkeypatch):
+    from tfdp import devices
+
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
+    intra, inter = devices.thread_shares(2)
+    assert intra == max(1, devices.available_cores() // 2) and inter == 2
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "3")
+    assert devices.thread_shares(2) == (3, 2)
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "1")
+    assert devices.thread_shares(2) == (3, 1)
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "many")
+    with pytest.raises(UserError, match="TF_NUM_INTEROP_THREADS='many': give a positive number"):
+        devices.thread_shares(2)

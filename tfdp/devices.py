@@ -65,8 +65,21 @@ def share_cores(num_devices: int) -> None:
 
 
 def thread_shares(num_devices: int) -> tuple:
-    """(intra-op, inter-op) threads for ``num_devices`` logical CPU devices (``share_cores``)."""
-    return max(1, available_cores() // num_devices), max(2, num_devices)
+    """(intra-op, inter-op) threads for ``num_devices`` logical CPU devices (``share_cores``):
+    TensorFlow's own ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS``, where set, win
+    (the benchmark tunes Keras ``fit`` with them)."""
+    intra, inter = max(1, available_cores() // num_devices), max(2, num_devices)
+    return (_threads_from_env("TF_NUM_INTRAOP_THREADS", intra),
+            _threads_from_env("TF_NUM_INTEROP_THREADS", inter))
+
+
+def _threads_from_env(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"{name}={value!r}: give a positive number of threads, or unset it")
+    return int(value)
 
 
 # /proc/cpuinfo flags of CPUs with bfloat16 arithmetic: AVX512-BF16 and AMX (x86), BF16 (Arm).

@@ -2,7 +2,7 @@
 ``CollectiveAllReduce`` that ``MultiWorkerMirroredStrategy`` runs (its ring implementation,
 as on CPUs). ``tfdp.bench.hosts`` starts one per emulated host, with ``TF_CONFIG``.
 
-Each worker all-reduces a float32 tensor of each size (one warm-up call, then ``repeats``
+Each worker all-reduces a tensor of each size (float32 bytes) and dtype (one warm-up call, then ``repeats``
 timed calls; every call waits for every worker, so the calls line up), checks the sum, and
 worker 0 marks each size's phase and prints one JSON line, as ``tfdp.bench.remote_allreduce``
 does.
@@ -18,7 +18,8 @@ from absl import app, flags
 from tfdp import cluster, logs
 from tfdp.bench.hosts import mark
 
-flags.DEFINE_list("sizes", ["4000000"], "Sizes in bytes.")
+flags.DEFINE_list("sizes", ["4000000"], "Sizes in bytes, as float32.")
+flags.DEFINE_list("dtypes", ["float32"], "What the tensors are summed in.")
 flags.DEFINE_integer("repeats", 5, "Timed calls per size, after one warm-up call.")
 FLAGS = flags.FLAGS
 
@@ -34,14 +35,15 @@ def main(argv):
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     k = strategy.num_replicas_in_sync
     rows = []
-    for size in (int(s) for s in FLAGS.sizes):
+    for size, dtype in ((int(s), tf.as_dtype(d)) for s in FLAGS.sizes for d in FLAGS.dtypes):
         n = max(1, size // 4)
-        value = tf.fill([n], float(task.worker_index + 1))
+        value = tf.fill([n], tf.constant(task.worker_index + 1, dtype))
 
         def replica(value):
             total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
                                                                    value)
-            return tf.reduce_sum(total)  # One number back, as for tfdp's algorithms.
+            # One number back, as for tfdp's algorithms.
+            return tf.reduce_sum(tf.cast(total, tf.float32))
 
         @tf.function
         def reduce():
@@ -49,7 +51,7 @@ def main(argv):
 
         expected = n * k * (k + 1) / 2
         if task.is_chief:  # The others wait for it in the first all-reduce.
-            mark(f"{NAME} {size}")
+            mark(f"{NAME} {size} {dtype.name}")
         got = float(reduce())
         if abs(got - expected) > 1e-4 * expected:
             raise SystemExit(f"{NAME}: wrong sum {got}, expected {expected}")
@@ -60,7 +62,8 @@ def main(argv):
             samples.append(time.perf_counter() - start)
         if task.is_chief:
             mark("end")
-        rows.append({"algorithm": NAME, "workers": k, "bytes": n * 4,
+        rows.append({"algorithm": NAME, "workers": k, "dtype": dtype.name, "parameters": n,
+                     "bytes": n * dtype.size,
                      "seconds": statistics.median(samples), "samples": samples,
                      "calls": 1 + FLAGS.repeats})
     if task.is_chief:

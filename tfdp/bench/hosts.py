@@ -69,6 +69,16 @@ def parse_size(text: str) -> int:
     return size // (4 * PIECES) * (4 * PIECES)
 
 
+def parse_dtype(text: str) -> str:
+    """``float32``/``fp32`` or ``bfloat16``/``bf16`` -> the dtype's name."""
+    from tfdp.config import PRECISION_ALIASES
+
+    name = PRECISION_ALIASES.get(text.strip(), text.strip())
+    if name not in ("float32", "bfloat16"):
+        raise UserError(f"--dtypes entry {text!r}: give float32 or bfloat16 (fp32, bf16)")
+    return name
+
+
 def predict(algorithm: str, workers: int, size: int, link_bits_per_s: float) -> float:
     """Seconds the textbook's arithmetic gives one allreduce of ``size`` bytes (module doc)."""
     per_second = link_bits_per_s / 8
@@ -85,8 +95,10 @@ def predict_sent(algorithm: str, workers: int, size: int) -> float:
     return 2 * (workers - 1) / workers * size
 
 
-def measure(workers: list, sizes: list, links: list, repeats: int, say=print) -> list:
-    """Every row: tfdp's three algorithms and TensorFlow's ring, each k, size and link."""
+def measure(workers: list, sizes: list, links: list, repeats: int, say=print,
+            dtypes=("float32",)) -> list:
+    """Every row: tfdp's three algorithms and TensorFlow's ring, each k, size (float32 bytes),
+    dtype and link."""
     rates = [(link, emulated_hosts.parse_rate(link, "--links")) for link in links]
     emulated_hosts.check_available()
     stale = emulated_hosts.remove_stale()
@@ -100,10 +112,10 @@ def measure(workers: list, sizes: list, links: list, repeats: int, say=print) ->
             hosts = emulated_hosts.Hosts(k + 1, link)
             hosts.create()
             try:
-                timeout = 120 + 4 * (repeats + 2) * sum(
+                timeout = 120 + 4 * (repeats + 2) * len(dtypes) * sum(
                     predict("add_n", k, s, rate) for s in sizes)
-                found = (_tfdp_rows(hosts, k, sizes, repeats, timeout)
-                         + _collective_rows(hosts, k, sizes, repeats, timeout))
+                found = (_tfdp_rows(hosts, k, sizes, dtypes, repeats, timeout)
+                         + _collective_rows(hosts, k, sizes, dtypes, repeats, timeout))
             finally:
                 hosts.remove()
             for row in found:
@@ -116,7 +128,7 @@ def measure(workers: list, sizes: list, links: list, repeats: int, say=print) ->
     return rows
 
 
-def _tfdp_rows(hosts, k, sizes, repeats, timeout) -> list:
+def _tfdp_rows(hosts, k, sizes, dtypes, repeats, timeout) -> list:
     """k servers on hosts 0..k-1, the client on host k."""
     workers = [f"{hosts.address(i)}:{SERVER_PORT}" for i in range(k)]
     cluster = {"chief": [f"{hosts.address(k)}:{SERVER_PORT}"], "worker": workers}
@@ -125,16 +137,18 @@ def _tfdp_rows(hosts, k, sizes, repeats, timeout) -> list:
     try:
         client = _start(hosts, k, [sys.executable, "-m", "tfdp.bench.remote_allreduce",
                                    f"--sizes={','.join(map(str, sizes))}",
-                                   f"--repeats={repeats}"], _tf_config(cluster, "chief", 0))
+                                   f"--dtypes={','.join(dtypes)}", f"--repeats={repeats}"],
+                        _tf_config(cluster, "chief", 0))
         return _rows_of(client, hosts, "the client of tfdp's algorithms", timeout)
     finally:
         _stop(servers)
 
 
-def _collective_rows(hosts, k, sizes, repeats, timeout) -> list:
+def _collective_rows(hosts, k, sizes, dtypes, repeats, timeout) -> list:
     cluster = {"worker": [f"{hosts.address(i)}:{COLLECTIVE_PORT}" for i in range(k)]}
     procs = [_start(hosts, i, [sys.executable, "-m", "tfdp.bench.collective",
-                               f"--sizes={','.join(map(str, sizes))}", f"--repeats={repeats}"],
+                               f"--sizes={','.join(map(str, sizes))}",
+                               f"--dtypes={','.join(dtypes)}", f"--repeats={repeats}"],
                     _tf_config(cluster, "worker", i), read=i == 0) for i in range(k)]
     try:
         return _rows_of(procs[0], hosts, "TensorFlow's collective (worker 0)", timeout)
@@ -206,14 +220,15 @@ def _stop(procs):
 def format_rows(rows: list) -> str:
     lines = ["allreduce across emulated hosts: median of the timed calls after one warm-up; "
              "predicted: the textbook's arithmetic (tfdp/bench/hosts.py)",
-             "| link | workers | size | algorithm | measured | predicted | measured / predicted "
-             "| busiest host sent | predicted |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| link | workers | size | dtype | algorithm | measured | predicted | "
+             "measured / predicted | busiest host sent | predicted |",
+             "|" + " --- |" * 10]
     def amount(n):
         return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} KB"
 
     for r in rows:
-        lines.append(f"| {r['link']} | {r['workers']} | {amount(r['bytes'])} | "
+        dtype = {"float32": "fp32", "bfloat16": "bf16"}.get(r["dtype"], r["dtype"])
+        lines.append(f"| {r['link']} | {r['workers']} | {amount(r['bytes'])} | {dtype} | "
                      f"{r['algorithm']} | {r['seconds'] * 1e3:.1f} ms | "
                      f"{r['predicted_seconds'] * 1e3:.1f} ms | {r['ratio']:.2f} | "
                      f"{amount(r['sent_bytes_per_call'])} | {amount(r['predicted_sent_bytes'])} |")

@@ -10,8 +10,9 @@ client reads k numbers, and checks them (every worker must hold k times its own 
 
 Around each (algorithm, size) it prints ``MARK`` and waits for a line on stdin, so that whoever
 started it can read the hosts' byte counters between phases (``tfdp.bench.hosts``). At the end
-it prints one JSON line: ``[{"algorithm", "workers", "bytes", "seconds", "samples", "calls"},
-...]``.
+it prints one JSON line: ``[{"algorithm", "workers", "dtype", "parameters", "bytes",
+"seconds", "samples", "calls"}, ...]``. A size is the float32 gradient's bytes; in bfloat16
+(``--dtypes``, tfdp.train's ``--allreduce_dtype=bf16``) the same parameters travel in half.
 """
 
 import json
@@ -25,7 +26,8 @@ from absl import app, flags
 from tfdp.bench.hosts import PIECES, mark
 from tfdp.manual.allreduce import ALLREDUCE
 
-flags.DEFINE_list("sizes", ["4000000"], "Gradient sizes in bytes.")
+flags.DEFINE_list("sizes", ["4000000"], "Gradient sizes in bytes, as float32.")
+flags.DEFINE_list("dtypes", ["float32"], "What the gradients travel and are summed in.")
 flags.DEFINE_list("algorithms", list(ALLREDUCE), "tfdp algorithms to time.")
 flags.DEFINE_integer("repeats", 5, "Timed calls per row, after one warm-up call.")
 FLAGS = flags.FLAGS
@@ -40,17 +42,18 @@ def main(argv):
                                               task_index=0)
     devices = [f"/job:worker/replica:0/task:{w}/device:CPU:0" for w in range(k)]
     rows = []
-    for size in (int(s) for s in FLAGS.sizes):
+    for size, dtype in ((int(s), tf.as_dtype(d)) for s in FLAGS.sizes for d in FLAGS.dtypes):
         per_piece = max(1, size // 4 // PIECES)
         grads = []
         for d, device in enumerate(devices):
             with tf.device(device):
-                grads.append([tf.Variable(tf.fill([per_piece], float(d + 1)), trainable=False)
-                              for _ in range(PIECES)])
-        expected = per_piece * PIECES * k * (k + 1) / 2  # Every worker: the sum of all.
+                grads.append([tf.Variable(tf.fill([per_piece], tf.constant(d + 1, dtype)),
+                                          trainable=False) for _ in range(PIECES)])
+        # Every worker: the sum of all (exact in bfloat16 too: each element sums to k(k+1)/2).
+        expected = per_piece * PIECES * k * (k + 1) / 2
         for name in FLAGS.algorithms:
             step = _compiled(ALLREDUCE[name], devices, grads)
-            mark(f"{name} {size}")
+            mark(f"{name} {size} {dtype.name}")
             got = step()  # Trace, and the warm-up call.
             if any(abs(float(g) - expected) > 1e-4 * expected for g in got):
                 raise SystemExit(f"{name}: wrong sums {[float(g) for g in got]}, expected "
@@ -61,7 +64,9 @@ def main(argv):
                 [float(g) for g in step()]
                 samples.append(time.perf_counter() - start)
             mark("end")
-            rows.append({"algorithm": name, "workers": k, "bytes": per_piece * PIECES * 4,
+            rows.append({"algorithm": name, "workers": k, "dtype": dtype.name,
+                         "parameters": per_piece * PIECES,
+                         "bytes": per_piece * PIECES * dtype.size,
                          "seconds": statistics.median(samples), "samples": samples,
                          "calls": 1 + FLAGS.repeats})
         del grads
@@ -82,7 +87,7 @@ def _compiled(allreduce, devices, grads):
         sums = []
         for device, received in zip(devices, out):
             with tf.device(device):
-                sums.append(tf.add_n([tf.reduce_sum(t) for t in received]))
+                sums.append(tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in received]))
         return sums
 
     return step

@@ -14,7 +14,15 @@ over all of them alike. Throughput comes from the per-epoch timings the run itse
 A configuration is ``path:devices[:option...]``; path is manual, mirrored, multi_worker,
 plain (Keras fit, no strategy, tfdp's input pipeline) or stock (Keras fit on numpy arrays,
 default threads: ``tfdp.bench.stock``); options are an allreduce (add_n, sharded, ring),
-``eager``, and ``spe=N`` (steps per execution, Keras paths).
+``eager``, ``spe=N`` (steps per execution, Keras paths), ``bf16`` (``--precision=bfloat16``)
+and ``intra=N`` / ``inter=N`` (TensorFlow's thread pools, through ``TF_NUM_INTRAOP_THREADS`` and
+``TF_NUM_INTEROP_THREADS``; default: tfdp's share of the cores per device). The tuned Keras
+``fit`` of LeNet on one device, to hold tfdp's paths against (measured in docs/benchmarks.md)::
+
+  python -m tfdp.bench --configs=manual:2,manual:2:bf16,plain:1:spe=16,plain:1:bf16:spe=16,...
+
+Every row says what fraction of the machine's fp32 and bf16 matmul ceilings (a 2048x2048
+matmul on all cores, measured in the same run) its training FLOPs reach.
 """
 
 import json
@@ -52,6 +60,8 @@ flags.DEFINE_boolean("hosts", False, "Across emulated hosts (Linux, root) instea
                      "--allreduce, the allreduce table.")
 flags.DEFINE_list("workers", ["2", "3", "4"], "--hosts: worker counts k to try.")
 flags.DEFINE_list("sizes", ["0.5MB", "4MB"], "--hosts: gradient sizes (0.43MB, 4MB, 45MB ...).")
+flags.DEFINE_list("dtypes", ["float32"], "--hosts --allreduce: what the gradients travel in "
+                  "(float32, bfloat16: tfdp.train's --allreduce_dtype); --sizes are float32 bytes.")
 flags.DEFINE_list("links", ["10mbit", "100mbit", "1gbit"],
                   "--hosts: link rates, each way (tc syntax).")
 flags.DEFINE_integer("repeats", 5, "--hosts: timed allreduce calls per row, after a warm-up.")
@@ -70,16 +80,23 @@ def parse_config(text: str) -> dict:
         raise ValueError(f"--configs entry {text!r}: expected path:devices[:option...] with "
                          f"path in {', '.join(PATHS)}")
     config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
-              "allreduce": "add_n" if parts[0] == "manual" else "-", "eager": False, "spe": 1}
+              "allreduce": "add_n" if parts[0] == "manual" else "-", "eager": False, "spe": 1,
+              "precision": "float32", "intra": None, "inter": None}
     for option in parts[2:]:
+        name, _, value = option.partition("=")
         if option in ("add_n", "sharded", "ring"):
             config["allreduce"] = option
         elif option == "eager":
             config["eager"] = True
-        elif option.startswith("spe=") and option[4:].isdigit():
-            config["spe"] = int(option[4:])
+        elif option in ("bf16", "bfloat16"):
+            config["precision"] = "bfloat16"
+        elif name in ("spe", "intra", "inter") and value.isdigit() and int(value) > 0:
+            config[name] = int(value)
         else:
             raise ValueError(f"--configs entry {text!r}: unknown option {option!r}")
+    if config["path"] == "stock" and (config["precision"] != "float32" or config["spe"] > 1):
+        raise ValueError(f"--configs entry {text!r}: stock is Keras' defaults (float32, one "
+                         "step per execution); tune plain:1 instead")
     return config
 
 
@@ -96,6 +113,7 @@ def train_command(config: dict, workdir: str) -> list:
     args += [f"--manual_dir={FLAGS.manual_dir}"] * bool(FLAGS.manual_dir)
     args += ["--synthetic_data"] * (FLAGS.data == "synthetic")
     args += ["--eager"] * config["eager"]
+    args += [f"--precision={config['precision']}"]
     if config["path"] == "manual":
         args.append(f"--allreduce={config['allreduce']}")
     else:
@@ -111,8 +129,10 @@ def run_once(config: dict) -> list:
     """Examples/s of each timed (non-first) epoch of one run."""
     workdir = tempfile.mkdtemp(prefix="tfdp-bench-")
     try:
+        threads = {name: str(config[key]) for key, name in (
+            ("intra", "TF_NUM_INTRAOP_THREADS"), ("inter", "TF_NUM_INTEROP_THREADS")) if config[key]}
         result = subprocess.run(train_command(config, workdir), capture_output=True, text=True,
-                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **threads))
         if result.returncode != 0:
             tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
             raise RuntimeError(f"{config['name']} failed: {tail[0]}")
@@ -123,11 +143,11 @@ def run_once(config: dict) -> list:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def matmul_gflops(n=2048, repeats=10) -> float:
-    """The machine's practical fp32 ceiling: a large matmul on all cores."""
+def matmul_gflops(dtype="float32", n=2048, repeats=10) -> float:
+    """The machine's practical ceiling in ``dtype``: a large matmul on all cores."""
     import tensorflow as tf
 
-    a = tf.random.normal([n, n])
+    a = tf.cast(tf.random.normal([n, n]), dtype)
     tf.linalg.matmul(a, a).numpy()
     best = float("inf")
     for _ in range(repeats):
@@ -155,47 +175,69 @@ def training_flops_per_example(model_name: str) -> float:
     return 3.0 * forward
 
 
-def summarise(configs, samples, gflops, flops_per_example) -> list:
+def summarise(configs, samples, ceilings, flops_per_example) -> list:
+    """One row per configuration. ``ceilings``: matmul GFLOP/s by dtype name. ``vs_plain``
+    compares with the fastest plain fit of the row's precision; ``vs_fp32``, with the same
+    configuration in float32."""
     rows = []
     for config in configs:
         rates = samples[config["name"]]
         median = statistics.median(rates)
-        rows.append({**config, "examples_per_sec": median, "min": min(rates), "max": max(rates),
-                     "runs": len(rates), "sec_per_epoch": EPOCH_EXAMPLES / median,
-                     "flops_fraction": flops_per_example * median / (gflops * 1e9)})
+        row = {**config, "examples_per_sec": median, "min": min(rates), "max": max(rates),
+               "runs": len(rates), "sec_per_epoch": EPOCH_EXAMPLES / median}
+        for dtype, gflops in ceilings.items():
+            row[f"of_{dtype}_ceiling"] = flops_per_example * median / (gflops * 1e9)
+        row["flops_fraction"] = row[f"of_{config['precision']}_ceiling"]
+        rows.append(row)
+
+    def alike(r, row, *keys):
+        return all(r[key] == row[key] for key in keys)
+
     for row in rows:
         one = next((r for r in rows if r["path"] == row["path"] and r["devices"] == 1
                     and r["allreduce"] in (row["allreduce"], "add_n", "-")
-                    and r["eager"] == row["eager"] and r["spe"] == row["spe"]), None)
+                    and alike(r, row, "eager", "spe", "precision", "intra", "inter")), None)
         row["speedup"] = row["examples_per_sec"] / one["examples_per_sec"] if one else None
         row["efficiency"] = row["speedup"] / row["devices"] if one else None
-        for base in ("plain", "stock"):
-            ref = next((r for r in rows if r["path"] == base), None)
-            row[f"vs_{base}"] = row["examples_per_sec"] / ref["examples_per_sec"] if ref else None
+        plain = [r for r in rows if r["path"] == "plain" and r["precision"] == row["precision"]]
+        best = max(plain, key=lambda r: r["examples_per_sec"], default=None)
+        row["vs_plain"] = row["examples_per_sec"] / best["examples_per_sec"] if best else None
+        stock = next((r for r in rows if r["path"] == "stock"), None)
+        row["vs_stock"] = row["examples_per_sec"] / stock["examples_per_sec"] if stock else None
+        fp32 = next((r for r in rows if r["precision"] == "float32" and alike(
+            r, row, "path", "devices", "allreduce", "eager", "spe", "intra", "inter")), None)
+        row["vs_fp32"] = (row["examples_per_sec"] / fp32["examples_per_sec"]
+                          if fp32 and row["precision"] != "float32" else None)
     return rows
 
 
-def format_table(rows, gflops, flops_per_example) -> str:
+def format_table(rows, ceilings, flops_per_example) -> str:
     def opt(value, fmt):
         return format(value, fmt) if value is not None else "-"
 
     lines = [f"{FLAGS.model}, global batch {FLAGS.batch_size}, {FLAGS.data} data, "
              f"{FLAGS.steps} steps x {FLAGS.epochs - 1} timed epochs x {FLAGS.rounds} rounds; "
-             f"matmul ceiling {gflops:.0f} GFLOP/s, {flops_per_example / 1e6:.1f} MFLOP per "
-             "training example",
-             "| config | path | devices | allreduce | step | examples/s (min-max) | "
-             "sec/epoch | speedup vs 1 | efficiency | vs plain fit | vs stock fit | "
-             "of matmul ceiling |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"matmul ceilings {ceilings['float32']:.0f} GFLOP/s fp32, "
+             f"{ceilings['bfloat16']:.0f} bf16; {flops_per_example / 1e6:.1f} MFLOP per "
+             "training example; vs plain fit: the fastest plain row of the same precision",
+             "| config | path | devices | allreduce | precision | step | threads | "
+             "examples/s (min-max) | sec/epoch | speedup vs 1 | efficiency | vs fp32 | "
+             "vs plain fit | vs stock fit | of fp32 ceiling | of bf16 ceiling |",
+             "|" + " --- |" * 16]
     for r in rows:
         step = "eager" if r["eager"] else ("compiled" if r["spe"] == 1 else
                                            f"compiled, {r['spe']} steps/call")
+        threads = (f"{r['intra'] or 'tfdp'} intra, {r['inter'] or 'tfdp'} inter"
+                   if r["intra"] or r["inter"] else "tfdp's")
+        precision = "bf16" if r["precision"] == "bfloat16" else "fp32"
         lines.append(
-            f"| {r['name']} | {r['path']} | {r['devices']} | {r['allreduce']} | {step} | "
+            f"| {r['name']} | {r['path']} | {r['devices']} | {r['allreduce']} | {precision} | "
+            f"{step} | {threads} | "
             f"{r['examples_per_sec']:.0f} ({r['min']:.0f}-{r['max']:.0f}) | "
             f"{r['sec_per_epoch']:.1f} | {opt(r['speedup'], '.2f')} | "
-            f"{opt(r['efficiency'], '.0%')} | {opt(r['vs_plain'], '.2f')} | "
-            f"{opt(r['vs_stock'], '.2f')} | {r['flops_fraction']:.1%} |")
+            f"{opt(r['efficiency'], '.0%')} | {opt(r['vs_fp32'], '.2f')} | "
+            f"{opt(r['vs_plain'], '.2f')} | {opt(r['vs_stock'], '.2f')} | "
+            f"{r['of_float32_ceiling']:.1%} | {r['of_bfloat16_ceiling']:.1%} |")
     return "\n".join(lines)
 
 
@@ -251,12 +293,12 @@ def main(argv):
                     samples[config["name"]] += run_once(config)
                 except RuntimeError as e:
                     sys.exit(f"tfdp.bench: error: {e}")
-        gflops = matmul_gflops()
+        ceilings = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
         flops = training_flops_per_example(FLAGS.model)
-        rows = summarise(configs, samples, gflops, flops)
-        report.update(matmul_gflops=gflops, training_flops_per_example=flops, rows=rows,
-                      samples=samples)
-        text.append(format_table(rows, gflops, flops))
+        rows = summarise(configs, samples, ceilings, flops)
+        report.update(matmul_gflops=ceilings["float32"], matmul_gflops_by_dtype=ceilings,
+                      training_flops_per_example=flops, rows=rows, samples=samples)
+        text.append(format_table(rows, ceilings, flops))
         plot(rows, os.path.join(FLAGS.workdir, "bench.png"))
     if FLAGS.allreduce:
         sizes = [f"--sizes={','.join(FLAGS.allreduce_sizes)}"] if FLAGS.allreduce_sizes else []
@@ -299,6 +341,7 @@ def main_hosts():
             raise UserError(f"--workers={','.join(FLAGS.workers)}: give worker counts of 2 or "
                             "more, e.g. 2,3,4")
         sizes = [hosts.parse_size(s) for s in FLAGS.sizes] if FLAGS.allreduce else []
+        dtypes = [hosts.parse_dtype(d) for d in FLAGS.dtypes if d.strip()]
         if FLAGS.repeats < 1:
             raise UserError(f"--repeats must be a positive integer, got {FLAGS.repeats}")
         os.makedirs(FLAGS.workdir, exist_ok=True)
@@ -310,7 +353,8 @@ def main_hosts():
                    host_training.format_rows(rows))
             text.append(host_training.format_rows(rows))
         if FLAGS.allreduce:
-            rows = hosts.measure(workers, sizes, FLAGS.links, FLAGS.repeats, say=say)
+            rows = hosts.measure(workers, sizes, FLAGS.links, FLAGS.repeats, say=say,
+                                 dtypes=dtypes)
             base = os.path.join(FLAGS.workdir, "allreduce_hosts")
             _write(base, rows, hosts.format_rows(rows))
             hosts.plot(rows, base + ".png")
