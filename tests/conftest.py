@@ -4,9 +4,11 @@ once per session from the Fashion-MNIST files (``$TFDP_MANUAL_DIR`` or the share
 Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
 """
 
+import json
 import os
 import subprocess
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -119,3 +121,27 @@ def served_disagreement(version, trained, start, images) -> float:
 
     moved = np.linalg.norm(logits(trained) - logits(start))
     return np.linalg.norm(served - logits(trained)) / moved
+
+
+def wait_for_first_backup(run, tmp_path, timeout=180):
+    """Until the run in ``tmp_path / "run"`` has saved its first backup (an epoch's end)."""
+    from tfdp import checkpoints
+
+    backups = checkpoints.Backups(str(tmp_path / "run"), 0, {})
+    deadline = time.time() + timeout
+    while not backups.steps() and run.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert backups.steps(), "no epoch finished in time"
+
+
+def task_pid(launcher: int, kind: str, index: int) -> int:
+    """The pid of the launcher's child that runs task ``kind`` ``index`` (by its TF_CONFIG)."""
+    with open(f"/proc/{launcher}/task/{launcher}/children") as f:
+        children = [int(c) for c in f.read().split()]
+    for pid in children:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        config = json.loads(env[b"TF_CONFIG"])
+        if config["task"] == {"type": kind, "index": index}:
+            return pid
+    raise AssertionError(f"no {kind} {index} among {children}")

@@ -90,14 +90,24 @@ def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
                     reason="emulated hosts need Linux and root (network namespaces)")
 def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
-    result = run_module("tfdp.bench", "--hosts", "--configs=manual:1,manual:2:ring,multi_worker:2",
+    result = run_module("tfdp.bench", "--hosts",
+                        "--configs=manual:1,manual:2:ring,multi_worker:2,parameter_server:2:ps=2",
                         "--links=1gbit", "--steps=3", "--batch_size=64", f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "training_hosts.json").read_text())
     assert [(r["name"], r["link"]) for r in rows] == [
-        (name, link) for name in ("manual:1", "manual:2:ring", "multi_worker:2")
-        for link in ("unshaped", "1gbit")]
+        (name, link) for name in ("manual:1", "manual:2:ring", "multi_worker:2",
+                                  "parameter_server:2:ps=2") for link in ("unshaped", "1gbit")]
+    servers = [r for r in rows if r["path"] == "parameter_server"]
+    for row in servers:
+        rows.remove(row)
+        assert row["servers"] == 2 and row["steps_per_second"] > 0
+        # LeNet's W3 and W2 are halved over the two servers: the busiest holds about half.
+        assert 0.45 * 516272 < row["busiest_server_bytes"] < 0.6 * 516272
+        # min(B / s_max, m B / 2S) steps a second: with m = n = 2, the workers' links bind.
+        assert row["predicted_communication_seconds"] == pytest.approx(
+            516272 * 8 / 1e9 if row["link"] == "1gbit" else 0.0)
     for row in rows:
         assert row["step_seconds"] > 0 and row["compute_seconds"] > 0
         assert row["gradient_bytes"] == 516272  # LeNet's parameters in float32.
@@ -110,6 +120,7 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
         assert (row["k_machines_step_seconds"] is None) == (row["path"] == "multi_worker")
     table = (tmp_path / "training_hosts.md").read_text()
     assert table.count("\n| manual:2:ring | ") == 2, table
+    assert table.count("\n| parameter_server:2:ps=2 | ") == 2, table
     assert not [n for n in hosts.namespaces() if n.startswith(hosts.PREFIX)]
 
 
@@ -120,7 +131,8 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
     (["--hosts", "--allreduce", "--configs=", "--workers=1"],
      "--workers=1: give worker counts of 2 or more"),
     (["--hosts", "--allreduce", "--links=fast"], "--links=fast is not a rate like 10mbit"),
-    (["--hosts", "--allreduce", "--dtypes=int8"], "--dtypes entry 'int8': give float32 or bfloat16"),
+    (["--hosts", "--allreduce", "--dtypes=int8"],
+     "--dtypes entry 'int8': give float32 or bfloat16"),
     (["--configs=stock:1:bf16"], "--configs entry 'stock:1:bf16': stock is Keras' defaults")])
 def test_the_allreduce_across_hosts_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     result = run_module("tfdp.bench", *flags, f"--workdir={tmp_path}")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import (DEVICES, REPO, comparable_start, run_module, served_disagreement,
-                      train_manual)
+                      task_pid, train_manual, wait_for_first_backup)
 from tfdp import checkpoints, hosts, report
 from tfdp.config import Config
 from tfdp.launch import free_ports
@@ -64,8 +64,8 @@ def test_a_killed_worker_ends_the_run_naming_it_and_the_same_command_resumes(tmp
                                                                              data_dir):
     train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=20", "--eval_steps=1"]
     run = launch(tmp_path, *train, popen=True)
-    _wait_for_first_backup(run, tmp_path)
-    server = _server_pid(run.pid, 1)
+    wait_for_first_backup(run, tmp_path)
+    server = task_pid(run.pid, "worker", 1)
     os.kill(server, signal.SIGKILL)
     killed = time.time()
     out, err = run.communicate(timeout=120)
@@ -89,7 +89,7 @@ def test_sigterm_to_the_launcher_saves_on_the_chief_before_the_workers_stop(tmp_
     train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=100", "--eval_steps=1",
              "--batch_size=64"]
     run = launch(tmp_path, *train, popen=True)
-    _wait_for_first_backup(run, tmp_path)
+    wait_for_first_backup(run, tmp_path)
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=240)
     assert run.returncode == 75, err[-3000:]
@@ -121,7 +121,7 @@ def test_by_hand_a_server_and_a_client_refuse_what_cannot_work_in_one_line(tmp_p
         "running python -m tfdp.train")
     as_chief = run_module("tfdp.server", env=tf_config("chief"))
     assert as_chief.stderr.strip().splitlines()[-1] == (
-        "tfdp.server: error: TF_CONFIG: task type 'chief' is not one tfdp.server runs (worker)")
+        "tfdp.server: error: TF_CONFIG: task type 'chief' is not one tfdp.server runs (worker, ps)")
     as_worker = run_module("tfdp.train", env=tf_config("worker"))
     assert as_worker.stderr.strip().splitlines()[-1].startswith(
         "tfdp.train: error: TF_CONFIG: task type 'worker' is not one tfdp.train --strategy=manual "
@@ -209,7 +209,7 @@ def test_a_worker_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, da
     run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=30",
                  "--batch_size=64", "--eval_steps=1", "--collective_timeout=10",
                  launcher=("--num_workers=2", "--hosts"), popen=True)
-    _wait_for_first_backup(run, tmp_path)
+    wait_for_first_backup(run, tmp_path)
     host = f"{hosts.PREFIX}{run.pid}-h2"  # worker 1's host; the processes stay alive.
     subprocess.run(["ip", "-n", host, "link", "set", "eth0", "down"], check=True)
     cut = time.time()
@@ -222,23 +222,3 @@ def test_a_worker_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, da
                      rf"now: worker 1 \({re.escape(address)}:2222\)", err, re.M), err[-3000:]
     assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
     assert not any(n.startswith(f"{hosts.PREFIX}{run.pid}-") for n in hosts.namespaces())
-
-
-def _wait_for_first_backup(run, tmp_path):
-    backups = checkpoints.Backups(str(tmp_path / "run"), 0, {})
-    deadline = time.time() + 180
-    while not backups.steps() and run.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert backups.steps(), "no epoch finished in time"
-
-
-def _server_pid(launcher: int, index: int) -> int:
-    with open(f"/proc/{launcher}/task/{launcher}/children") as f:
-        children = [int(c) for c in f.read().split()]
-    for pid in children:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-        config = json.loads(env[b"TF_CONFIG"])
-        if config["task"] == {"type": "worker", "index": index}:
-            return pid
-    raise AssertionError(f"no worker {index} among {children}")

@@ -13,7 +13,7 @@ from typing import Optional
 from tfdp import cluster
 from tfdp.errors import UserError
 
-STRATEGIES = ("manual", "mirrored", "multi_worker", "plain")
+STRATEGIES = ("manual", "mirrored", "multi_worker", "plain", "parameter_server")
 MODELS = ("lenet", "resnet18")
 ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
@@ -28,7 +28,7 @@ RUN_STAMP_ENV = "TFDP_RUN_STAMP"
 # under the same ones (--epochs may grow: the steps before are the same).
 RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batch_size", "lr",
                 "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
-                "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm")
+                "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm", "ps_shards")
 LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 
 
@@ -47,7 +47,10 @@ class Config:
         "manual: the from-scratch data-parallel loop (on the devices of tfdp.server workers "
         "when TF_CONFIG names them); mirrored: Keras fit under "
         "MirroredStrategy; multi_worker: Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG); "
-        "plain: Keras fit on one device with no tf.distribute strategy (the baseline).")
+        "plain: Keras fit on one device with no tf.distribute strategy (the baseline); "
+        "parameter_server: the from-scratch LeNet on parameter servers, asynchronous SGD on "
+        "ParameterServerStrategy (TF_CONFIG with workers and ps tasks: python -m tfdp.launch "
+        "--num_ps).")
     model: str = _flag("lenet", "lenet or resnet18 (resnet18 needs a Keras strategy).")
     num_gpus: int = _flag(
         1, "Devices to train on (per worker under multi_worker and across machines). With fewer "
@@ -79,6 +82,9 @@ class Config:
         "float32", "manual path: the dtype the gradients travel and are summed in, cast back "
         "before the update: float32 (the gradients' own: float64 under --precision=float64), "
         "or bfloat16 (bf16: half the bytes on every link).")
+    ps_shards: int = _flag(
+        1, "parameter_server: split each large parameter (LeNet's W2 and W3) into up to this "
+        "many shards, each on another server (at most the ps tasks); 1 keeps them whole.")
     precision: str = _flag(
         "float32", "float32; bfloat16 (or bf16): mixed precision, computing in bfloat16 with "
         "float32 parameters, update, loss and softmax (fast on CPUs with avx512_bf16 or AMX "
@@ -137,6 +143,7 @@ class Config:
         if self.strategy == "manual" and self.model != "lenet":
             raise UserError(f"--model={self.model} needs --strategy=mirrored or multi_worker: "
                             "the from-scratch path (--strategy=manual) trains lenet only")
+        self._check_parameter_server()
         _positive("num_gpus", self.num_gpus)
         if self.strategy == "plain" and self.num_gpus != 1:
             raise UserError(f"--strategy=plain trains on one device without tf.distribute; for "
@@ -164,10 +171,33 @@ class Config:
             raise UserError(f"--manual_dir={self.manual_dir} is not a folder: point it at the "
                             "folder holding the four Fashion-MNIST .gz files")
 
+    def _check_parameter_server(self):
+        _positive("ps_shards", self.ps_shards)
+        if self.strategy != "parameter_server":
+            if self.ps_shards != 1:
+                raise UserError(f"--ps_shards={self.ps_shards} is --strategy=parameter_server's "
+                                f"(--strategy={self.strategy} keeps no parameter servers)")
+            return
+        if self.model != "lenet" and self.ps_shards > 1:
+            raise UserError(f"--ps_shards={self.ps_shards} splits the from-scratch lenet's "
+                            f"parameters; --model={self.model}'s Keras layers read whole "
+                            "variables: use --ps_shards=1 (its variables are spread round robin)")
+        if self.num_gpus != 1:
+            raise UserError(f"--num_gpus={self.num_gpus}: under --strategy=parameter_server "
+                            "each worker trains on one device; add workers (tfdp.launch "
+                            "--num_workers) instead")
+        if self.eager:
+            raise UserError("--eager: the coordinator of --strategy=parameter_server schedules "
+                            "compiled steps only")
+        if self.steps_per_execution > 1:
+            raise UserError("--steps_per_execution is a Keras option: the parameter-server "
+                            "path schedules one compiled step at a time")
+
     @property
     def initializer(self) -> str:
-        """The textbook's start for the from-scratch path, Keras' own (Glorot) for fit."""
-        return self.init or ("textbook" if self.strategy == "manual" else "glorot")
+        """The textbook's start for the from-scratch paths, Keras' own (Glorot) for fit."""
+        return self.init or ("textbook" if self.strategy in ("manual", "parameter_server")
+                             else "glorot")
 
     @property
     def variable_dtype(self) -> str:

@@ -10,6 +10,11 @@ cores, prefixes each process's output, and waits. What it starts depends on the 
 * ``--strategy=manual``: N ``python -m tfdp.server`` workers (``[i]``) and one ``python -m
   tfdp.train`` client, the chief (``[chief]``), which trains the from-scratch path on the
   workers' devices (``--num_gpus`` each; ``tfdp.manual.remote``). The client's exit decides.
+* ``--strategy=parameter_server``: N ``python -m tfdp.server`` workers (``[i]``), ``--num_ps``
+  parameter servers (``tfdp.server`` too, ``[ps j]``) and the coordinator, the chief
+  (``[chief]``; ``tfdp.parameter_server.trainer``). The chief's exit decides; a worker that
+  dies while it runs is started again (TensorFlow's coordinator retries its steps on the others
+  meanwhile, and it rejoins), up to ``RESTARTS`` times.
 
 Faults: if a worker fails, the others are stopped and the launcher exits with its code. SIGTERM
 or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every worker saves the
@@ -22,6 +27,7 @@ with ``--link`` the rate of every host's link (``tfdp.hosts``).
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
   python -m tfdp.launch --num_workers=3 --hosts --link=100mbit -- --strategy=multi_worker
   python -m tfdp.launch --num_workers=2 --hosts --link=1gbit -- --strategy=manual --allreduce=ring
+  python -m tfdp.launch --num_workers=2 --num_ps=2 -- --strategy=parameter_server --ps_shards=2
 """
 
 import codecs
@@ -45,7 +51,10 @@ from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
 from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
 
 flags.DEFINE_integer("num_workers", 2, "Workers to start on this machine: tfdp.train processes "
-                     "(multi_worker), or tfdp.server processes for one tfdp.train client (manual).")
+                     "(multi_worker), or tfdp.server processes for one tfdp.train client (manual, "
+                     "parameter_server).")
+flags.DEFINE_integer("num_ps", None, "--strategy=parameter_server: parameter servers to start "
+                     "(tfdp.server ps tasks; default 1).")
 flags.DEFINE_boolean("isolate", True, "Run the workers in a private network namespace (loopback "
                      "only), so their unauthenticated TensorFlow servers are unreachable from "
                      "outside; --noisolate leaves them on every interface.")
@@ -58,6 +67,10 @@ FLAGS = flags.FLAGS
 # Seconds the workers get to save and exit after a SIGTERM before they are killed.
 PREEMPT_GRACE = 30.0
 HOST_PORT = 2222  # Each emulated host has its own address, so every worker can use one port.
+# How often one parameter-server worker is started again after dying while its chief runs.
+RESTARTS = 3
+# The strategies whose cluster is tfdp.server tasks and one tfdp.train client, the chief.
+CLIENT_STRATEGIES = ("manual", "parameter_server")
 
 
 def free_ports(count: int) -> list:
@@ -81,10 +94,12 @@ def core_shares(num_workers: int, cores: list) -> list:
 
 
 def worker_env(index: int, addresses: list, run_stamp: str, live_progress: bool,
-               chief: str = None, kind: str = "worker") -> dict:
-    """The environment of worker ``index`` (``kind="chief"``: of the chief) of a cluster of
-    workers at ``addresses`` and, for the manual path, a chief at ``chief``."""
-    cluster = {"worker": list(addresses), **({"chief": [chief]} if chief else {})}
+               chief: str = None, kind: str = "worker", ps: list = ()) -> dict:
+    """The environment of task ``index`` of type ``kind`` (worker, chief or ps) of a cluster of
+    workers at ``addresses`` and, for the manual and parameter-server paths, a chief at
+    ``chief`` (and parameter servers at ``ps``)."""
+    cluster = {"worker": list(addresses), **({"chief": [chief]} if chief else {}),
+               **({"ps": list(ps)} if ps else {})}
     env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
                                                  "task": {"type": kind, "index": index}}))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -107,7 +122,7 @@ class Process:
 
 
 def processes(strategy: str, num_workers: int, train_args: list, addresses: list,
-              chief: str, stamp: str, live: bool) -> list:
+              chief: str, stamp: str, live: bool, ps: list = ()) -> list:
     """The processes of the cluster ``strategy`` needs, the one that reports first."""
     shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
     train = [sys.executable, "-m", "tfdp.train", *train_args]
@@ -115,11 +130,14 @@ def processes(strategy: str, num_workers: int, train_args: list, addresses: list
         return [Process(f"worker {i}", train, worker_env(i, addresses, stamp, live), shares[i],
                         f"[{i}] ") for i in range(num_workers)]
     server = [sys.executable, "-m", "tfdp.server", *_server_flags(train_args)]
-    # The client only sends indices and reads scalars: it shares every core.
-    return [Process("chief", train, worker_env(0, addresses, stamp, live, chief, "chief"), None,
-                    "[chief] ")] + [
-        Process(f"worker {i}", server, worker_env(i, addresses, stamp, live, chief), shares[i],
-                f"[{i}] ") for i in range(num_workers)]
+    # The client only sends indices and reads scalars, and a parameter server applies updates:
+    # they share every core.
+    return [Process("chief", train, worker_env(0, addresses, stamp, live, chief, "chief", ps),
+                    None, "[chief] ")] + [
+        Process(f"worker {i}", server, worker_env(i, addresses, stamp, live, chief, ps=ps),
+                shares[i], f"[{i}] ") for i in range(num_workers)] + [
+        Process(f"ps {j}", server, worker_env(j, addresses, stamp, live, chief, "ps", ps), None,
+                f"[ps {j}] ") for j in range(len(ps))]
 
 
 def _server_flags(train_args: list) -> list:
@@ -179,19 +197,21 @@ def _emit(text, prefix, out):
 
 def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
            isolate: bool = True, grace: float = PREEMPT_GRACE, hosts: bool = False,
-           link: str = None) -> int:
+           link: str = None, num_ps: int = None) -> int:
     """Run the workers to the end; return 0 if all succeeded, else an exit code: the first
     failure's, ``PREEMPTED_EXIT_CODE`` when they were preempted and saved, 130 after Ctrl-C.
 
     With ``isolate`` this process first moves into a private network namespace (its workers
     inherit it: ``tfdp.isolation``). With ``hosts`` every worker runs on an emulated host of
     its own, its link shaped to ``link`` (``tfdp.hosts``)."""
-    problem = _check(num_workers, hosts, link, train_args)
+    problem = _check(num_workers, hosts, link, train_args, num_ps)
     if problem:
         _say(f"tfdp.launch: error: {problem}")
         return 2
     strategy = _strategy(train_args)
-    count = num_workers + (strategy == "manual")  # The manual path's client is a host too.
+    num_ps = (num_ps or 1) if strategy == "parameter_server" else 0
+    # The client (chief) of the manual and parameter-server paths is a host too.
+    count = num_workers + num_ps + (strategy in CLIENT_STRATEGIES)
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
     procs, pumps, emulated, specs = [], [], None, []
     _SIGNALLED.clear()
@@ -208,12 +228,16 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
         else:
             where = _network(isolate)
             addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
-        chief = addresses.pop(0) if strategy == "manual" else None
-        specs = processes(strategy, num_workers, train_args, addresses, chief, stamp, live)
+        chief = addresses.pop(0) if strategy in CLIENT_STRATEGIES else None
+        ps = addresses[num_workers:]
+        specs = processes(strategy, num_workers, train_args, addresses[:num_workers], chief,
+                          stamp, live, ps)
         if emulated:
             for line in emulated.describe(_roles(specs)):
                 _say(f"tfdp.launch: {line}")
-        for host, spec in enumerate(specs):
+
+        def start(host):
+            spec = specs[host]
             proc = subprocess.Popen(
                 spec.argv, env=spec.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 # A session of its own: Ctrl-C in the terminal reaches the launcher only, which
@@ -221,24 +245,28 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
                 start_new_session=True,
                 preexec_fn=functools.partial(prepare_child, spec.cores, os.getpid(), emulated,
                                              host))
-            procs.append(proc)
             for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 pump = threading.Thread(target=_pump, args=(stream, spec.prefix, out),
                                         daemon=True)
                 pump.start()
                 pumps.append(pump)
+            return proc
+
+        for host in range(len(specs)):
+            procs.append(start(host))
         _say(f"tfdp.launch: {_summary(specs)} {where}")
         _raise_if_signalled()
-        if strategy == "manual":
-            return _supervise_client(procs, specs, poll_seconds)
+        if strategy in CLIENT_STRATEGIES:
+            restart = start if strategy == "parameter_server" else None
+            return _supervise_client(procs, specs, poll_seconds, restart)
         return _supervise(procs, poll_seconds, grace)
     except (KeyboardInterrupt, _Terminated) as stop:
         interrupted = isinstance(stop, KeyboardInterrupt)
+        client = strategy in CLIENT_STRATEGIES
         _say(f"tfdp.launch: {'interrupted' if interrupted else 'SIGTERM'}; asking the "
-             f"{'chief' if strategy == 'manual' else 'workers'} to save and stop")
-        # The manual path's client saves the replicas it reads from the workers: they stay up
-        # until it has.
-        codes = _preempt(procs[:1] if strategy == "manual" else procs, grace)
+             f"{'chief' if client else 'workers'} to save and stop")
+        # The client saves what it reads from the workers or servers: they stay up until it has.
+        codes = _preempt(procs[:1] if client else procs, grace)
         if interrupted:
             return 130
         return PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE} else 128 + 15
@@ -262,11 +290,15 @@ def _roles(specs: list) -> list:
 
 
 def _summary(specs: list) -> str:
-    """Who runs where: ``2 workers at a, b, cores [[0], [1]]`` (and the manual path's chief)."""
+    """Who runs where: ``2 workers at a, b, cores [[0], [1]]`` (and the client paths' chief,
+    and parameter servers)."""
     workers = [s for s in specs if s.role.startswith("worker")]
     chief = [s for s in specs if s.role == "chief"]
+    ps = [s for s in specs if s.role.startswith("ps")]
     line = (f"{len(workers)} {'tfdp.server ' if chief else ''}workers at "
             f"{', '.join(_address(s) for s in workers)}")
+    if ps:
+        line += f", {len(ps)} parameter server(s) at {', '.join(_address(s) for s in ps)}"
     if chief:
         line += f" and their chief (tfdp.train) at {_address(chief[0])}"
     return line + f", cores {[s.cores for s in workers]}"
@@ -277,15 +309,22 @@ def _address(spec: Process) -> str:
     return config["cluster"][config["task"]["type"]][config["task"]["index"]]
 
 
-def _check(num_workers: int, hosts: bool, link, train_args: list) -> str:
+def _check(num_workers: int, hosts: bool, link, train_args: list, num_ps=None) -> str:
     """What is wrong with the launcher's own flags, in one line ("" if nothing)."""
     if num_workers < 1:
         return f"--num_workers must be a positive integer, got {num_workers}"
     strategy = _strategy(train_args)
-    if strategy not in ("multi_worker", "manual") and not _HELP.intersection(train_args):
+    if (strategy not in ("multi_worker", *CLIENT_STRATEGIES)
+            and not _HELP.intersection(train_args)):
         # Each worker would train a run of its own, all in one folder.
-        return (f"the launcher starts --strategy=multi_worker or manual clusters; "
-                f"--strategy={strategy} trains in one process: run python -m tfdp.train instead")
+        return (f"the launcher starts --strategy=multi_worker, manual or parameter_server "
+                f"clusters; --strategy={strategy} trains in one process: run python -m "
+                "tfdp.train instead")
+    if num_ps is not None and strategy != "parameter_server":
+        return (f"--num_ps starts parameter servers for --strategy=parameter_server, not "
+                f"--strategy={strategy}")
+    if num_ps is not None and num_ps < 1:
+        return f"--num_ps must be a positive integer, got {num_ps}"
     if link and not hosts:
         return "--link shapes the links of emulated hosts: give --hosts too"
     try:
@@ -377,18 +416,28 @@ def _supervise(procs, poll_seconds, grace) -> int:
         time.sleep(poll_seconds)
 
 
-def _supervise_client(procs, specs, poll_seconds) -> int:
-    """The manual path: the client (``procs[0]``) decides; a worker that ends first is said once
-    (the client finds out on its next step and says what it means for the run)."""
-    reported = set()
+def _supervise_client(procs, specs, poll_seconds, restart=None) -> int:
+    """The manual and parameter-server paths: the client (``procs[0]``) decides; a server that
+    ends first is said once (the client finds out and says what it means for the run). With
+    ``restart`` (``restart(i) -> Popen``), a worker that ends is started again instead, up to
+    ``RESTARTS`` times each."""
+    reported, restarts = set(), {}
     while True:
         _raise_if_signalled()
         code = procs[0].poll()
         for i, proc in enumerate(procs[1:], 1):  # Before the chief's end: it may be why.
-            if i not in reported and proc.poll() is not None:
-                reported.add(i)
-                _say(f"tfdp.launch: {specs[i].role} exited with {proc.returncode} while the "
-                     "chief runs")
+            if i in reported or proc.poll() is None or code is not None:
+                continue
+            role = specs[i].role
+            if restart and role.startswith("worker") and restarts.get(i, 0) < RESTARTS:
+                restarts[i] = restarts.get(i, 0) + 1
+                _say(f"tfdp.launch: {role} exited with {proc.returncode} while the chief runs; "
+                     f"starting it again ({restarts[i]}/{RESTARTS}): the coordinator retries "
+                     "its steps on the other workers meanwhile")
+                procs[i] = restart(i)
+                continue
+            reported.add(i)
+            _say(f"tfdp.launch: {role} exited with {proc.returncode} while the chief runs")
         if code is not None:
             if code not in (0, PREEMPTED_EXIT_CODE):
                 _say(f"tfdp.launch: the chief exited with {code}; stopping the workers")
@@ -425,7 +474,7 @@ def _stop(procs, roles, grace: float = 5.0):
 
 def main(argv):
     sys.exit(launch(FLAGS.num_workers, argv[1:], isolate=FLAGS.isolate, hosts=FLAGS.hosts,
-                    link=FLAGS.link))
+                    link=FLAGS.link, num_ps=FLAGS.num_ps))
 
 
 def run():

@@ -25,6 +25,7 @@ PATHS = {
     "mirrored": "tfdp.keras_path.trainer",
     "multi_worker": "tfdp.keras_path.trainer",
     "plain": "tfdp.keras_path.trainer",
+    "parameter_server": "tfdp.parameter_server.trainer",
 }
 
 

@@ -60,16 +60,19 @@ class Reporter:
         return self._progress
 
     def epoch_end(self, epoch: int, loss: float, train_acc: float, test_loss: float,
-                  test_acc: float, seconds: float, examples: int, resumed_at: int = 0) -> None:
+                  test_acc: float, seconds: float, examples: int, resumed_at: int = 0,
+                  extra: dict = None, note: str = "") -> None:
         """Record an epoch (``seconds`` is training time only) and rewrite the outputs.
         ``resumed_at``: the step within the epoch a resumed run started from (loss, train_acc
-        and seconds then cover the steps after it only)."""
+        and seconds then cover the steps after it only). ``extra``: a path's own figures for
+        the record (the parameter servers' staleness), ``note`` their words on the line."""
         record = {"epoch": epoch + 1, "loss": float(loss), "train_acc": float(train_acc),
                   "test_loss": float(test_loss), "test_acc": float(test_acc),
                   "seconds": float(seconds),
                   "examples_per_sec": examples / seconds if seconds > 0 else 0.0}
         if resumed_at:
             record["resumed_at_step"] = resumed_at
+        record.update(extra or {})
         self.records = [r for r in self.records if r["epoch"] < record["epoch"]] + [record]
         if not self.is_chief:
             return
@@ -78,7 +81,7 @@ class Reporter:
         print(f"epoch {record['epoch']}/{self.config['epochs']}: loss {loss:.4f}, "
               f"train_acc {train_acc:.3f}, test_loss {test_loss:.4f}, "
               f"test_acc {test_acc:.3f}{self.eval_note}, {seconds:.1f} s, "
-              f"{record['examples_per_sec']:.0f} examples/s"
+              f"{record['examples_per_sec']:.0f} examples/s{note}"
               + (f" (resumed: steps after {resumed_at} only)" if resumed_at else ""), flush=True)
         scalars = {"train": {"loss": loss, "acc": train_acc, "seconds": seconds,
                              "examples_per_sec": record["examples_per_sec"]},

@@ -8,7 +8,9 @@ each device's shard here, ``tfdp.manual.remote``), starts the server with ``--nu
 devices, and serves until the client, seen once, has gone, or until it is stopped.
 
 ``TF_CONFIG`` follows ``ParameterServerStrategy``'s conventions: the process running
-``tfdp.train`` is the ``chief``, the servers are the ``worker``s::
+``tfdp.train`` is the ``chief``, the servers are the ``worker``s, and, for
+``--strategy=parameter_server``, the ``ps`` tasks (parameter servers: they hold variables, and
+prepare no data)::
 
   TF_CONFIG='{"cluster": {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]},
               "task": {"type": "worker", "index": 0}}' python -m tfdp.server --num_gpus=2
@@ -38,7 +40,7 @@ flags.DEFINE_boolean("data", True, "Prepare the data where this worker is, for t
 flags.DEFINE_boolean("verbose", False, "Also print TensorFlow's INFO lines.")
 FLAGS = flags.FLAGS
 
-JOB = "worker"
+JOBS = ("worker", "ps")
 # How often the client's port is probed: often enough to see a client that connects and
 # refuses to run within a second (a wrong --num_gpus), which would otherwise be missed and
 # leave the server waiting for ever. How long the port must stay shut before the client counts
@@ -58,15 +60,16 @@ def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None,
         raise UserError(f"--num_gpus must be a positive integer, got {num_gpus}")
     cluster.check_port_free(task)
     tf = logs.import_tensorflow()
-    where = _prepare_data(data_dir, manual_dir) if with_data else None
-    server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=JOB,
+    where = _prepare_data(data_dir, manual_dir) if with_data and task.type == "worker" else None
+    server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type,
                                   task_index=task.index, protocol="grpc",
                                   config=_session_config(tf, num_gpus), start=True)
     kind = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
     chief = task.cluster["chief"][0]
-    names = [f"/job:{JOB}/replica:0/task:{task.index}/device:{kind}:{d}" for d in range(num_gpus)]
+    names = [f"/job:{task.type}/replica:0/task:{task.index}/device:{kind}:{d}"
+             for d in range(num_gpus)]
     data = f"data in {where}" if where else "no data"
-    print(f"tfdp.server: {JOB} {task.index} at {task.address} serves {', '.join(names)}; "
+    print(f"tfdp.server: {task.type} {task.index} at {task.address} serves {', '.join(names)}; "
           f"{data}; until the chief at {chief} finishes", flush=True)
     _wait_for_client(chief)
     del server
@@ -133,7 +136,7 @@ def main(argv):
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = max(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), "2")
     try:
         logs.configure(FLAGS.verbose)
-        task = cluster.task(kinds=(JOB,), program="tfdp.server")
+        task = cluster.task(kinds=JOBS, program="tfdp.server")
         chief = serve(task, FLAGS.num_gpus, FLAGS.data_dir, FLAGS.manual_dir, FLAGS.data)
     except UserError as e:
         sys.exit(f"tfdp.server: error: {e}")

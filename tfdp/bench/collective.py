@@ -2,10 +2,10 @@
 ``CollectiveAllReduce`` that ``MultiWorkerMirroredStrategy`` runs (its ring implementation,
 as on CPUs). ``tfdp.bench.hosts`` starts one per emulated host, with ``TF_CONFIG``.
 
-Each worker all-reduces a tensor of each size (float32 bytes) and dtype (one warm-up call, then ``repeats``
-timed calls; every call waits for every worker, so the calls line up), checks the sum, and
-worker 0 marks each size's phase and prints one JSON line, as ``tfdp.bench.remote_allreduce``
-does.
+Each worker all-reduces a tensor of each size (in float32 bytes) and dtype (one warm-up call,
+then ``repeats`` timed calls; every call waits for every worker, so the calls line up), checks
+the sum, and worker 0 marks each phase and prints one JSON line, as
+``tfdp.bench.remote_allreduce`` does.
 """
 
 import json

@@ -17,6 +17,17 @@ run's own ``metrics.json`` (the first epoch, tracing and warm-up, dropped).
   multi_worker), with no overlap of communication and computation.
 * k real machines: each computes 1/k of the batch on cores of its own, so the step would take
   the one-host compute / k plus the communication measured here.
+
+``parameter_server:m[:ps=n]`` runs m workers and n parameter servers (``--ps_shards=n``, so
+that LeNet's large parameters are spread over all n), each on a host of its own, and is set
+against the chapter's O(m/n) arithmetic (``predict_parameter_server``): every step pulls the
+S bytes of parameters to its worker and pushes S bytes of gradient back, so the busiest
+server's link carries what it holds, s_max (about S/n), each way per step: with links of B
+bytes/s, at most B / s_max steps a second in all, n times more with n servers. A worker pulls,
+computes, then pushes, one step after the other, so its own link is busy one way at a time:
+at most B / 2S steps a second each, m B / 2S together. The prediction is the smaller bound;
+workers overlap one another's transfers and computation, so the predicted step is the larger
+of compute and that communication, not their sum.
 """
 
 import json
@@ -31,7 +42,7 @@ from tfdp import hosts as emulated_hosts
 from tfdp.bench.hosts import predict
 from tfdp.errors import UserError
 
-PATHS = ("manual", "multi_worker")
+PATHS = ("manual", "multi_worker", "parameter_server")
 
 
 def gradient_bytes() -> int:
@@ -46,14 +57,28 @@ def gradient_bytes() -> int:
 
 def parse(text: str) -> dict:
     parts = text.strip().split(":")
+    option = parts[2] if len(parts) == 3 else None
+    servers = (option[3:] if option and option.startswith("ps=") else "1")
     if (len(parts) not in (2, 3) or parts[0] not in PATHS or not parts[1].isdigit()
-            or int(parts[1]) < 1 or (len(parts) == 3 and (
-                parts[0] != "manual" or parts[2] not in ("add_n", "sharded", "ring")))):
+            or int(parts[1]) < 1 or (option is not None and not (
+                (parts[0] == "manual" and option in ("add_n", "sharded", "ring"))
+                or (parts[0] == "parameter_server" and servers.isdigit()
+                    and int(servers) > 0)))):
         raise UserError(f"--configs entry {text!r}: with --hosts, expected manual:k[:add_n|"
-                        "sharded|ring] or multi_worker:k (k hosts)")
-    allreduce = parts[2] if len(parts) == 3 else ("add_n" if parts[0] == "manual" else "-")
+                        "sharded|ring], multi_worker:k or parameter_server:k[:ps=n] (k hosts, "
+                        "and n more for the servers)")
+    allreduce = option if parts[0] == "manual" and option else (
+        "add_n" if parts[0] == "manual" else "-")
     return {"name": text.strip(), "path": parts[0], "workers": int(parts[1]),
-            "allreduce": allreduce}
+            "allreduce": allreduce,
+            "servers": int(servers) if parts[0] == "parameter_server" else 0}
+
+
+def predict_parameter_server(workers: int, gradient: int, busiest_server: int,
+                             link_bits_per_s: float) -> float:
+    """Seconds per step of the workers together, bound by the links (module doc)."""
+    per_second = link_bits_per_s / 8
+    return max(busiest_server, 2 * gradient / workers) / per_second
 
 
 def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int, rounds: int,
@@ -65,14 +90,16 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
         raise UserError("--epochs must be 2 or more with --hosts: the first epoch (tracing) is "
                         "not timed")
     size = gradient_bytes()
-    samples = {}
+    samples, held = {}, {}
     for round_ in range(rounds):
         for config in configs:
             for link in [None, *links]:
                 say(f"round {round_ + 1}/{rounds}: {config['name']} on "
                     f"{link or 'unshaped'} links ...")
-                samples.setdefault((config["name"], link), []).extend(
-                    _run(config, link, batch_size, steps, epochs, data_dir, manual_dir))
+                rates_, facts = _run(config, link, batch_size, steps, epochs, data_dir,
+                                     manual_dir)
+                samples.setdefault((config["name"], link), []).extend(rates_)
+                held[config["name"]] = facts.get("parameter_server_bytes")
     rows = []
     for config in configs:
         k = config["workers"]
@@ -83,9 +110,24 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
                        if alone else None)
         for link in [None, *links]:
             step = batch_size / statistics.median(samples[(config["name"], link)])
+            communication = step - compute
+            if config["path"] == "parameter_server":
+                busiest = max(held[config["name"]])
+                predicted = (predict_parameter_server(k, size, busiest, rates[link])
+                             if link else 0.0)
+                rows.append({
+                    **config, "link": link or "unshaped", "link_bits_per_s": rates.get(link),
+                    "gradient_bytes": size, "busiest_server_bytes": busiest,
+                    "batch_size": batch_size, "step_seconds": step, "compute_seconds": compute,
+                    "communication_seconds": communication, "steps_per_second": 1 / step,
+                    "predicted_communication_seconds": predicted,
+                    "predicted_step_seconds": max(compute, predicted),
+                    "ratio": step / max(compute, predicted),
+                    "k_machines_step_seconds": None,
+                    "samples": samples[(config["name"], link)]})
+                continue
             like = "ring" if config["path"] == "multi_worker" else config["allreduce"]
             predicted = predict(like, k, size, rates[link]) if link and k > 1 else 0.0
-            communication = step - compute
             rows.append({
                 **config, "link": link or "unshaped",
                 "link_bits_per_s": rates.get(link), "gradient_bytes": size,
@@ -100,26 +142,31 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
     return rows
 
 
-def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> list:
-    """Examples/s of each timed epoch of one launch."""
+def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> tuple:
+    """(examples/s of each timed epoch, the run's metrics.json) of one launch."""
     workdir = tempfile.mkdtemp(prefix="tfdp-bench-hosts-")
     train = [f"--strategy={config['path']}", f"--batch_size={batch_size}", f"--epochs={epochs}",
              f"--steps_per_epoch={steps}", "--eval_steps=1", "--init=glorot",
              f"--workdir={workdir}", f"--export_dir={workdir}/export"]
     if config["path"] == "manual":
         train.append(f"--allreduce={config['allreduce']}")
+    servers = []
+    if config["path"] == "parameter_server":
+        servers = [f"--num_ps={config['servers']}"]
+        train.append(f"--ps_shards={config['servers']}")
     train += [f"--data_dir={data_dir}"] * bool(data_dir)
     train += [f"--manual_dir={manual_dir}"] * bool(manual_dir)
     try:
         result = subprocess.run(
             [sys.executable, "-m", "tfdp.launch", f"--num_workers={config['workers']}",
-             "--hosts", *([f"--link={link}"] if link else []), "--", *train],
+             *servers, "--hosts", *([f"--link={link}"] if link else []), "--", *train],
             capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         if result.returncode != 0:
             tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise UserError(f"{config['name']} on {link or 'unshaped'} links failed: {tail}")
         with open(os.path.join(workdir, "metrics.json")) as f:
-            return [e["examples_per_sec"] for e in json.load(f)["epochs"][1:]]
+            metrics = json.load(f)
+        return [e["examples_per_sec"] for e in metrics["epochs"][1:]], metrics
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -137,9 +184,25 @@ def format_rows(rows: list) -> str:
              "predicted step | measured / predicted | k real machines |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        if r["path"] == "parameter_server":
+            continue
         lines.append(f"| {r['name']} | {r['link']} | {ms(r['step_seconds'])} | "
                      f"{ms(r['compute_seconds'])} | {ms(r['communication_seconds'])} | "
                      f"{ms(r['predicted_communication_seconds'])} | "
                      f"{ms(r['predicted_step_seconds'])} | {r['ratio']:.2f} | "
                      f"{ms(r['k_machines_step_seconds'])} |")
+    servers = [r for r in rows if r["path"] == "parameter_server"]
+    if servers:
+        lines += ["", "parameter servers: steps a second of all workers together; predicted: "
+                  "the links' bound min(B / s_max, m B / 2S), or compute where it binds "
+                  "(tfdp/bench/host_training.py)",
+                  "| config | link | workers m | servers n | busiest server holds (s_max) | "
+                  "steps/s | compute-bound steps/s | predicted steps/s | measured / predicted |",
+                  "|" + " --- |" * 9]
+        for r in servers:
+            lines.append(f"| {r['name']} | {r['link']} | {r['workers']} | {r['servers']} | "
+                         f"{r['busiest_server_bytes'] / 1e3:.1f} KB | "
+                         f"{r['steps_per_second']:.2f} | {1 / r['compute_seconds']:.2f} | "
+                         f"{1 / r['predicted_step_seconds']:.2f} | "
+                         f"{r['predicted_step_seconds'] / r['step_seconds']:.2f} |")
     return "\n".join(lines)

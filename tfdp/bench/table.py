@@ -55,7 +55,8 @@ flags.DEFINE_integer("rounds", 2, "Interleaved rounds over all configurations.")
 flags.DEFINE_boolean("allreduce", False, "Also run the allreduce micro-benchmark.")
 flags.DEFINE_list("allreduce_sizes", None, "Allreduce sizes in bytes (default 4K..64M).")
 flags.DEFINE_boolean("hosts", False, "Across emulated hosts (Linux, root) instead of one "
-                     "machine: the training table (configs manual:k[:allreduce], multi_worker:k; "
+                     "machine: the training table (configs manual:k[:allreduce], multi_worker:k, "
+                     "parameter_server:k[:ps=n]; "
                      f"default {HOSTS_CONFIGS} with --steps=20 --epochs=2 --rounds=1) and, with "
                      "--allreduce, the allreduce table.")
 flags.DEFINE_list("workers", ["2", "3", "4"], "--hosts: worker counts k to try.")
@@ -130,7 +131,8 @@ def run_once(config: dict) -> list:
     workdir = tempfile.mkdtemp(prefix="tfdp-bench-")
     try:
         threads = {name: str(config[key]) for key, name in (
-            ("intra", "TF_NUM_INTRAOP_THREADS"), ("inter", "TF_NUM_INTEROP_THREADS")) if config[key]}
+            ("intra", "TF_NUM_INTRAOP_THREADS"), ("inter", "TF_NUM_INTEROP_THREADS"))
+            if config[key]}
         result = subprocess.run(train_command(config, workdir), capture_output=True, text=True,
                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **threads))
         if result.returncode != 0:

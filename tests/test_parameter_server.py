@@ -1,0 +1,159 @@
+"""--strategy=parameter_server: a coordinator, tfdp.server workers and parameter servers, real
+processes on loopback started by tfdp.launch."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import (DEVICES, REPO, comparable_start, run_module, served_disagreement,
+                      task_pid, train_manual, wait_for_first_backup)
+from tfdp import report
+from tfdp.config import Config
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def launch(tmp_path, *train_args, workers=2, ps=1, popen=False, timeout=300):
+    args = [sys.executable, "-m", "tfdp.launch", f"--num_workers={workers}", f"--num_ps={ps}",
+            "--", "--strategy=parameter_server", f"--workdir={tmp_path / 'run'}",
+            f"--export_dir={tmp_path / 'exp'}", *train_args]
+    if popen:
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=ENV, cwd=REPO)
+    return subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO,
+                          timeout=timeout)
+
+
+def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, data_dir):
+    result = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=2", "--steps_per_epoch=8",
+                    "--eval_steps=2", "--ps_shards=2", ps=2)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out, err = result.stdout, result.stderr
+    assert "2 tfdp.server workers at 127.0.0.1:" in err
+    assert "2 parameter server(s) at 127.0.0.1:" in err
+    # W3 (800 x 128 floats, 409.6 KB) is split in two halves, one on each server.
+    placed = re.search(r"^\[chief\] parameters: (.*)$", err, re.M)
+    assert placed, err[-3000:]
+    assert "ps 0 holds" in placed[1] and "ps 1 holds" in placed[1]
+    halves = re.findall(r"W3\[[12]/2\] \(204\.8 KB\)", placed[1])
+    assert len(halves) == 2, placed[1]
+    epochs = [line for line in out.splitlines() if line.startswith("[chief] epoch ")]
+    assert len(epochs) == 2 and all(re.search(r"staleness mean \d+\.\d\d max \d+$", e)
+                                    for e in epochs), out
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    for record in metrics["epochs"]:
+        # Two workers, at most four steps in flight: a step is at most 3 updates behind.
+        assert 0 <= record["staleness_mean"] <= record["staleness_max"] <= 3
+        assert record["test_acc"] > 0
+    assert "[chief] test acc (first 512 of 10000 test examples):" in out
+    assert not re.search(r"^\[[\w ]+\] ([IWE]\d{4} |Traceback)", err, re.M), err[-3000:]
+    assert os.listdir(tmp_path / "exp") == ["1"]
+
+
+def test_resnet18_trains_on_balanced_servers_and_exports(tmp_path, data_dir):
+    result = launch(tmp_path, f"--data_dir={data_dir}", "--model=resnet18", "--batch_size=16",
+                    "--epochs=1", "--steps_per_epoch=2", "--eval_steps=1", workers=1, ps=2)
+    assert result.returncode == 0, result.stderr[-4000:]
+    held = [float(kb) for kb in re.findall(r"= ([\d.]+) KB", re.search(
+        r"^\[chief\] parameters: (.*)$", result.stderr, re.M)[1])]
+    # ResNet-18's 44.7 MB spread by size, largest first: round robin would put every kernel
+    # (all but 50 KB) on one server.
+    assert len(held) == 2 and 44e3 < sum(held) < 46e3 and min(held) > 0.45 * sum(held), held
+    served = tf.saved_model.load(str(tmp_path / "exp" / "1")).signatures["serving_default"](
+        images=tf.zeros([2, 28, 28, 1], tf.uint8))
+    assert served["logits"].dtype == tf.float32 and served["logits"].shape == (2, 10)
+
+
+def test_one_worker_trains_exactly_the_from_scratch_paths_model(tmp_path, data_dir, train_split,
+                                                                 test_split):
+    # One worker runs its steps in order: the updates are the from-scratch path's on one
+    # device. Float64, so the comparison is exact on any CPU.
+    start = comparable_start(4, np.float64)
+    np.savez(tmp_path / "start.npz", **start)
+    settings = dict(batch_size=64, lr=0.1, epochs=2, steps_per_epoch=5, eval_steps=2, seed=3,
+                    data_dir=data_dir, precision="float64")
+    result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}",
+                    *[f"--{k}={v}" for k, v in settings.items()], workers=1)
+    assert result.returncode == 0, result.stderr[-4000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert [r["staleness_max"] for r in metrics["epochs"]] == [0, 0]
+
+    config = Config(num_gpus=1, workdir=str(tmp_path / "local"), **settings)
+    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:1], is_chief=False)
+    local = train_manual(config, DEVICES[:1], train_split, test_split, reporter, params=start)
+    assert served_disagreement(tmp_path / "exp" / "1", local, start,
+                               test_split.images[:500]) < 1e-5
+
+
+def test_a_killed_worker_is_started_again_and_the_run_finishes(tmp_path, data_dir):
+    train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=40", "--eval_steps=1"]
+    run = launch(tmp_path, *train, popen=True)
+    wait_for_first_backup(run, tmp_path)
+    os.kill(task_pid(run.pid, "worker", 1), signal.SIGKILL)
+    out, err = run.communicate(timeout=240)
+    assert run.returncode == 0, err[-4000:]
+    assert re.search(r"^tfdp\.launch: worker 1 exited with -9 while the chief runs; starting it "
+                     r"again \(1/3\)", err, re.M), err[-3000:]
+    assert sum(line.startswith("[chief] epoch ") for line in out.splitlines()) == 3
+    assert os.listdir(tmp_path / "exp") == ["1"]
+
+
+def test_a_dead_parameter_server_ends_the_run_in_one_line_and_the_same_command_resumes(
+        tmp_path, data_dir):
+    train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=40", "--eval_steps=1"]
+    run = launch(tmp_path, *train, popen=True)
+    wait_for_first_backup(run, tmp_path)
+    os.kill(task_pid(run.pid, "ps", 0), signal.SIGKILL)
+    killed = time.time()
+    out, err = run.communicate(timeout=240)
+    assert run.returncode == 1, err[-4000:]
+    assert time.time() - killed < 120
+    assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(\w+\): "
+                     r"unreachable now: ps 0 \(127\.0\.0\.1:\d+\); the backup of step \d+ is "
+                     r"kept: run the same command again", err, re.M), err[-3000:]
+    assert "Traceback" not in err
+    assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
+
+    rerun = launch(tmp_path, *train)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert re.search(r"^\[chief\] resuming at epoch [23]/3, step 0/40 ", rerun.stdout, re.M)
+    assert os.listdir(tmp_path / "exp") == ["1"]
+
+
+@pytest.mark.parametrize("launcher, train, message", [
+    (["--num_workers=2", "--num_ps=1"], ["--strategy=manual"],
+     "tfdp.launch: error: --num_ps starts parameter servers for --strategy=parameter_server, "
+     "not --strategy=manual"),
+    (["--num_workers=1", "--num_ps=2"], ["--strategy=parameter_server", "--ps_shards=3"],
+     "[chief] tfdp.train: error: --ps_shards=3 is more than the 2 parameter server(s) of "
+     "TF_CONFIG: a shard per server at most"),
+    (["--num_workers=1"], ["--strategy=parameter_server", "--model=resnet18", "--ps_shards=2"],
+     "[chief] tfdp.train: error: --ps_shards=2 splits the from-scratch lenet's parameters; "
+     "--model=resnet18's Keras layers read whole variables"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, launcher, train, message):
+    result = subprocess.run([sys.executable, "-m", "tfdp.launch", *launcher, "--", *train,
+                             f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True,
+                            env=ENV, cwd=REPO, timeout=120)
+    assert result.returncode != 0
+    assert any(line.startswith(message) for line in result.stderr.splitlines()), result.stderr
+
+
+def test_without_a_cluster_or_with_ps_shards_elsewhere_tfdp_train_refuses(tmp_path):
+    alone = run_module("tfdp.train", "--strategy=parameter_server",
+                       f"--workdir={tmp_path / 'run'}", env={"TF_CONFIG": ""})
+    assert alone.returncode == 1
+    assert alone.stderr.strip().splitlines()[-1].startswith(
+        "tfdp.train: error: --strategy=parameter_server needs a cluster: TF_CONFIG with a chief")
+    shards = run_module("tfdp.train", "--ps_shards=2", f"--workdir={tmp_path / 'run'}")
+    assert shards.stderr.strip().splitlines()[-1] == (
+        "tfdp.train: error: --ps_shards=2 is --strategy=parameter_server's (--strategy=manual "
+        "keeps no parameter servers)")
