@@ -141,6 +141,8 @@ def task_pid(launcher: int, kind: str, index: int) -> int:
     for pid in children:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        if b"TF_CONFIG" not in env:  # Between fork and exec: the launcher's environment.
+            continue
         config = json.loads(env[b"TF_CONFIG"])
         if config["task"] == {"type": kind, "index": index}:
             return pid

@@ -131,9 +131,23 @@ def children(pid):
 
 
 def workers_of(pid, count=2):
-    """The launcher's worker processes (its start-up watchdogs are their children, not its)."""
-    wait_for(lambda: len(children(pid)) == count, 60, "the workers")
+    """The launcher's worker processes (its start-up watchdogs are their children, not its),
+    once each runs its own program: between fork and exec a child still has the launcher's
+    environment, without its TF_CONFIG."""
+    def started():
+        found = children(pid)
+        return len(found) == count and all(_has_tf_config(child) for child in found)
+
+    wait_for(started, 60, "the workers")
     return children(pid)
+
+
+def _has_tf_config(pid) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return b"TF_CONFIG=" in f.read()
+    except OSError:
+        return False
 
 
 def alive(pid):

@@ -172,8 +172,9 @@ def test_the_launcher_refuses_strategies_that_train_in_one_process(capsys, train
 
     assert launcher.launch(2, train_args) == 2  # Refused before any process starts.
     assert capsys.readouterr().err == (
-        "tfdp.launch: error: the launcher starts --strategy=multi_worker or manual clusters; "
-        f"--strategy={strategy} trains in one process: run python -m tfdp.train instead\n")
+        "tfdp.launch: error: the launcher starts --strategy=multi_worker, manual or "
+        f"parameter_server clusters; --strategy={strategy} trains in one process: run python "
+        "-m tfdp.train instead\n")
 
 
 @pytest.mark.parametrize("train_args, value", [

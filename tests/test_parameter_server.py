@@ -128,23 +128,33 @@ def test_a_dead_parameter_server_ends_the_run_in_one_line_and_the_same_command_r
     assert os.listdir(tmp_path / "exp") == ["1"]
 
 
-@pytest.mark.parametrize("launcher, train, message", [
-    (["--num_workers=2", "--num_ps=1"], ["--strategy=manual"],
-     "tfdp.launch: error: --num_ps starts parameter servers for --strategy=parameter_server, "
-     "not --strategy=manual"),
-    (["--num_workers=1", "--num_ps=2"], ["--strategy=parameter_server", "--ps_shards=3"],
-     "[chief] tfdp.train: error: --ps_shards=3 is more than the 2 parameter server(s) of "
-     "TF_CONFIG: a shard per server at most"),
-    (["--num_workers=1"], ["--strategy=parameter_server", "--model=resnet18", "--ps_shards=2"],
-     "[chief] tfdp.train: error: --ps_shards=2 splits the from-scratch lenet's parameters; "
-     "--model=resnet18's Keras layers read whole variables"),
-])
-def test_bad_flags_are_one_line_errors(tmp_path, launcher, train, message):
-    result = subprocess.run([sys.executable, "-m", "tfdp.launch", *launcher, "--", *train,
-                             f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True,
-                            env=ENV, cwd=REPO, timeout=120)
-    assert result.returncode != 0
-    assert any(line.startswith(message) for line in result.stderr.splitlines()), result.stderr
+def test_the_launcher_refuses_parameter_servers_for_another_strategy(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "tfdp.launch", "--num_ps=1", "--",
+                             "--strategy=manual", f"--workdir={tmp_path / 'run'}"],
+                            capture_output=True, text=True, env=ENV, cwd=REPO, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "tfdp.launch: error: --num_ps starts parameter servers for --strategy=parameter_server, "
+        "not --strategy=manual")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ps_shards=3"], "--ps_shards=3 is more than the 2 parameter server(s) of TF_CONFIG: a "
+                        "shard per server at most"),
+    (["--model=resnet18", "--ps_shards=2"], "--ps_shards=2 splits the from-scratch lenet's "
+                                            "parameters; --model=resnet18's Keras layers read "
+                                            "whole variables")])
+def test_bad_flags_are_one_line_errors_before_the_cluster_is_reached(tmp_path, flags, message):
+    # Nothing listens at these addresses: the refusals come first.
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+               "ps": ["127.0.0.1:3", "127.0.0.1:4"]}
+    tf_config = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    result = run_module("tfdp.train", "--strategy=parameter_server", *flags,
+                        f"--workdir={tmp_path / 'run'}", env={"TF_CONFIG": tf_config},
+                        timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(f"tfdp.train: error: {message}"), \
+        result.stderr[-2000:]
 
 
 def test_without_a_cluster_or_with_ps_shards_elsewhere_tfdp_train_refuses(tmp_path):

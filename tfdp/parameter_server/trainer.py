@@ -109,10 +109,10 @@ def run(config, start_weights=None):
         try:
             train(config, started, coordinator, len(workers), store, arrays, examples,
                   first_step, backups, watch)
+            trained = store.weights()
         except PEER_LOST as e:
             raise UserError(cluster.lost_contact(type(e).__name__, peers, str(e.message),
                                                  backups.steps())) from None
-        trained = store.weights()
         result = paths.finish(started, trained, export=lambda: export.export(
             store.serving_model(trained, config.precision), config.export_root),
             backups=backups)
