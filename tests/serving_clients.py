@@ -42,10 +42,20 @@ def saved_model_cli(path, images_file):
     return np.load(os.path.join(outdir, "classes.npy"))
 
 
+# Logits whose top two differ by less than this share of their size are a tie that rounding
+# (another client's kernels, another device count) may break either way.
+TIE = 1e-4
+
+
 def tf2_loader(path, images):
+    """(classes, whether every logit is finite, how many examples' top two logits tie)."""
     serve = tf.saved_model.load(path).signatures["serving_default"]
     out = serve(images=tf.constant(images))
-    return out["classes"].numpy(), bool(np.all(np.isfinite(out["logits"].numpy())))
+    logits = out["logits"].numpy()
+    top2 = np.sort(logits, axis=-1)[:, -2:]
+    scale = np.maximum(1.0, np.abs(logits).max(axis=-1))
+    ties = int(np.sum(top2[:, 1] - top2[:, 0] < TIE * scale))
+    return out["classes"].numpy(), bool(np.all(np.isfinite(logits))), ties
 
 
 def tfsm_layer(path, images):
@@ -70,13 +80,14 @@ def main(path, images_file, labels_file):
 
     tf1_classes, signature = tf1_session(path, images)
     lite_classes, lite_bytes = tflite(path, images)
-    tf2_classes, logits_finite = tf2_loader(path, images)
+    tf2_classes, logits_finite, ties = tf2_loader(path, images)
     print(json.dumps({
         "signature": signature,
         "tf1_session": accuracy(tf1_classes),
         "saved_model_cli": accuracy(saved_model_cli(path, images_file)),
         "tf2_loader": accuracy(tf2_classes),
         "logits_finite": logits_finite,
+        "ties": ties,
         "tfsm_layer": accuracy(tfsm_layer(path, images)),
         "tflite": accuracy(lite_classes),
         "tflite_bytes": lite_bytes,

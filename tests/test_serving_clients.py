@@ -56,6 +56,10 @@ def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy,
     seen = json.loads(clients.stdout.strip().splitlines()[-1])
     assert seen["signature"] == CONTRACT
     assert seen["logits_finite"], "the run diverged: accuracies would compare ties of NaNs"
+    # Exact, but for examples whose top two logits tie to rounding (a barely trained ResNet's,
+    # in one run: 2 of 32 flipped between the run's 2-device evaluation and every client).
+    allowed = seen["ties"] / examples + 1e-9
     for client in ("tf1_session", "saved_model_cli", "tf2_loader", "tfsm_layer", "tflite"):
-        assert seen[client] == pytest.approx(reported["test_acc"], abs=1e-9), (client, seen)
+        assert seen[client] == pytest.approx(reported["test_acc"], abs=allowed), (
+            client, seen, reported["test_acc"])
     assert seen["tflite_bytes"] > (100_000 if model == "lenet" else 10_000_000)  # Has weights.
