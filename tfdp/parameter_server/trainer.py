@@ -49,7 +49,6 @@ PROGRAM = ("tfdp.train --strategy=parameter_server (the coordinator; its workers
 # A parameter smaller than this stays whole under --ps_shards: only W2 and W3 of LeNet are
 # worth splitting (100 KB and 410 KB; the rest are 5 KB or less).
 MIN_SHARD_BYTES = 32 << 10
-INDICES = tf.TensorSpec([None], tf.int32)
 
 
 def task_of(config) -> cluster.Task:
