@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tfdp import data
 from tfdp.errors import UserError
+from tfdp.workdir import process_alive
 
 SIGNATURE = "serving_default"
 # A version is written in "<export_root>/.partial-<host>-<pid>-<random>" and renamed into place.
@@ -102,20 +103,10 @@ def remove_stale_partials(export_root: str) -> list:
     removed = []
     for name in os.listdir(export_root):
         match = _PARTIAL_NAME.match(name)
-        if match and match["host"] == socket.gethostname() and not _alive(int(match["pid"])):
+        if match and match["host"] == socket.gethostname() and not process_alive(int(match["pid"])):
             shutil.rmtree(os.path.join(export_root, name), ignore_errors=True)
             removed.append(name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # Alive, another user's.
-        pass
-    return True
 
 
 def save_scratch(model: keras.Model, path: str) -> None:

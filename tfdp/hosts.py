@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 from tfdp.errors import UserError
+from tfdp.workdir import process_alive
 
 PREFIX = "tfdp-"
 _NAME = re.compile(r"^tfdp-(?P<pid>\d+)-(?P<role>sw|h\d+)$")
@@ -66,19 +67,9 @@ def namespaces() -> list:
     return [line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def remove_stale() -> list:
     """Remove what launchers that are gone left behind (killed with SIGKILL); return the names."""
-    stale = [n for n in namespaces() if (m := _NAME.match(n)) and not _alive(int(m["pid"]))]
+    stale = [n for n in namespaces() if (m := _NAME.match(n)) and not process_alive(int(m["pid"]))]
     for name in sorted(stale, key=lambda n: n.endswith("-sw")):  # Hosts first, then switches.
         _remove(name)
     return stale

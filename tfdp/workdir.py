@@ -59,3 +59,14 @@ def write_atomic(path: str, write, mode: str = "w") -> None:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (a leftover's writer, known by its pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # Alive, another user's.
+        pass
+    return True

@@ -10,13 +10,12 @@ the sum, and worker 0 marks each phase and prints one JSON line, as
 
 import json
 import statistics
-import time
 
 import tensorflow as tf
 from absl import app, flags
 
 from tfdp import cluster, logs
-from tfdp.bench.hosts import mark
+from tfdp.bench.hosts import mark, timed
 
 flags.DEFINE_list("sizes", ["4000000"], "Sizes in bytes, as float32.")
 flags.DEFINE_list("dtypes", ["float32"], "What the tensors are summed in.")
@@ -55,11 +54,7 @@ def main(argv):
         got = float(reduce())
         if abs(got - expected) > 1e-4 * expected:
             raise SystemExit(f"{NAME}: wrong sum {got}, expected {expected}")
-        samples = []
-        for _ in range(FLAGS.repeats):
-            start = time.perf_counter()
-            float(reduce())
-            samples.append(time.perf_counter() - start)
+        samples = timed(lambda: float(reduce()), FLAGS.repeats)  # noqa: B023
         if task.is_chief:
             mark("end")
         rows.append({"algorithm": NAME, "workers": k, "dtype": dtype.name, "parameters": n,

@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 from tfdp import hosts as emulated_hosts
 from tfdp.children import prepare_child
@@ -52,6 +53,16 @@ def mark(label: str) -> None:
     """In a timing process: say where we are, and wait until the counters have been read."""
     print(f"{MARK} {label}", flush=True)
     sys.stdin.readline()
+
+
+def timed(call, repeats: int) -> list:
+    """Seconds of each of ``repeats`` calls of ``call`` (whose result it waits for)."""
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return samples
 
 
 def parse_size(text: str) -> int:

@@ -18,12 +18,11 @@ it prints one JSON line: ``[{"algorithm", "workers", "dtype", "parameters", "byt
 import json
 import os
 import statistics
-import time
 
 import tensorflow as tf
 from absl import app, flags
 
-from tfdp.bench.hosts import PIECES, mark
+from tfdp.bench.hosts import PIECES, mark, timed
 from tfdp.manual.allreduce import ALLREDUCE
 
 flags.DEFINE_list("sizes", ["4000000"], "Gradient sizes in bytes, as float32.")
@@ -58,11 +57,7 @@ def main(argv):
             if any(abs(float(g) - expected) > 1e-4 * expected for g in got):
                 raise SystemExit(f"{name}: wrong sums {[float(g) for g in got]}, expected "
                                  f"{expected}")
-            samples = []
-            for _ in range(FLAGS.repeats):
-                start = time.perf_counter()
-                [float(g) for g in step()]
-                samples.append(time.perf_counter() - start)
+            samples = timed(lambda: [float(g) for g in step()], FLAGS.repeats)  # noqa: B023
             mark("end")
             rows.append({"algorithm": name, "workers": k, "dtype": dtype.name,
                          "parameters": per_piece * PIECES,
