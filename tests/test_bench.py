@@ -9,6 +9,7 @@ import pytest
 
 from conftest import run_module
 from tfdp import hosts
+from tfdp.bench import hosts as host_bench
 
 
 def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
@@ -57,8 +58,9 @@ def test_bench_refuses_a_malformed_config(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
                     reason="emulated hosts need Linux and root (network namespaces)")
 def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
+    # 3 parameters on 2 workers: sharded sums two of them on worker 0.
     result = run_module("tfdp.bench", "--hosts", "--allreduce", "--configs=", "--workers=2",
-                        "--sizes=96KB", "--dtypes=fp32,bf16",
+                        "--sizes=96KB", "--dtypes=fp32,bf16", "--pieces=3",
                         "--links=1gbit", "--repeats=1", f"--workdir={tmp_path}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "allreduce_hosts.json").read_text())
@@ -69,10 +71,12 @@ def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
     for row in rows:
         # The same 24,000 parameters; in bfloat16 half the bytes travel.
         assert row["workers"] == 2 and row["parameters"] == 24000
+        assert row.get("pieces", 3) == 3
         assert row["bytes"] == (96000 if row["dtype"] == "float32" else 48000)
         assert row["link_bits_per_s"] == 1e9 and row["seconds"] > 0
-        # 2(k-1)S/B for add_n, 2(k-1)/k S/B for the others.
-        factor = 2 if row["algorithm"] == "add_n" else 1
+        # 2(k-1)S/B for add_n, 2(k-1)/k S/B for the rings, 2 max((k-1)f, 1-f) S/B for sharded
+        # where the busiest worker owns f = 2/3.
+        factor = {"add_n": 2, "sharded": 4 / 3}.get(row["algorithm"], 1)
         assert row["predicted_seconds"] == pytest.approx(factor * row["bytes"] * 8 / 1e9)
         # Whoever sends most sends what the arithmetic says, plus headers and set-up.
         assert row["predicted_sent_bytes"] <= row["sent_bytes_per_call"] < 3 * (
@@ -81,10 +85,28 @@ def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
     for algorithm in ("add_n", "sharded", "ring", "tf_collective_ring"):
         assert sent[algorithm, "bfloat16"] < 0.75 * sent[algorithm, "float32"], sent
     table = (tmp_path / "allreduce_hosts.md").read_text()
+    assert table.splitlines()[0].endswith("; tfdp's gradient in 3 equal parameters"), table
     assert table.count("\n| 1gbit | 2 | 96.0 KB | fp32 | ") == 4, table
     assert table.count("\n| 1gbit | 2 | 48.0 KB | bf16 | ") == 4, table
     assert (tmp_path / "allreduce_hosts.png").stat().st_size > 1000
     assert not [n for n in hosts.namespaces() if n.startswith(hosts.PREFIX)]
+
+
+def test_the_sharded_prediction_follows_who_owns_most():
+    size, rate = 1e6, 8e6  # one second per S
+    for k in (2, 3, 4):
+        ring = host_bench.predict("ring", k, size, rate)
+        assert host_bench.predict("sharded", k, size, rate) == pytest.approx(ring)
+        assert host_bench.predict("sharded", k, size, rate, pieces=12) == pytest.approx(ring)
+        # One parameter: all of it summed on worker 0, as add_n.
+        assert host_bench.predict("sharded", k, size, rate, pieces=1) == pytest.approx(
+            host_bench.predict("add_n", k, size, rate))
+        assert host_bench.predict_sent("sharded", k, size, pieces=1) == pytest.approx(
+            host_bench.predict_sent("add_n", k, size))
+    # 6 parameters on 4 workers: two own 2 (f = 1/3), receiving 3 x 1/3 of S each phase.
+    assert host_bench.predict("sharded", 4, size, rate, pieces=6) == pytest.approx(2.0)
+    assert host_bench.predict_sent("sharded", 4, size, pieces=6) == pytest.approx(
+        (1 - 1 / 3 + 3 / 3) * size)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
@@ -133,6 +155,8 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
     (["--hosts", "--allreduce", "--links=fast"], "--links=fast is not a rate like 10mbit"),
     (["--hosts", "--allreduce", "--dtypes=int8"],
      "--dtypes entry 'int8': give float32 or bfloat16"),
+    (["--hosts", "--allreduce", "--configs=", "--pieces=0"],
+     "--pieces must be a positive integer, got 0"),
     (["--configs=stock:1:bf16"], "--configs entry 'stock:1:bf16': stock is Keras' defaults")])
 def test_the_allreduce_across_hosts_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     result = run_module("tfdp.bench", *flags, f"--workdir={tmp_path}")

@@ -17,7 +17,9 @@ bottleneck, only each host's own link):
   the other: 2(k-1)S/B, growing with k.
 * ``sharded``: worker i sums parameter i mod k. Each worker sends the (k-1)/k of its gradient
   that others own while it receives the (k-1) copies of its own 1/k: (k-1)S/(kB) each way at
-  once, then the same again for the broadcast: 2(k-1)S/(kB).
+  once, then the same again for the broadcast: 2(k-1)S/(kB). With P equal parameters that k
+  does not divide, the busiest worker owns f = ceil(P/k)/P of them, receives (k-1)fS while
+  sending (1-f)S, then the reverse: 2 max((k-1)f, 1-f) S/B (P = 1: add_n's time).
 * ``ring`` and TensorFlow's ring: 2(k-1) steps, in each of which every link carries S/k each
   way at once: 2(k-1)S/(kB), "which does not grow as we increase the size of the ring".
 
@@ -44,8 +46,9 @@ _SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9}
 # The timing processes print MARK before and after each phase and wait for a line on stdin,
 # so the byte counters of every host are read between phases.
 MARK = "tfdp-bench-mark"
-# tfdp's gradient is this many equal parameters (divisible by 2, 3 and 4: sharded gives each of
-# k workers the same share), so sizes are rounded to multiples of 4 x PIECES bytes.
+# tfdp's gradient is this many equal parameters unless --pieces says otherwise (divisible by 2, 3
+# and 4: sharded gives each of k workers the same share), so sizes are rounded to multiples of
+# 4 x PIECES bytes.
 PIECES = 12
 
 
@@ -90,26 +93,40 @@ def parse_dtype(text: str) -> str:
     return name
 
 
-def predict(algorithm: str, workers: int, size: int, link_bits_per_s: float) -> float:
-    """Seconds the textbook's arithmetic gives one allreduce of ``size`` bytes (module doc)."""
+def predict(algorithm: str, workers: int, size: int, link_bits_per_s: float,
+            pieces: int = 0) -> float:
+    """Seconds the textbook's arithmetic gives one allreduce of ``size`` bytes (module doc);
+    ``pieces``: how many equal parameters ``sharded`` shares out (0: evenly, whatever k)."""
     per_second = link_bits_per_s / 8
     if algorithm == "add_n":
         return 2 * (workers - 1) * size / per_second
+    if algorithm == "sharded":
+        owned = _busiest_share(workers, pieces)
+        return 2 * max((workers - 1) * owned, 1 - owned) * size / per_second
     return 2 * (workers - 1) / workers * size / per_second
 
 
-def predict_sent(algorithm: str, workers: int, size: int) -> float:
+def predict_sent(algorithm: str, workers: int, size: int, pieces: int = 0) -> float:
     """Bytes the busiest host sends in one allreduce, by the same arithmetic: worker 0 under
-    add_n, every worker alike otherwise."""
+    add_n, under sharded the worker owning most (what it does not own, then its sums to the
+    k-1 others), every worker alike under the rings."""
     if algorithm == "add_n":
         return (workers - 1) * size
+    if algorithm == "sharded":
+        owned = _busiest_share(workers, pieces)
+        return (1 - owned + (workers - 1) * owned) * size
     return 2 * (workers - 1) / workers * size
 
 
+def _busiest_share(workers: int, pieces: int) -> float:
+    """The fraction of the gradient the worker owning most sums under ``sharded``."""
+    return 1 / workers if not pieces else -(-pieces // workers) / pieces
+
+
 def measure(workers: list, sizes: list, links: list, repeats: int, say=print,
-            dtypes=("float32",)) -> list:
-    """Every row: tfdp's three algorithms and TensorFlow's ring, each k, size (float32 bytes),
-    dtype and link."""
+            dtypes=("float32",), pieces: int = PIECES) -> list:
+    """Every row: tfdp's three algorithms (on a gradient of ``pieces`` equal parameters) and
+    TensorFlow's ring (one tensor), each k, size (float32 bytes), dtype and link."""
     rates = [(link, emulated_hosts.parse_rate(link, "--links")) for link in links]
     emulated_hosts.check_available()
     stale = emulated_hosts.remove_stale()
@@ -125,21 +142,22 @@ def measure(workers: list, sizes: list, links: list, repeats: int, say=print,
             try:
                 timeout = 120 + 4 * (repeats + 2) * len(dtypes) * sum(
                     predict("add_n", k, s, rate) for s in sizes)
-                found = (_tfdp_rows(hosts, k, sizes, dtypes, repeats, timeout)
+                found = (_tfdp_rows(hosts, k, sizes, dtypes, repeats, timeout, pieces)
                          + _collective_rows(hosts, k, sizes, dtypes, repeats, timeout))
             finally:
                 hosts.remove()
             for row in found:
                 like = "ring" if row["algorithm"] == TF_ALGORITHM else row["algorithm"]
                 row["link"], row["link_bits_per_s"] = link, rate
-                row["predicted_seconds"] = predict(like, k, row["bytes"], rate)
+                share = row.get("pieces", 0)
+                row["predicted_seconds"] = predict(like, k, row["bytes"], rate, share)
                 row["ratio"] = row["seconds"] / row["predicted_seconds"]
-                row["predicted_sent_bytes"] = predict_sent(like, k, row["bytes"])
+                row["predicted_sent_bytes"] = predict_sent(like, k, row["bytes"], share)
             rows += found
     return rows
 
 
-def _tfdp_rows(hosts, k, sizes, dtypes, repeats, timeout) -> list:
+def _tfdp_rows(hosts, k, sizes, dtypes, repeats, timeout, pieces) -> list:
     """k servers on hosts 0..k-1, the client on host k."""
     workers = [f"{hosts.address(i)}:{SERVER_PORT}" for i in range(k)]
     cluster = {"chief": [f"{hosts.address(k)}:{SERVER_PORT}"], "worker": workers}
@@ -148,7 +166,8 @@ def _tfdp_rows(hosts, k, sizes, dtypes, repeats, timeout) -> list:
     try:
         client = _start(hosts, k, [sys.executable, "-m", "tfdp.bench.remote_allreduce",
                                    f"--sizes={','.join(map(str, sizes))}",
-                                   f"--dtypes={','.join(dtypes)}", f"--repeats={repeats}"],
+                                   f"--dtypes={','.join(dtypes)}", f"--repeats={repeats}",
+                                   f"--pieces={pieces}"],
                         _tf_config(cluster, "chief", 0))
         return _rows_of(client, hosts, "the client of tfdp's algorithms", timeout)
     finally:
@@ -229,8 +248,11 @@ def _stop(procs):
 
 
 def format_rows(rows: list) -> str:
+    pieces = sorted({r["pieces"] for r in rows if "pieces" in r})
+    cut = ("" if not pieces else "; tfdp's gradient in one tensor" if pieces == [1] else
+           f"; tfdp's gradient in {' or '.join(map(str, pieces))} equal parameters")
     lines = ["allreduce across emulated hosts: median of the timed calls after one warm-up; "
-             "predicted: the textbook's arithmetic (tfdp/bench/hosts.py)",
+             f"predicted: the textbook's arithmetic (tfdp/bench/hosts.py){cut}",
              "| link | workers | size | dtype | algorithm | measured | predicted | "
              "measured / predicted | busiest host sent | predicted |",
              "|" + " --- |" * 10]

@@ -37,6 +37,8 @@ import time
 
 from absl import app, flags
 
+from tfdp.bench.hosts import PIECES
+
 # With --hosts, unless given: shorter runs than on one machine (a 10 Mbit/s link makes a step
 # of add_n on 4 hosts last seconds).
 HOSTS_CONFIGS = ("manual:1,manual:2:add_n,manual:2:ring,manual:4:add_n,manual:4:ring,"
@@ -66,6 +68,9 @@ flags.DEFINE_list("dtypes", ["float32"], "--hosts --allreduce: what the gradient
 flags.DEFINE_list("links", ["10mbit", "100mbit", "1gbit"],
                   "--hosts: link rates, each way (tc syntax).")
 flags.DEFINE_integer("repeats", 5, "--hosts: timed allreduce calls per row, after a warm-up.")
+flags.DEFINE_integer("pieces", PIECES, "--hosts --allreduce: equal parameters tfdp's gradient "
+                     f"is cut into ({PIECES}: sharded is balanced on 2, 3 and 4 workers; 1: one "
+                     "tensor, so add_n's gather and broadcast cannot overlap).")
 flags.DEFINE_string("workdir", os.path.join("runs", "bench"), "Where the table, JSON and chart go.")
 flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
 flags.DEFINE_string("manual_dir", None, "Fashion-MNIST .gz folder (as for tfdp.train).")
@@ -346,6 +351,8 @@ def main_hosts():
         dtypes = [hosts.parse_dtype(d) for d in FLAGS.dtypes if d.strip()]
         if FLAGS.repeats < 1:
             raise UserError(f"--repeats must be a positive integer, got {FLAGS.repeats}")
+        if FLAGS.pieces < 1:
+            raise UserError(f"--pieces must be a positive integer, got {FLAGS.pieces}")
         os.makedirs(FLAGS.workdir, exist_ok=True)
         if configs:
             rows = host_training.measure(configs, FLAGS.links, FLAGS.batch_size,
@@ -356,7 +363,7 @@ def main_hosts():
             text.append(host_training.format_rows(rows))
         if FLAGS.allreduce:
             rows = hosts.measure(workers, sizes, FLAGS.links, FLAGS.repeats, say=say,
-                                 dtypes=dtypes)
+                                 dtypes=dtypes, pieces=FLAGS.pieces)
             base = os.path.join(FLAGS.workdir, "allreduce_hosts")
             _write(base, rows, hosts.format_rows(rows))
             hosts.plot(rows, base + ".png")
