@@ -134,6 +134,16 @@ def wait_for_first_backup(run, tmp_path, timeout=180):
     assert backups.steps(), "no epoch finished in time"
 
 
+def cut_off(launcher: int, host: int) -> tuple:
+    """Set the link of the launcher's emulated host ``host`` down, its processes left alive:
+    (the host's namespace, when)."""
+    from tfdp import hosts
+
+    name = f"{hosts.PREFIX}{launcher}-h{host}"
+    subprocess.run(["ip", "-n", name, "link", "set", "eth0", "down"], check=True)
+    return name, time.time()
+
+
 def task_pid(launcher: int, kind: str, index: int) -> int:
     """The pid of the launcher's child that runs task ``kind`` ``index`` (by its TF_CONFIG)."""
     with open(f"/proc/{launcher}/task/{launcher}/children") as f:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, cut_off
 from tfdp import hosts
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
@@ -157,10 +157,8 @@ def test_a_host_cut_off_mid_run_ends_it_naming_the_peer_and_the_same_command_res
     deadline = time.time() + 240
     while not all(b.is_dir() and os.listdir(b) for b in backups) and time.time() < deadline:
         time.sleep(0.1)
-    host = f"{hosts.PREFIX}{run.pid}-h1"
     # The processes stay alive; only the link goes: a different fault from a dead worker.
-    subprocess.run(["ip", "-n", host, "link", "set", "eth0", "down"], check=True)
-    cut = time.time()
+    host, cut = cut_off(run.pid, 1)
     out, err = run.communicate(timeout=120)
     assert run.returncode != 0
     assert time.time() - cut < 10 + 30  # --collective_timeout plus a margin.

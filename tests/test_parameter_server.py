@@ -13,17 +13,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (DEVICES, REPO, comparable_start, run_module, served_disagreement,
-                      task_pid, train_manual, wait_for_first_backup)
-from tfdp import report
+from conftest import (DEVICES, REPO, comparable_start, cut_off, run_module,
+                      served_disagreement, task_pid, train_manual, wait_for_first_backup)
+from tfdp import hosts, report
 from tfdp.config import Config
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def launch(tmp_path, *train_args, workers=2, ps=1, popen=False, timeout=300):
+def launch(tmp_path, *train_args, workers=2, ps=1, popen=False, timeout=300, on_hosts=False):
     args = [sys.executable, "-m", "tfdp.launch", f"--num_workers={workers}", f"--num_ps={ps}",
-            "--", "--strategy=parameter_server", f"--workdir={tmp_path / 'run'}",
+            *(["--hosts"] if on_hosts else []), "--", "--strategy=parameter_server",
+            f"--workdir={tmp_path / 'run'}",
             f"--export_dir={tmp_path / 'exp'}", *train_args]
     if popen:
         return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -126,6 +127,31 @@ def test_a_dead_parameter_server_ends_the_run_in_one_line_and_the_same_command_r
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert re.search(r"^\[chief\] resuming at epoch [23]/3, step 0/40 ", rerun.stdout, re.M)
     assert os.listdir(tmp_path / "exp") == ["1"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
+                    reason="emulated hosts need Linux and root (network namespaces)")
+def test_a_parameter_server_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path,
+                                                                              data_dir):
+    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=40",
+                 "--eval_steps=1", "--collective_timeout=10", popen=True, on_hosts=True)
+    wait_for_first_backup(run, tmp_path)
+    # Hosts: the chief, 2 workers, then the server. Its process stays alive; only the link goes.
+    host, cut = cut_off(run.pid, 3)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1, err[-4000:]
+    assert time.time() - cut < 10 + 20
+    address = re.search(rf"host 3 \({host}\) at ([\d.]+) runs ps 0", err)[1]
+    assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(no answer "
+                     r"for 10 s while \w+ [^)]*--collective_timeout\): unreachable now: ps 0 "
+                     rf"\({re.escape(address)}:\d+\); the backup of step \d+ is kept", err,
+                     re.M), err[-3000:]
+    # The server, alive but cut off, cannot reach the chief either, and says so.
+    assert re.search(r"^\[ps 0\] tfdp\.server: error: lost the chief at [\d.]+:\d+: no answer "
+                     r"for 3 s \(a link down, or its machine gone\); stopping$", err + out,
+                     re.M), (out + err)[-3000:]
+    assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
+    assert not any(n.startswith(f"{hosts.PREFIX}{run.pid}-") for n in hosts.namespaces())
 
 
 def test_the_launcher_refuses_parameter_servers_for_another_strategy(tmp_path):

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (DEVICES, REPO, comparable_start, run_module, served_disagreement,
-                      task_pid, train_manual, wait_for_first_backup)
+from conftest import (DEVICES, REPO, comparable_start, cut_off, run_module,
+                      served_disagreement, task_pid, train_manual, wait_for_first_backup)
 from tfdp import checkpoints, hosts, report
 from tfdp.config import Config
 from tfdp.launch import free_ports
@@ -210,9 +210,7 @@ def test_a_worker_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, da
                  "--batch_size=64", "--eval_steps=1", "--collective_timeout=10",
                  launcher=("--num_workers=2", "--hosts"), popen=True)
     wait_for_first_backup(run, tmp_path)
-    host = f"{hosts.PREFIX}{run.pid}-h2"  # worker 1's host; the processes stay alive.
-    subprocess.run(["ip", "-n", host, "link", "set", "eth0", "down"], check=True)
-    cut = time.time()
+    host, cut = cut_off(run.pid, 2)  # worker 1's host; the processes stay alive.
     out, err = run.communicate(timeout=120)
     assert run.returncode == 1, err[-3000:]
     assert time.time() - cut < 10 + 20

@@ -130,11 +130,21 @@ def lost_contact(error_name: str, peers: list, error_text: str, kept_steps: list
 
 def unreachable(addresses: list, timeout: float = 1.0) -> list:
     """The ``host:port`` addresses that do not accept a TCP connection now."""
-    missing = []
-    for address in addresses:
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-        except (OSError, ValueError):
-            missing.append(address)
-    return missing
+    return [address for address in addresses if answer(address, timeout) != ACCEPTS]
+
+
+ACCEPTS, REFUSES, SILENT = "accepts", "refuses", "silent"
+
+
+def answer(address: str, timeout: float = 1.0) -> str:
+    """How ``host:port`` answers a TCP connection now: ``ACCEPTS``; ``REFUSES`` (its host says
+    nothing listens there: the process has gone); ``SILENT`` (nothing answers: no route, a link
+    down, a machine off, or no reply within ``timeout``)."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        return ACCEPTS
+    except ConnectionRefusedError:
+        return REFUSES
+    except (OSError, ValueError):
+        return SILENT

@@ -114,8 +114,8 @@ class Config:
         "per run, runs/<strategy>-<model>-<n>dev-<date>-<time>; give a run's folder to resume "
         "it).")
     collective_timeout: int = _flag(
-        300, "multi_worker, and manual across machines: seconds start-up, and then each "
-        "collective or step, waits for the peers before failing.")
+        300, "multi_worker, parameter_server, and manual across machines: seconds start-up, "
+        "and then each collective or step, waits for the peers before failing.")
     verbose: bool = _flag(
         False, "Also print TensorFlow's, TFDS' and absl's INFO lines and progress bars (hidden "
         "by default: tfdp prints its own lines, warnings and errors).")

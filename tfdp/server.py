@@ -52,7 +52,7 @@ _GONE_AFTER_SECONDS = 3.0
 def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None,
           with_data: bool = True) -> str:
     """Prepare the data (``with_data``), start the server, return when the chief has come and
-    gone."""
+    gone (raise when it was cut off instead)."""
     if "chief" not in task.cluster:
         raise UserError(f"{cluster.ENV} names no chief: the chief is the client, the process "
                         "running python -m tfdp.train")
@@ -71,8 +71,11 @@ def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None,
     data = f"data in {where}" if where else "no data"
     print(f"tfdp.server: {task.type} {task.index} at {task.address} serves {', '.join(names)}; "
           f"{data}; until the chief at {chief} finishes", flush=True)
-    _wait_for_client(chief)
+    how = _wait_for_client(chief)
     del server
+    if how == cluster.SILENT:
+        raise UserError(f"lost the chief at {chief}: no answer for {_GONE_AFTER_SECONDS:g} s (a "
+                        "link down, or its machine gone); stopping")
     return chief
 
 
@@ -114,14 +117,16 @@ def _session_config(tf, num_gpus: int):
     return config
 
 
-def _wait_for_client(chief: str) -> None:
-    """Until the chief's port has answered once and then stopped answering."""
+def _wait_for_client(chief: str) -> str:
+    """Until the chief's port has answered once and then stopped answering; how it last
+    answered: ``cluster.REFUSES`` (the chief has gone) or ``cluster.SILENT`` (cut off)."""
     last_answer = None
     while True:
-        if not cluster.unreachable([chief]):
+        found = cluster.answer(chief)
+        if found == cluster.ACCEPTS:
             last_answer = time.monotonic()
         elif last_answer is not None and time.monotonic() - last_answer >= _GONE_AFTER_SECONDS:
-            return
+            return found
         time.sleep(_POLL_SECONDS)
 
 

@@ -103,10 +103,10 @@ def _cast_on(device, tensors, dtype) -> list:
 def _shard_gradients(params: dict, x, y, global_batch, compute):
     """One device's forward and backward pass: (loss share, correct, gradients)."""
     with tf.GradientTape() as tape:
-        logits = _logits(params, x, compute)
+        logits = lenet_logits(params, x, compute)
         per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
         loss = tf.reduce_sum(per_example) / global_batch  # / global batch: grads then add up
-    return [loss, _count_correct(logits, y), *tape.gradient(loss, list(params.values()))]
+    return [loss, count_correct(logits, y), *tape.gradient(loss, list(params.values()))]
 
 
 def make_eval_step(replicas: list, devices: list, eager: bool = False, feed: Feed = None,
@@ -117,9 +117,9 @@ def make_eval_step(replicas: list, devices: list, eager: bool = False, feed: Fee
     signature, shards = _batch_of(feed, devices)
 
     def shard_sums(params, x, y):
-        logits = _logits(params, x, compute)
+        logits = lenet_logits(params, x, compute)
         return [tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)),
-                _count_correct(logits, y)]
+                count_correct(logits, y)]
 
     def step(*batch):
         losses, correct = [], []
@@ -134,7 +134,7 @@ def make_eval_step(replicas: list, devices: list, eager: bool = False, feed: Fee
     return step if eager else tf.function(step, input_signature=signature)
 
 
-def _logits(params: dict, images, compute):
+def lenet_logits(params: dict, images, compute):
     """LeNet's logits, in the parameters' dtype, computed in ``compute``. Under mixed
     precision (bfloat16) the parameters are cast on the way in and the logits back, so the
     softmax and the loss are float32 and the gradients reach the float32 parameters through
@@ -284,7 +284,8 @@ def train(config, plan, devices: list, train_split: data.Split, test_split: data
     return trained()
 
 
-def _count_correct(logits, labels):
+def count_correct(logits, labels):
+    """How many of ``labels`` the ``logits`` rank first, as an int64 scalar."""
     return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int64))
 
 

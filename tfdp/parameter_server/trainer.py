@@ -39,7 +39,7 @@ from tfdp import cluster, data, schedule
 from tfdp.errors import Diverged, Preempted, UserError
 from tfdp.logs import logger
 from tfdp.manual.remote import PEER_LOST, STARTING, Stall
-from tfdp.manual.trainer import _count_correct, _logits
+from tfdp.manual.trainer import count_correct, lenet_logits
 from tfdp.manual.trainer import serving_model as lenet_serving_model
 from tfdp.models import lenet, resnet
 from tfdp.models.precision import input_dtype
@@ -49,6 +49,7 @@ PROGRAM = ("tfdp.train --strategy=parameter_server (the coordinator; its workers
 # A parameter smaller than this stays whole under --ps_shards: only W2 and W3 of LeNet are
 # worth splitting (100 KB and 410 KB; the rest are 5 KB or less).
 MIN_SHARD_BYTES = 32 << 10
+READING = "reading the parameters from the servers"
 
 
 def task_of(config) -> cluster.Task:
@@ -107,8 +108,9 @@ def run(config, start_weights=None):
             len(task.cluster["ps"]))
         try:
             train(config, started, coordinator, len(workers), store, arrays, examples,
-                  first_step, backups, watch)
-            trained = store.weights()
+                  first_step, backups, watch, stall)
+            with stall.watching(READING):
+                trained = store.weights()
         except PEER_LOST as e:
             raise UserError(cluster.lost_contact(type(e).__name__, peers, str(e.message),
                                                  backups.steps())) from None
@@ -281,7 +283,7 @@ class LenetStore(Store):
         params = {name: parts[0].read_value() if len(parts) == 1 else
                   tf.concat([p.read_value() for p in parts], axis=0)
                   for name, parts in self.shards.items()}
-        return _logits(params, images, self.compute)
+        return lenet_logits(params, images, self.compute)
 
     def weights(self) -> list:
         return lenet.to_keras_weights({name: np.concatenate([p.numpy() for p in parts], axis=0)
@@ -345,7 +347,7 @@ def make_train_step(store: Store):
                   for v, g in zip(variables, grads)]
         with tf.control_dependencies(pushed):
             applied = store.updates.assign_add(1)
-        return loss, _count_correct(logits, y), applied - 1 - seen
+        return loss, count_correct(logits, y), applied - 1 - seen
 
     return tf.function(step)
 
@@ -358,15 +360,17 @@ def make_eval_step(store: Store):
         x, y = tf.gather(images, indices), tf.gather(labels, indices)
         logits = store.logits(x, training=False)
         return (tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)),
-                _count_correct(logits, y))
+                count_correct(logits, y))
 
     return tf.function(step)
 
 
 def train(config, started, coordinator, num_workers, store, arrays, examples, first_step,
-          backups, watch):
+          backups, watch, stall):
     """Every epoch's steps, scheduled on the workers (at most two in flight per worker), then
-    evaluation, the epoch's line with its staleness, and a backup."""
+    evaluation, the epoch's line with its staleness, and a backup. ``stall`` ends the run when
+    a step's result, the evaluation or the parameters do not come within
+    --collective_timeout: a server or worker cut off leaves TensorFlow waiting for ever."""
     plan, reporter = started.plan, started.reporter
     steps = plan.steps_per_epoch
     first_epoch, offset = divmod(first_step, steps)
@@ -382,7 +386,9 @@ def train(config, started, coordinator, num_workers, store, arrays, examples, fi
     watch.step, watch.training = first_step, True
 
     def save():
-        return backups.save(global_step, store.weights())
+        with stall.watching(READING):
+            weights = store.weights()
+        return backups.save(global_step, weights)
 
     for epoch in range(first_epoch, config.epochs):
         first = offset if epoch == first_epoch else 0
@@ -394,7 +400,8 @@ def train(config, started, coordinator, num_workers, store, arrays, examples, fi
         def collect():
             nonlocal loss_sum, correct, seen, global_step
             value, n, i = in_flight.popleft()
-            loss, right, stale = (np.asarray(v) for v in value.fetch())
+            with stall.watching(f"training step {global_step + 1}"):
+                loss, right, stale = (np.asarray(v) for v in value.fetch())
             if not np.isfinite(loss):
                 raise Diverged(float(loss), epoch, i + 1, steps)
             loss_sum += float(loss) * n
@@ -422,7 +429,9 @@ def train(config, started, coordinator, num_workers, store, arrays, examples, fi
         while in_flight:
             collect()
         seconds = time.perf_counter() - start
-        test_loss, test_acc = _evaluate(coordinator, eval_step, test_arrays, examples[1], plan)
+        with stall.watching(f"evaluating epoch {epoch + 1}"):
+            test_loss, test_acc = _evaluate(coordinator, eval_step, test_arrays, examples[1],
+                                            plan)
         reporter.epoch_end(epoch, loss=loss_sum / seen, train_acc=correct / seen,
                            test_loss=test_loss, test_acc=test_acc, seconds=seconds, examples=seen,
                            resumed_at=first, extra={
