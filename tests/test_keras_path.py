@@ -17,6 +17,7 @@ from tfdp.config import Config
 from tfdp.keras_path import distributed_input, evaluation, keras_mwms_fix
 from tfdp.keras_path import trainer as keras_trainer
 from tfdp.models import lenet, resnet
+from tfdp.models.replicated_batch_norm import ReplicatedBatchNormalization
 
 
 def common(tmp_path, data_dir, name, **overrides):
@@ -92,6 +93,35 @@ def test_keras_still_needs_the_build_workaround(tmp_path, data_dir):
                     "build part of tfdp/keras_path/keras_mwms_fix.py and this test")
     assert "AddN" in result.stderr and "same size and shape" in result.stderr, \
         result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("layer, one_value", [(keras.layers.BatchNormalization, False),
+                                              (ReplicatedBatchNormalization, True)])
+def test_batch_norm_moving_statistics_are_one_value_across_replicas(layer, one_value):
+    """Two replicas see different batches. Keras' own layer moves each replica's copy of its
+    statistics alone, and reads return replica 0's: once it keeps one value, this test fails,
+    and tfdp/models/replicated_batch_norm.py can go (ResNet-18 uses Keras' layer again)."""
+    strategy = tf.distribute.MirroredStrategy(DEVICES[:2])
+    with strategy.scope():
+        norm = layer(momentum=0.5)
+        norm.build((None, 3))
+    batches = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.fill([4, 3], 10.0 * context.replica_id_in_sync_group))
+
+    @tf.function
+    def step(x):
+        strategy.run(lambda x: norm(x, training=True), args=(x,))
+
+    step(batches)
+    copies = [v.numpy() for v in norm.moving_mean.value.values]
+    if one_value:
+        # The mean of the replicas' updates: 0.5 x 0 + 0.5 x (0 + 10) / 2.
+        assert np.array_equal(copies[0], copies[1]) and np.allclose(copies[0], 2.5), copies
+        assert np.allclose(norm.moving_mean.numpy(), 2.5)
+    else:
+        assert not np.array_equal(copies[0], copies[1]), (
+            "Keras' BatchNormalization now keeps one value across replicas: remove "
+            "tfdp/models/replicated_batch_norm.py and this test's workaround half")
 
 
 def test_evaluator_covers_the_same_batches_every_time(test_split):

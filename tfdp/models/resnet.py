@@ -9,6 +9,7 @@ Global average pooling and a dense layer to 10 classes. About 11.2 million weigh
 import keras
 
 from tfdp.models.precision import keras_dtypes
+from tfdp.models.replicated_batch_norm import ReplicatedBatchNormalization
 
 # (channels, blocks, stride of the first block)
 RESNET18_STAGES = ((64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2))
@@ -18,7 +19,8 @@ def resnet(stages=RESNET18_STAGES, num_classes=10, sync_batch_norm=False, name="
            precision="float32"):
     """A ResNet from a stage table, taking float images [n, 28, 28, 1] in [0, 1].
 
-    ``sync_batch_norm`` computes batch statistics over the global batch, across replicas;
+    ``sync_batch_norm`` computes batch statistics over the global batch, across replicas (the
+    moving statistics are one value across replicas either way: ``replicated_batch_norm``);
     ``precision`` as ``--precision`` (``tfdp.models.precision``).
     """
     inputs_dtype, dtype, last = keras_dtypes(precision)
@@ -27,13 +29,13 @@ def resnet(stages=RESNET18_STAGES, num_classes=10, sync_batch_norm=False, name="
         return keras.layers.Conv2D(channels, size, strides=stride, padding=padding, dtype=dtype)
 
     def bn_relu(x):
-        x = keras.layers.BatchNormalization(synchronized=sync_batch_norm, dtype=dtype)(x)
+        x = ReplicatedBatchNormalization(synchronized=sync_batch_norm, dtype=dtype)(x)
         return keras.layers.ReLU(dtype=dtype)(x)
 
     def residual_block(x, channels, stride):
         """conv-bn-relu-conv-bn plus the shortcut (a 1x1 projection when shapes differ)."""
         y = bn_relu(conv(channels, 3, stride)(x))
-        y = keras.layers.BatchNormalization(synchronized=sync_batch_norm, dtype=dtype)(
+        y = ReplicatedBatchNormalization(synchronized=sync_batch_norm, dtype=dtype)(
             conv(channels, 3)(y))
         if stride != 1 or x.shape[-1] != channels:
             x = conv(channels, 1, stride, "valid")(x)
