@@ -112,15 +112,17 @@ def test_the_sharded_prediction_follows_who_owns_most():
 @pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
                     reason="emulated hosts need Linux and root (network namespaces)")
 def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
+    # multi_worker:2 rows are computed as manual:2:ring's (TensorFlow's ring), and tfdp.launch
+    # --hosts runs multi_worker in test_hosts: left out for the suite's time (28 s).
     result = run_module("tfdp.bench", "--hosts",
-                        "--configs=manual:1,manual:2:ring,multi_worker:2,parameter_server:2:ps=2",
+                        "--configs=manual:1,manual:2:ring,parameter_server:2:ps=2",
                         "--links=1gbit", "--steps=3", "--batch_size=64", f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "training_hosts.json").read_text())
     assert [(r["name"], r["link"]) for r in rows] == [
-        (name, link) for name in ("manual:1", "manual:2:ring", "multi_worker:2",
-                                  "parameter_server:2:ps=2") for link in ("unshaped", "1gbit")]
+        (name, link) for name in ("manual:1", "manual:2:ring", "parameter_server:2:ps=2")
+        for link in ("unshaped", "1gbit")]
     servers = [r for r in rows if r["path"] == "parameter_server"]
     for row in servers:
         rows.remove(row)
@@ -139,7 +141,7 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
         # The ring's 2(k-1)/k S/B: 4.1 ms for LeNet on 2 hosts at 1 Gbit/s; none on one host.
         assert row["predicted_communication_seconds"] == pytest.approx(
             516272 * 8 / 1e9 if shaped else 0.0)
-        assert (row["k_machines_step_seconds"] is None) == (row["path"] == "multi_worker")
+        assert row["k_machines_step_seconds"] > 0
     table = (tmp_path / "training_hosts.md").read_text()
     assert table.count("\n| manual:2:ring | ") == 2, table
     assert table.count("\n| parameter_server:2:ps=2 | ") == 2, table
