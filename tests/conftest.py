@@ -149,11 +149,18 @@ def task_pid(launcher: int, kind: str, index: int) -> int:
     with open(f"/proc/{launcher}/task/{launcher}/children") as f:
         children = [int(c) for c in f.read().split()]
     for pid in children:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-        if b"TF_CONFIG" not in env:  # Between fork and exec: the launcher's environment.
-            continue
-        config = json.loads(env[b"TF_CONFIG"])
-        if config["task"] == {"type": kind, "index": index}:
+        config = tf_config_of(pid)
+        if config and config["task"] == {"type": kind, "index": index}:
             return pid
     raise AssertionError(f"no {kind} {index} among {children}")
+
+
+def tf_config_of(pid: int):
+    """Process ``pid``'s TF_CONFIG, or None: gone, or between fork and exec (a launched child
+    then still has the launcher's environment, without its TF_CONFIG)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+    except OSError:
+        return None
+    return json.loads(env[b"TF_CONFIG"]) if b"TF_CONFIG" in env else None

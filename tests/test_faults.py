@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_module
+from conftest import REPO, run_module, tf_config_of
 from tfdp import checkpoints, cluster, export, paths, preemption, workdir
 from tfdp.config import Config
 from tfdp.errors import PREEMPTED_EXIT_CODE, Diverged, Preempted, UserError
@@ -136,18 +136,10 @@ def workers_of(pid, count=2):
     environment, without its TF_CONFIG."""
     def started():
         found = children(pid)
-        return len(found) == count and all(_has_tf_config(child) for child in found)
+        return len(found) == count and all(tf_config_of(child) for child in found)
 
     wait_for(started, 60, "the workers")
     return children(pid)
-
-
-def _has_tf_config(pid) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return b"TF_CONFIG=" in f.read()
-    except OSError:
-        return False
 
 
 def alive(pid):

@@ -40,9 +40,8 @@ def main(argv):
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster), job_name="chief",
                                               task_index=0)
     devices = [f"/job:worker/replica:0/task:{w}/device:CPU:0" for w in range(k)]
-    rows = []
+    rows, pieces = [], FLAGS.pieces
     for size, dtype in ((int(s), tf.as_dtype(d)) for s in FLAGS.sizes for d in FLAGS.dtypes):
-        pieces = FLAGS.pieces
         per_piece = max(1, size // 4 // pieces)
         grads = []
         for d, device in enumerate(devices):
