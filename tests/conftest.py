@@ -101,9 +101,11 @@ def train_manual(config, devices, train_split, test_split, reporter, params=None
     """The manual path's loop on given splits, with the plan its ``run`` would make."""
     from tfdp.manual import trainer
     from tfdp.plan import make_plan
+    from tfdp.training.skeleton import Run
 
     plan = make_plan(config, len(devices), len(train_split.labels), len(test_split.labels))
-    return trainer.train(config, plan, devices, train_split, test_split, reporter, params)
+    return trainer.train(Run(config, plan, reporter, devices, train_split=train_split,
+                             test_split=test_split), params)
 
 
 def served_disagreement(version, trained, start, images) -> float:
@@ -125,9 +127,9 @@ def served_disagreement(version, trained, start, images) -> float:
 
 def wait_for_first_backup(run, tmp_path, timeout=180):
     """Until the run in ``tmp_path / "run"`` has saved its first backup (an epoch's end)."""
-    from tfdp import checkpoints
+    from tfdp.training.backups import Backups
 
-    backups = checkpoints.Backups(str(tmp_path / "run"), 0, {})
+    backups = Backups(str(tmp_path / "run"), 0, {})
     deadline = time.time() + timeout
     while not backups.steps() and run.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -137,9 +139,9 @@ def wait_for_first_backup(run, tmp_path, timeout=180):
 def cut_off(launcher: int, host: int) -> tuple:
     """Set the link of the launcher's emulated host ``host`` down, its processes left alive:
     (the host's namespace, when)."""
-    from tfdp import hosts
+    from tfdp.cluster import emulated_hosts
 
-    name = f"{hosts.PREFIX}{launcher}-h{host}"
+    name = f"{emulated_hosts.PREFIX}{launcher}-h{host}"
     subprocess.run(["ip", "-n", name, "link", "set", "eth0", "down"], check=True)
     return name, time.time()
 

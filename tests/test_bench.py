@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from conftest import run_module
-from tfdp import hosts
-from tfdp.bench import hosts as host_bench
+from tfdp.cluster import emulated_hosts
+from tfdp.bench import host_allreduce as host_bench
 
 
 def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
@@ -89,7 +89,7 @@ def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
     assert table.count("\n| 1gbit | 2 | 96.0 KB | fp32 | ") == 4, table
     assert table.count("\n| 1gbit | 2 | 48.0 KB | bf16 | ") == 4, table
     assert (tmp_path / "allreduce_hosts.png").stat().st_size > 1000
-    assert not [n for n in hosts.namespaces() if n.startswith(hosts.PREFIX)]
+    assert not [n for n in emulated_hosts.namespaces() if n.startswith(emulated_hosts.PREFIX)]
 
 
 def test_the_sharded_prediction_follows_who_owns_most():
@@ -145,7 +145,7 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
     table = (tmp_path / "training_hosts.md").read_text()
     assert table.count("\n| manual:2:ring | ") == 2, table
     assert table.count("\n| parameter_server:2:ps=2 | ") == 2, table
-    assert not [n for n in hosts.namespaces() if n.startswith(hosts.PREFIX)]
+    assert not [n for n in emulated_hosts.namespaces() if n.startswith(emulated_hosts.PREFIX)]
 
 
 @pytest.mark.parametrize("flags, message", [

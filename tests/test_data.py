@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import head
-from tfdp import data, plan, sharding
+from tfdp import data, plan
+from tfdp.keras_path import distributed_input as sharding
 from tfdp.errors import UserError
 
 

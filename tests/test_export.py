@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdp import export
+from tfdp.training import export
 from tfdp.errors import UserError
-from tfdp.manual import trainer
 from tfdp.models import lenet
 
 
 def module():
-    return trainer.serving_model(lenet.init_params(0))
+    return lenet.serving_model(lenet.init_params(0))
 
 
 def test_versions_count_up_and_serve(tmp_path):

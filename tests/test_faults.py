@@ -16,7 +16,12 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, run_module, tf_config_of
-from tfdp import checkpoints, cluster, export, paths, preemption, workdir
+from tfdp.training import skeleton as paths
+from tfdp.training.backups import Backups
+from tfdp.training import preemption
+from tfdp.training import export
+from tfdp.training import workdir
+from tfdp.cluster import tf_config
 from tfdp.config import Config
 from tfdp.errors import PREEMPTED_EXIT_CODE, Diverged, Preempted, UserError
 from tfdp.launch import free_ports
@@ -64,7 +69,7 @@ def test_sigterm_preempts_mid_epoch_and_the_same_command_resumes_to_the_same_mod
     command = train_command(data_dir, tmp_path, *flags)
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env=env(), cwd=REPO)
-    backups = checkpoints.Backups(str(tmp_path / "run"), 0, {})
+    backups = Backups(str(tmp_path / "run"), 0, {})
     wait_for(lambda: 200 in backups.steps() or run.poll() is not None, 240, "the first epoch")
     time.sleep(0.3)  # Into the second epoch.
     run.send_signal(signal.SIGTERM)
@@ -101,11 +106,11 @@ def test_sigterm_preempts_mid_epoch_and_the_same_command_resumes_to_the_same_mod
 
 def test_sigterm_outside_training_raises_at_once_and_inside_waits_for_the_step():
     with preemption.Watch() as watch:
-        watch.training = True
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.01)  # Python runs the handler at the next bytecode.
-        assert watch.requested
-        watch.training, watch.step = False, 7
+        with watch.training(first_step=0):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # Python runs the handler at the next bytecode.
+            assert watch.requested
+            watch.reached(7)
         with pytest.raises(Preempted, match="at step 7: nothing new to save"):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(1)
@@ -162,7 +167,7 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(tm
     config = json.loads(open(f"/proc/{other}/environ", "rb").read().split(b"TF_CONFIG=")[1]
                         .split(b"\0")[0])
     port = int(config["cluster"]["worker"][1].rsplit(":", 1)[1])
-    backups = checkpoints.Backups(str(tmp_path / "run"), 1, {})
+    backups = Backups(str(tmp_path / "run"), 1, {})
     wait_for(lambda: 100 in backups.steps() or run.poll() is not None, 240, "the first epoch")
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
@@ -180,7 +185,7 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(tm
     assert 100 <= step < 200
     assert "in a private network namespace" in err
     for index in (0, 1):
-        assert step in checkpoints.Backups(str(tmp_path / "run"), index, {}).steps()
+        assert step in Backups(str(tmp_path / "run"), index, {}).steps()
     assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")
     assert not alive(chief) and not alive(other)
 
@@ -197,7 +202,7 @@ def test_sigterm_to_the_launcher_preempts_and_sigkill_takes_the_workers_with_it(
                                                                                data_dir):
     run = launcher(data_dir, tmp_path, "--epochs=3", "--steps_per_epoch=100", "--batch_size=64",
                    "--eval_steps=1")
-    backups = checkpoints.Backups(str(tmp_path / "run"), 0, {})
+    backups = Backups(str(tmp_path / "run"), 0, {})
     wait_for(lambda: backups.steps() or run.poll() is not None, 240, "the first epoch")
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=60)
@@ -243,7 +248,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
             output.extend(chunk)
         return True
 
-    backups = checkpoints.Backups(str(tmp_path / "run"), 0, {})
+    backups = Backups(str(tmp_path / "run"), 0, {})
     try:
         wait_for(lambda: read_available() and (backups.steps() or run.poll() is not None), 240,
                  "the first epoch")
@@ -384,7 +389,7 @@ def manual_config(tmp_path, data_dir, **overrides):
 
 def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
     earlier = manual_config(tmp_path, data_dir)
-    backups = checkpoints.Backups(earlier.run_dir, 0, earlier.identity)
+    backups = Backups(earlier.run_dir, 0, earlier.identity)
     backups.save(5, lenet.to_keras_weights(lenet.init_params(0)))
     with pytest.raises(UserError) as caught:
         paths.run(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
@@ -397,7 +402,7 @@ def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
 def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, data_dir, capsys,
                                                                     caplog):
     config = manual_config(tmp_path, data_dir)
-    backups = checkpoints.Backups(config.run_dir, 0, config.identity)
+    backups = Backups(config.run_dir, 0, config.identity)
     weights = lenet.to_keras_weights(lenet.init_params(0, init="glorot"))
     backups.save(5, weights)
     newest = backups.save(10, weights)
@@ -508,7 +513,7 @@ def test_tf_config_task_index_out_of_range_is_one_line(tmp_path, index):
     message = (f"TF_CONFIG: task index {index} is out of range: the cluster has 2 worker "
                "task(s), indexes 0..1")
     with pytest.raises(UserError, match=re.escape(message)):
-        cluster.task({"TF_CONFIG": tf_config})
+        tf_config.task({"TF_CONFIG": tf_config})
     result = run_module("tfdp.train", "--strategy=multi_worker", f"--workdir={tmp_path}",
                         env={"TF_CONFIG": tf_config}, timeout=120)
     assert result.returncode == 1
@@ -520,14 +525,14 @@ def test_a_port_in_use_is_named(tmp_path):
     holder.bind(("127.0.0.1", 0))
     holder.listen()
     port = holder.getsockname()[1]
-    task = cluster.Task({"worker": [f"127.0.0.1:{port}", "127.0.0.1:1"]}, "worker", 0)
+    task = tf_config.Task({"worker": [f"127.0.0.1:{port}", "127.0.0.1:1"]}, "worker", 0)
     try:
         with pytest.raises(UserError, match=f"port {port} of TF_CONFIG's worker 0 "
                                             f"\\(127.0.0.1:{port}\\) is already in use"):
-            cluster.check_port_free(task)
+            tf_config.check_port_free(task)
     finally:
         holder.close()
-    cluster.check_port_free(task)  # Free again.
+    tf_config.check_port_free(task)  # Free again.
 
 
 def test_a_worker_whose_port_is_taken_says_which_in_one_line(tmp_path):

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import REPO, cut_off
-from tfdp import hosts
+from tfdp.cluster import emulated_hosts
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
                                 reason="emulated hosts need Linux and root (network namespaces)")
@@ -24,7 +24,7 @@ def root_network():
 
 
 def ours(pid):
-    return [n for n in hosts.namespaces() if n.startswith(f"{hosts.PREFIX}{pid}-")]
+    return [n for n in emulated_hosts.namespaces() if n.startswith(f"{emulated_hosts.PREFIX}{pid}-")]
 
 
 def launch(data_dir, tmp_path, *launcher_flags, train=()):
@@ -38,7 +38,7 @@ def launch(data_dir, tmp_path, *launcher_flags, train=()):
 
 def test_a_shaped_link_carries_its_rate_each_way_and_all_is_removed_after():
     before = root_network()
-    emulated = hosts.Hosts(2, "10mbit")
+    emulated = emulated_hosts.Hosts(2, "10mbit")
     emulated.create()
     try:
         assert sorted(ours(os.getpid())) == sorted([*emulated.names, emulated.switch])

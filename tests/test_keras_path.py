@@ -12,7 +12,9 @@ import tensorflow as tf
 
 from conftest import (DEVICES, comparable_start, head, run_module, train_manual,
                       update_difference)
-from tfdp import checkpoints, data, report
+from tfdp import data
+from tfdp.training.backups import Backups
+from tfdp.training import report
 from tfdp.config import Config
 from tfdp.keras_path import distributed_input, evaluation, keras_mwms_fix
 from tfdp.keras_path import trainer as keras_trainer
@@ -153,7 +155,7 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monke
         start_weights=start)
     assert not os.path.exists(tmp_path / "full" / "backup")  # Spent.
 
-    save = checkpoints.Backups.save
+    save = Backups.save
 
     def crash_after_epoch_2(self, step, weights):
         path = save(self, step, weights)
@@ -161,11 +163,11 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monke
             raise RuntimeError("simulated crash")
         return path
 
-    monkeypatch.setattr(checkpoints.Backups, "save", crash_after_epoch_2)
+    monkeypatch.setattr(Backups, "save", crash_after_epoch_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
         keras_trainer.run(Config(strategy="mirrored", **settings), start_weights=start)
     monkeypatch.undo()
-    assert checkpoints.Backups(str(tmp_path / "resume"), 0, {}).steps() == [5, 10]
+    assert Backups(str(tmp_path / "resume"), 0, {}).steps() == [5, 10]
     assert not os.path.exists(tmp_path / "resume-exp") or not os.listdir(tmp_path / "resume-exp")
     capsys.readouterr()
 

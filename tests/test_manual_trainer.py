@@ -7,9 +7,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import DEVICES, comparable_start, head, train_manual, update_difference
-from tfdp import data, report
+from tfdp import data
+from tfdp.training import report
 from tfdp.config import Config
-from tfdp.manual import trainer
+from tfdp.manual.step import make_train_step
 from tfdp.manual.replicate import replicate
 
 
@@ -31,7 +32,7 @@ def train_params(tmp_path, split, k, allreduce="add_n", batch_size=96, dtype=np.
 def test_replicas_stay_identical(train_split, allreduce):
     devices = DEVICES[:4]
     replicas = replicate(start_params(), devices)
-    step = trainer.make_train_step(replicas, devices, allreduce)
+    step = make_train_step(replicas, devices, allreduce)
     for images, labels in data.train_batches(head(train_split, 1000), 130, 0, 0, 1):
         step(images, labels, tf.constant(0.1))
     for replica in replicas[1:]:
@@ -82,7 +83,7 @@ def test_every_float32_step_agrees_across_devices(train_split):
 def _stepper(params, k, allreduce):
     """One step of the k-device trainer from the weights it is given (compiled once)."""
     replicas = replicate(params, DEVICES[:k])
-    step = trainer.make_train_step(replicas, DEVICES[:k], allreduce)
+    step = make_train_step(replicas, DEVICES[:k], allreduce)
 
     def one_step(weights, images, labels):
         for replica in replicas:

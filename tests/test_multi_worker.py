@@ -14,7 +14,8 @@ import pytest
 
 from conftest import (DEVICES, REPO, comparable_start, run_module, served_disagreement,
                       train_manual)
-from tfdp import checkpoints, report
+from tfdp.training.backups import Backups
+from tfdp.training import report
 from tfdp.config import Config
 from tfdp.keras_path import keras_mwms_fix
 
@@ -81,7 +82,7 @@ def test_killed_worker_stops_the_launcher_and_a_rerun_resumes(tmp_path, data_dir
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, cwd=REPO)
-    backups = checkpoints.Backups(str(tmp_path / "mw"), 1, {})
+    backups = Backups(str(tmp_path / "mw"), 1, {})
     deadline = time.time() + 180
     while not backups.steps() and time.time() < deadline:
         time.sleep(0.2)

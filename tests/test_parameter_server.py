@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from conftest import (DEVICES, REPO, comparable_start, cut_off, run_module,
                       served_disagreement, task_pid, train_manual, wait_for_first_backup)
-from tfdp import hosts, report
+from tfdp.training import report
+from tfdp.cluster import emulated_hosts
 from tfdp.config import Config
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -151,7 +152,7 @@ def test_a_parameter_server_cut_off_ends_the_run_within_the_timeout_naming_it(tm
                      r"for 3 s \(a link down, or its machine gone\); stopping$", err + out,
                      re.M), (out + err)[-3000:]
     assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
-    assert not any(n.startswith(f"{hosts.PREFIX}{run.pid}-") for n in hosts.namespaces())
+    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-") for n in emulated_hosts.namespaces())
 
 
 def test_the_launcher_refuses_parameter_servers_for_another_strategy(tmp_path):

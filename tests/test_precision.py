@@ -14,7 +14,7 @@ import tfdp
 from tfdp import devices
 from tfdp.config import Config
 from tfdp.errors import UserError
-from tfdp.manual import trainer
+from tfdp.manual.step import make_train_step
 from tfdp.manual.replicate import replicate
 
 # bfloat16 keeps 8 significant bits: rounding to it moves a value by up to 2^-9 of itself.
@@ -50,7 +50,7 @@ def test_bfloat16_under_multi_worker_trains_and_exports(tmp_path, data_dir):
 
 def _one_step(start, images, labels, **dtypes):
     replicas = replicate(start, DEVICES[:2])
-    trainer.make_train_step(replicas, DEVICES[:2], "ring", **dtypes)(images, labels,
+    make_train_step(replicas, DEVICES[:2], "ring", **dtypes)(images, labels,
                                                                      tf.constant(0.1))
     return {name: var.numpy() for name, var in replicas[0].items()}
 

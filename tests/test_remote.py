@@ -14,7 +14,9 @@ import pytest
 
 from conftest import (DEVICES, REPO, comparable_start, cut_off, run_module,
                       served_disagreement, task_pid, train_manual, wait_for_first_backup)
-from tfdp import checkpoints, hosts, report
+from tfdp.training.backups import Backups
+from tfdp.training import report
+from tfdp.cluster import emulated_hosts
 from tfdp.config import Config
 from tfdp.launch import free_ports
 
@@ -98,7 +100,7 @@ def test_sigterm_to_the_launcher_saves_on_the_chief_before_the_workers_stop(tmp_
                       r"step \d+ saved in ", err, re.M)
     assert saved, err[-3000:]
     step = int(saved[1])
-    assert checkpoints.Backups(str(tmp_path / "run"), 0, {}).steps()[-1] == step
+    assert Backups(str(tmp_path / "run"), 0, {}).steps()[-1] == step
 
     rerun = launch(tmp_path, *train)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -201,7 +203,7 @@ def test_on_emulated_hosts_the_images_never_pass_through_the_client(tmp_path, da
     # The workers' ring moves the gradients (LeNet's: 0.52 MB) between them, not through the
     # client.
     assert min(moved[1][0], moved[2][0]) > moved[0][1], moved
-    assert not any(n.startswith(hosts.PREFIX) for n in hosts.namespaces())
+    assert not any(n.startswith(emulated_hosts.PREFIX) for n in emulated_hosts.namespaces())
 
 
 @root
@@ -219,4 +221,4 @@ def test_a_worker_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, da
                      r"for 10 s while training step \d+, --collective_timeout\): unreachable "
                      rf"now: worker 1 \({re.escape(address)}:2222\)", err, re.M), err[-3000:]
     assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
-    assert not any(n.startswith(f"{hosts.PREFIX}{run.pid}-") for n in hosts.namespaces())
+    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-") for n in emulated_hosts.namespaces())

@@ -4,7 +4,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import DEVICES, head, train_manual
-from tfdp import report, schedule
+from tfdp import plan as schedule
+from tfdp.training import report
 from tfdp.config import Config
 from tfdp.plan import make_plan
 

@@ -14,7 +14,7 @@ Every path has the same entry, ``run(config) -> Result`` (``tfdp.paths``):
 
 from tfdp.api import configure_devices, run
 from tfdp.errors import Diverged, Preempted, UserError
-from tfdp.result import Result
+from tfdp.training.result import Result
 
 __version__ = "0.1.0"
 __all__ = ["run", "configure_devices", "Result", "UserError", "Diverged", "Preempted"]

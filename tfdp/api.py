@@ -28,7 +28,7 @@ def run(**flags):
     config = Config(**flags)
     logs.configure(config.verbose)
     logs.import_tensorflow()
-    from tfdp import paths
+    from tfdp.training import skeleton as paths
 
     return paths.run(config)
 

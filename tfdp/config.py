@@ -10,7 +10,7 @@ import os
 import time
 from typing import Optional
 
-from tfdp import cluster
+from tfdp.cluster import tf_config
 from tfdp.errors import UserError
 
 STRATEGIES = ("manual", "mirrored", "multi_worker", "plain", "parameter_server")
@@ -245,7 +245,7 @@ def with_run_dir(config: Config) -> Config:
     if config.workdir is not None:
         return config
     stamp = os.environ.get(RUN_STAMP_ENV)
-    if stamp is None and config.strategy == "multi_worker" and cluster.num_workers() > 1:
+    if stamp is None and config.strategy == "multi_worker" and tf_config.num_workers() > 1:
         raise UserError("--strategy=multi_worker with several workers needs --workdir: every "
                         "worker must use the same run folder (tfdp.launch chooses one for you)")
     base = os.path.join("runs", f"{config.strategy}-{config.model}-{config.num_gpus}dev-"

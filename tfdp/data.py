@@ -27,7 +27,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdp import logs, workdir
+from tfdp import logs
+from tfdp.training import workdir
 from tfdp.errors import UserError
 from tfdp.logs import logger
 from tfdp.plan import steps_per_epoch

@@ -1,6 +1,6 @@
 """``python -m tfdp.launch --num_workers=N -- <train flags>``: a local cluster on 127.0.0.1.
 
-Moves itself into a private network namespace with loopback only (``tfdp.isolation``; the
+Moves itself into a private network namespace with loopback only (``tfdp.cluster.isolation``; the
 workers inherit it, so their servers are unreachable from outside), picks ports, starts the
 cluster's processes with their ``TF_CONFIG``, pins the workers to their shares of the CPU
 cores, prefixes each process's output, and waits. What it starts depends on the strategy:
@@ -22,7 +22,7 @@ same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and the same command resu
 with the launcher whatever kills it (``PR_SET_PDEATHSIG``).
 
 With ``--hosts`` (Linux, root) every worker runs on an emulated host of its own instead,
-with ``--link`` the rate of every host's link (``tfdp.hosts``).
+with ``--link`` the rate of every host's link (``tfdp.cluster.emulated_hosts``).
 
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
   python -m tfdp.launch --num_workers=3 --hosts --link=100mbit -- --strategy=multi_worker
@@ -44,9 +44,9 @@ import time
 
 from absl import app, flags
 
-from tfdp import hosts as emulated_hosts
-from tfdp import isolation
-from tfdp.children import prepare_child
+from tfdp.cluster import emulated_hosts
+from tfdp.cluster import isolation
+from tfdp.cluster.children import prepare_child
 from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
 from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
 
@@ -202,8 +202,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
     failure's, ``PREEMPTED_EXIT_CODE`` when they were preempted and saved, 130 after Ctrl-C.
 
     With ``isolate`` this process first moves into a private network namespace (its workers
-    inherit it: ``tfdp.isolation``). With ``hosts`` every worker runs on an emulated host of
-    its own, its link shaped to ``link`` (``tfdp.hosts``)."""
+    inherit it: ``tfdp.cluster.isolation``). With ``hosts`` every worker runs on an emulated host of
+    its own, its link shaped to ``link`` (``tfdp.cluster.emulated_hosts``)."""
     problem = _check(num_workers, hosts, link, train_args, num_ps)
     if problem:
         _say(f"tfdp.launch: error: {problem}")

@@ -1,16 +1,21 @@
 """A run's arithmetic, computed once: global batch, per-replica shards, steps per epoch, warmup,
-peak learning rate and evaluated examples.
+the learning rate of every step, and evaluated examples.
 
 Every path makes its ``Plan`` as soon as it knows how many replicas it has (under
 ``multi_worker`` only the strategy knows), states it in one log line, trains by it, and
 records it in ``metrics.json``.
+
+Shards: a global batch of n examples on k replicas gives shards of n // k, the first n % k one
+larger, contiguous and in order (the textbook's ``split_batch``), on every path.
+
+Learning rate across devices: the linear scaling rule with a linear warmup (Goyal et al. 2017,
+"Accurate, Large Minibatch SGD"): when the global batch grows k-fold, grow the learning rate
+k-fold too, but reach it gradually, because a large rate on a fresh model diverges. The same
+formula serves the from-scratch loop (Python numbers) and Keras (tensors).
 """
 
 import dataclasses
 from typing import Optional
-
-from tfdp import schedule
-from tfdp.sharding import shard_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +35,10 @@ class Plan:
     eval_steps: Optional[int]  # cap on evaluation batches (None: the whole test set)
     init: str
     precision: str
+
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of global step ``step`` (``learning_rate``)."""
+        return learning_rate(step, self.base_lr, self.peak_lr, self.warmup_steps)
 
     @property
     def eval_note(self) -> str:
@@ -65,7 +74,7 @@ def make_plan(config, replicas: int, train_examples: int, test_examples: int) ->
         strategy=config.strategy, replicas=replicas, global_batch=batch,
         per_replica_batch=tuple(shard_sizes(batch, replicas)), steps_per_epoch=steps,
         epochs=config.epochs, base_lr=config.lr, peak_lr=config.peak_lr(replicas),
-        warmup_steps=schedule.warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0,
+        warmup_steps=warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0,
         train_examples=train_examples,
         eval_examples=eval_examples(test_examples, batch, config.eval_steps),
         test_examples=test_examples, eval_steps=config.eval_steps, init=config.initializer,
@@ -81,3 +90,34 @@ def steps_per_epoch(num_examples: int, batch_size: int, cap: Optional[int] = Non
 def eval_examples(num_examples: int, batch_size: int, steps_cap: Optional[int]) -> int:
     """How many test examples ``steps_cap`` evaluation batches cover."""
     return min(num_examples, steps_cap * batch_size) if steps_cap else num_examples
+
+
+def shard_sizes(n, k: int) -> list:
+    """Sizes of ``n`` examples split into ``k`` shards as evenly as possible (first ones +1).
+
+    Works on Python ints and on scalar tensors (a batch size known only at run time).
+    """
+    base, extra = n // k, n % k
+    if isinstance(n, int):
+        return [base + (1 if i < extra else 0) for i in range(k)]
+    import tensorflow as tf
+
+    return [base + tf.cast(i < extra, n.dtype) for i in range(k)]
+
+
+def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
+    return int(round(warmup_epochs * steps_per_epoch))
+
+
+def learning_rate(step, base_lr: float, peak_lr: float, warmup: int):
+    """``base_lr`` at step 0, rising linearly to ``peak_lr`` at step ``warmup``, then flat."""
+    if isinstance(step, int):
+        if peak_lr == base_lr or warmup <= 0:
+            return peak_lr
+        return base_lr + (peak_lr - base_lr) * min(1.0, step / warmup)
+    import tensorflow as tf
+
+    if peak_lr == base_lr or warmup <= 0:
+        return tf.constant(peak_lr)
+    fraction = tf.minimum(1.0, tf.cast(step, tf.float32) / warmup)
+    return base_lr + (peak_lr - base_lr) * fraction

@@ -26,7 +26,8 @@ import time
 
 from absl import app, flags
 
-from tfdp import cluster, logs
+from tfdp import logs
+from tfdp.cluster import tf_config
 from tfdp.errors import UserError
 
 flags.DEFINE_integer("num_gpus", 1, "Devices this worker serves (as tfdp.train's --num_gpus: "
@@ -49,16 +50,16 @@ _POLL_SECONDS = 0.1
 _GONE_AFTER_SECONDS = 3.0
 
 
-def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None,
+def serve(task: tf_config.Task, num_gpus: int, data_dir=None, manual_dir=None,
           with_data: bool = True) -> str:
     """Prepare the data (``with_data``), start the server, return when the chief has come and
     gone (raise when it was cut off instead)."""
     if "chief" not in task.cluster:
-        raise UserError(f"{cluster.ENV} names no chief: the chief is the client, the process "
+        raise UserError(f"{tf_config.ENV} names no chief: the chief is the client, the process "
                         "running python -m tfdp.train")
     if num_gpus < 1:
         raise UserError(f"--num_gpus must be a positive integer, got {num_gpus}")
-    cluster.check_port_free(task)
+    tf_config.check_port_free(task)
     tf = logs.import_tensorflow()
     where = _prepare_data(data_dir, manual_dir) if with_data and task.type == "worker" else None
     server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type,
@@ -73,7 +74,7 @@ def serve(task: cluster.Task, num_gpus: int, data_dir=None, manual_dir=None,
           f"{data}; until the chief at {chief} finishes", flush=True)
     how = _wait_for_client(chief)
     del server
-    if how == cluster.SILENT:
+    if how == tf_config.SILENT:
         raise UserError(f"lost the chief at {chief}: no answer for {_GONE_AFTER_SECONDS:g} s (a "
                         "link down, or its machine gone); stopping")
     return chief
@@ -119,11 +120,11 @@ def _session_config(tf, num_gpus: int):
 
 def _wait_for_client(chief: str) -> str:
     """Until the chief's port has answered once and then stopped answering; how it last
-    answered: ``cluster.REFUSES`` (the chief has gone) or ``cluster.SILENT`` (cut off)."""
+    answered: ``tf_config.REFUSES`` (the chief has gone) or ``tf_config.SILENT`` (cut off)."""
     last_answer = None
     while True:
-        found = cluster.answer(chief)
-        if found == cluster.ACCEPTS:
+        found = tf_config.answer(chief)
+        if found == tf_config.ACCEPTS:
             last_answer = time.monotonic()
         elif last_answer is not None and time.monotonic() - last_answer >= _GONE_AFTER_SECONDS:
             return found
@@ -141,7 +142,7 @@ def main(argv):
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = max(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), "2")
     try:
         logs.configure(FLAGS.verbose)
-        task = cluster.task(kinds=JOBS, program="tfdp.server")
+        task = tf_config.task(kinds=JOBS, program="tfdp.server")
         chief = serve(task, FLAGS.num_gpus, FLAGS.data_dir, FLAGS.manual_dir, FLAGS.data)
     except UserError as e:
         sys.exit(f"tfdp.server: error: {e}")

@@ -10,7 +10,8 @@ import sys
 
 from absl import app
 
-from tfdp import flags, logs, paths
+from tfdp import flags, logs
+from tfdp.training import skeleton as paths
 from tfdp.errors import PREEMPTED_EXIT_CODE, Preempted, UserError
 
 

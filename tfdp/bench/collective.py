@@ -1,6 +1,6 @@
 """TensorFlow's own cross-process all-reduce, timed on one worker of a cluster: the
 ``CollectiveAllReduce`` that ``MultiWorkerMirroredStrategy`` runs (its ring implementation,
-as on CPUs). ``tfdp.bench.hosts`` starts one per emulated host, with ``TF_CONFIG``.
+as on CPUs). ``tfdp.bench.host_allreduce`` starts one per emulated host, with ``TF_CONFIG``.
 
 Each worker all-reduces a tensor of each size (in float32 bytes) and dtype (one warm-up call,
 then ``repeats`` timed calls; every call waits for every worker, so the calls line up), checks
@@ -14,8 +14,9 @@ import statistics
 import tensorflow as tf
 from absl import app, flags
 
-from tfdp import cluster, logs
-from tfdp.bench.hosts import mark, timed
+from tfdp import logs
+from tfdp.cluster import tf_config
+from tfdp.bench.host_allreduce import mark, timed
 
 flags.DEFINE_list("sizes", ["4000000"], "Sizes in bytes, as float32.")
 flags.DEFINE_list("dtypes", ["float32"], "What the tensors are summed in.")
@@ -28,7 +29,7 @@ NAME = "tf_collective_ring"
 def main(argv):
     del argv
     logs.configure(verbose=False)
-    task = cluster.task()
+    task = tf_config.task()
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

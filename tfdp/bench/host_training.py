@@ -13,7 +13,7 @@ run's own ``metrics.json`` (the first epoch, tracing and warm-up, dropped).
   millisecond to move. All emulated hosts share this machine's cores, so this is what k hosts
   compute *here*, not what k machines would.
 * communication: the step on a shaped link minus compute; predicted: the allreduce arithmetic
-  of ``tfdp.bench.hosts.predict`` for the gradient's bytes (TensorFlow's ring for
+  of ``tfdp.bench.host_allreduce.predict`` for the gradient's bytes (TensorFlow's ring for
   multi_worker), with no overlap of communication and computation.
 * k real machines: each computes 1/k of the batch on cores of its own, so the step would take
   the one-host compute / k plus the communication measured here.
@@ -38,8 +38,8 @@ import subprocess
 import sys
 import tempfile
 
-from tfdp import hosts as emulated_hosts
-from tfdp.bench.hosts import predict
+from tfdp.cluster import emulated_hosts
+from tfdp.bench.host_allreduce import predict
 from tfdp.errors import UserError
 
 PATHS = ("manual", "multi_worker", "parameter_server")

@@ -1,5 +1,5 @@
 """tfdp's allreduce algorithms across machines, timed from the client of a ``tfdp.server``
-cluster (``tfdp.bench.hosts`` starts it on an emulated host; ``TF_CONFIG`` names the workers).
+cluster (``tfdp.bench.host_allreduce`` starts it on an emulated host; ``TF_CONFIG`` names the workers).
 
 Every worker holds its gradient in variables on its CPU, made there (nothing crosses the
 network to create them): ``--pieces`` equal parameters (``PIECES``, 12, unless told: then
@@ -9,7 +9,7 @@ allreduce and, on every worker, sums what it received, returning one scalar per 
 client reads k numbers, and checks them (every worker must hold k times its own sum).
 
 Around each (algorithm, size) it prints ``MARK`` and waits for a line on stdin, so that whoever
-started it can read the hosts' byte counters between phases (``tfdp.bench.hosts``). At the end
+started it can read the hosts' byte counters between phases (``tfdp.bench.host_allreduce``). At the end
 it prints one JSON line: ``[{"algorithm", "workers", "dtype", "pieces", "parameters", "bytes",
 "seconds", "samples", "calls"}, ...]``. A size is the float32 gradient's bytes; in bfloat16
 (``--dtypes``, tfdp.train's ``--allreduce_dtype=bf16``) the same parameters travel in half.
@@ -22,7 +22,7 @@ import statistics
 import tensorflow as tf
 from absl import app, flags
 
-from tfdp.bench.hosts import PIECES, mark, timed
+from tfdp.bench.host_allreduce import PIECES, mark, timed
 from tfdp.manual.allreduce import ALLREDUCE
 
 flags.DEFINE_list("sizes", ["4000000"], "Gradient sizes in bytes, as float32.")

@@ -37,7 +37,7 @@ import time
 
 from absl import app, flags
 
-from tfdp.bench.hosts import PIECES
+from tfdp.bench.host_allreduce import PIECES
 
 # With --hosts, unless given: shorter runs than on one machine (a 10 Mbit/s link makes a step
 # of add_n on 4 hosts last seconds).
@@ -327,8 +327,8 @@ def main(argv):
 def main_hosts():
     """``--hosts``: training across emulated hosts (``tfdp.bench.host_training``, written as
     training_hosts.md and .json) and, with ``--allreduce``, the allreduce across them
-    (``tfdp.bench.hosts``: allreduce_hosts.md, .json and .png), in --workdir."""
-    from tfdp.bench import host_training, hosts
+    (``tfdp.bench.host_allreduce``: allreduce_hosts.md, .json and .png), in --workdir."""
+    from tfdp.bench import host_allreduce, host_training
     from tfdp.errors import UserError
 
     def setting(name):
@@ -347,8 +347,8 @@ def main_hosts():
         if FLAGS.allreduce and (not workers or min(workers) < 2):
             raise UserError(f"--workers={','.join(FLAGS.workers)}: give worker counts of 2 or "
                             "more, e.g. 2,3,4")
-        sizes = [hosts.parse_size(s) for s in FLAGS.sizes] if FLAGS.allreduce else []
-        dtypes = [hosts.parse_dtype(d) for d in FLAGS.dtypes if d.strip()]
+        sizes = [host_allreduce.parse_size(s) for s in FLAGS.sizes] if FLAGS.allreduce else []
+        dtypes = [host_allreduce.parse_dtype(d) for d in FLAGS.dtypes if d.strip()]
         if FLAGS.repeats < 1:
             raise UserError(f"--repeats must be a positive integer, got {FLAGS.repeats}")
         if FLAGS.pieces < 1:
@@ -362,12 +362,12 @@ def main_hosts():
                    host_training.format_rows(rows))
             text.append(host_training.format_rows(rows))
         if FLAGS.allreduce:
-            rows = hosts.measure(workers, sizes, FLAGS.links, FLAGS.repeats, say=say,
+            rows = host_allreduce.measure(workers, sizes, FLAGS.links, FLAGS.repeats, say=say,
                                  dtypes=dtypes, pieces=FLAGS.pieces)
             base = os.path.join(FLAGS.workdir, "allreduce_hosts")
-            _write(base, rows, hosts.format_rows(rows))
-            hosts.plot(rows, base + ".png")
-            text.append(hosts.format_rows(rows))
+            _write(base, rows, host_allreduce.format_rows(rows))
+            host_allreduce.plot(rows, base + ".png")
+            text.append(host_allreduce.format_rows(rows))
     except (UserError, ValueError) as e:
         sys.exit(f"tfdp.bench: error: {e}")
     print("\n\n".join(text))

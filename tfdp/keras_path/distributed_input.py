@@ -1,7 +1,7 @@
 """Fashion-MNIST global batches as per-replica input for Keras ``fit`` under any strategy.
 
 ``distribute(strategy, global_batches, replicas)`` cuts each global batch into per-replica
-shards exactly like the manual path's ``split_batch`` (``tfdp.sharding``), as
+shards exactly like the manual path's ``split_batch`` (``tfdp.plan.shard_sizes``), as
 ``(images, labels, example_weights)``; ``tfdp.keras_path.train_step`` trains on those.
 
 Each replica reads an iterator of its own (``InputReplicationMode.PER_REPLICA``) rather than one
@@ -25,7 +25,10 @@ import tensorflow as tf
 
 from tfdp.data import to_float
 from tfdp.logs import logger
-from tfdp.sharding import per_replica_batches
+from tfdp.plan import shard_sizes
+
+# Shards prefetched per pipeline (a shard is a slice of a batch already in memory).
+_PREFETCH = 2
 
 
 def distribute(strategy, global_batches: tf.data.Dataset, replicas: int, dtype="float32"):
@@ -48,6 +51,30 @@ def distribute(strategy, global_batches: tf.data.Dataset, replicas: int, dtype="
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return _multi_worker(strategy, dataset_fn)
     return strategy.distribute_datasets_from_function(dataset_fn, _options(per_replica=True))
+
+
+def per_replica_batches(global_batches: tf.data.Dataset, num_replicas: int, first: int,
+                        count: int) -> tf.data.Dataset:
+    """Replicas ``first .. first+count-1``'s shards of each global batch, one element each.
+
+    Elements are ``(images, labels, example_weights)``: every example weighs 1 / global batch
+    (float64), so that a replica's weighted loss sum is its share of the global mean, however
+    the batch was cut. ``tf.distribute`` hands consecutive elements to consecutive local
+    replicas.
+    """
+    def shards(images, labels):
+        total = tf.shape(labels, out_type=tf.int64)[0]
+        sizes = tf.stack(shard_sizes(total, num_replicas))
+        starts = tf.cumsum(sizes, exclusive=True)
+
+        def shard(r):
+            return (images[starts[r]:starts[r] + sizes[r]],
+                    labels[starts[r]:starts[r] + sizes[r]],
+                    tf.fill([sizes[r]], 1.0 / tf.cast(total, tf.float64)))
+
+        return tf.data.Dataset.range(first, first + count).map(shard)
+
+    return global_batches.flat_map(shards).prefetch(_PREFETCH)
 
 
 def _options(per_replica: bool):

@@ -1,11 +1,12 @@
 """What ``fit`` does between steps to lose nothing: backups, divergence, preemption.
 
-``Guard`` is a Keras callback. After every epoch it writes the backup (``tfdp.checkpoints``).
-Every ``check_every`` steps and at every epoch's end it reads the loss, and stops the run once it
-is non-finite (``Diverged``: nothing is exported), then looks for a SIGTERM
-(``tfdp.preemption.Watch``): if one has come, it saves the state of the step just finished and
-raises ``Preempted``. Not after every step: reading a step's loss waits for that step, and
-doing so every step made mirrored fit 8 % slower (docs/benchmarks.md).
+``Guard`` is a Keras callback built from the pieces the epoch loop of the other paths uses
+(``tfdp.training.divergence``, ``preemption``, ``backups``). After every epoch it writes the
+backup. Every ``check_every`` steps and at every epoch's end it reads the loss, and stops the run
+once it is non-finite (``Diverged``: nothing is exported), then looks for a SIGTERM
+(``tfdp.training.preemption.Watch``): if one has come, it saves the state of the step just
+finished and raises ``Preempted``. Not after every step: reading a step's loss waits for that
+step, and doing so every step made mirrored fit 8 % slower (docs/benchmarks.md).
 
 Under MultiWorkerMirroredStrategy the workers must stop after the *same* step, or the ones still
 training wait in their next all-reduce for a peer that has gone. Every ``check_every`` steps, and
@@ -17,10 +18,10 @@ step or the next (a worker left waiting in a collective is stopped by the launch
 """
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from tfdp.errors import Diverged, Preempted
+from tfdp.errors import Preempted
+from tfdp.training import divergence, preemption
 
 CHECK_EVERY = 5  # steps between two checks (under multi_worker: SIGTERM all-reduces)
 
@@ -46,22 +47,16 @@ class Guard(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self._check(logs)
         saved = self.backups.save(self._step, self.model.get_weights())
-        self.watch.step = self._step
         if self._preempted():
             raise Preempted(self._step, saved)
 
     def _check(self, logs):
         """Every few steps: a loss that has become non-finite (it is the epoch's running mean,
         so it stays so), then a SIGTERM anywhere."""
-        loss = float(logs["loss"])
-        if not np.isfinite(loss):
-            epoch, within = divmod(self._step - 1, self.steps)
-            raise Diverged(loss, epoch, within + 1, self.steps, exact=False)
-        self._stop_if_preempted(self._step)
-
-    def _stop_if_preempted(self, step):
+        divergence.check(float(logs["loss"]), self._step, self.steps, exact=False)
+        self.watch.reached(self._step)
         if self._preempted():
-            raise Preempted(step, self.backups.save(step, self.model.get_weights()))
+            preemption.stop(self._step, self.backups, self.model.get_weights)
 
     def _preempted(self) -> bool:
         if self._agree is None:

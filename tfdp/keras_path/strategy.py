@@ -10,7 +10,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfdp import cluster, devices, watchdog
+from tfdp import devices
+from tfdp.cluster import watchdog
+from tfdp.cluster import tf_config
 from tfdp.errors import UserError
 from tfdp.logs import logger
 
@@ -57,13 +59,13 @@ def make_distribution(name: str, num_gpus: int = 1, collective_timeout: int = 30
 
 
 def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
-    task = cluster.task()
+    task = tf_config.task()
     if not tf.config.list_physical_devices("GPU") and num_gpus != 1:
         raise UserError(f"--num_gpus={num_gpus} with --strategy=multi_worker on a machine "
                         "without GPUs: MultiWorkerMirroredStrategy runs one replica per CPU "
                         "worker; use --num_gpus=1 and more workers")
     if len(task.workers) > 1:
-        cluster.check_port_free(task)
+        tf_config.check_port_free(task)
     # Creating the strategy waits for every worker to register, and the first collective for
     # every worker to join: without a deadline a missing peer means waiting forever.
     deadline = watchdog.start(collective_timeout, task.peers) if task.peers else None

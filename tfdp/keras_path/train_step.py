@@ -4,7 +4,7 @@ Keras (3.15) averages the loss over each replica's shard and divides it by the n
 replicas. That is the mean over the global batch only when every shard has the same size; with
 3 replicas and a batch of 256 (86 + 85 + 85), or a short final batch, the examples of smaller
 shards weigh more. tfdp's step weights every example's loss by 1 / global batch (the weights
-come with the data: ``tfdp.sharding.per_replica_batches``), and the optimizer sums the replicas'
+come with the data: ``distributed_input.per_replica_batches``), and the optimizer sums the replicas'
 gradients, so each step follows the gradient of the mean loss over the global batch, whatever
 the shards: the manual path's arithmetic (``manual/trainer.py``).
 

@@ -1,5 +1,11 @@
 """The Keras path: build and compile in the strategy scope, ``model.fit``, report, export.
 
+``Path`` makes the strategy (``tfdp.keras_path.strategy``); ``train`` compiles the model and
+fits it with two callbacks, ``EpochReport`` (the shared reporter's lines, and tfdp's own
+evaluation) and ``Guard`` (backups, divergence, preemption: the pieces the epoch loop of the
+other paths uses); ``export`` writes the chief's version. The run skeleton
+(``tfdp.training.skeleton``) does the rest.
+
 Batches come from the same ``data.train_batches`` as the manual path, and each global batch is
 cut into per-replica shards exactly like ``split_batch`` (``distributed_input``), so with
 equal starting weights the two paths train the same model.
@@ -13,8 +19,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdp import checkpoints, cluster, data, export, paths, preemption, schedule
-from tfdp.errors import UserError
+from tfdp import data
+from tfdp.cluster import tf_config
 from tfdp.keras_path import evaluation, keras_mwms_fix
 from tfdp.keras_path.distributed_input import distribute
 from tfdp.keras_path.guard import Guard
@@ -23,7 +29,9 @@ from tfdp.keras_path.train_step import global_batch_model
 from tfdp.logs import logger
 from tfdp.models import lenet, resnet
 from tfdp.models.precision import input_dtype
-from tfdp.plan import steps_per_epoch
+from tfdp.plan import learning_rate, steps_per_epoch
+from tfdp.training import export
+from tfdp.training.backups import KEEP
 
 
 def build_model(config):
@@ -38,13 +46,13 @@ def build_model(config):
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """``tfdp.schedule.learning_rate`` as a Keras schedule (the optimizer's step counter)."""
+    """``tfdp.plan.learning_rate`` as a Keras schedule (the optimizer's step counter)."""
 
     def __init__(self, base_lr, peak_lr, warmup):
         self.base_lr, self.peak_lr, self.warmup = base_lr, peak_lr, warmup
 
     def __call__(self, step):
-        return schedule.learning_rate(step, self.base_lr, self.peak_lr, self.warmup)
+        return learning_rate(step, self.base_lr, self.peak_lr, self.warmup)
 
     def get_config(self):
         return {"base_lr": self.base_lr, "peak_lr": self.peak_lr, "warmup": self.warmup}
@@ -84,100 +92,89 @@ class EpochReport(keras.callbacks.Callback):
         self.first_step = 0
 
 
-def run(config, start_weights=None):
-    """Train ``config.model`` with Keras fit under ``config.strategy``; export from the chief
-    (``tfdp.paths``). ``start_weights`` (Keras weights) override ``config.initializer``. A run
-    given the folder of an interrupted one resumes from the newest step every worker backed up."""
-    distribution = make_distribution(config.strategy, config.num_gpus, config.collective_timeout)
-    if config.strategy != "plain":
-        keras_mwms_fix.apply()
-    with preemption.Watch() as watch:
-        backups = checkpoints.Backups(config.run_dir, distribution.worker_index, config.identity)
-        try:
-            first_step = checkpoints.resume_step(backups, gather=_gather_steps(distribution)
-                                                 if distribution.num_workers > 1 else None)
-        finally:
-            distribution.started()  # Every worker has answered (or this one gave up).
-        try:
-            result = _train_and_export(config, distribution, backups, first_step, watch,
-                                       start_weights)
-        except _PEER_LOST as e:
-            if distribution.num_workers == 1:
-                raise
-            raise _cluster_lost(e, backups) from None
-    backups.clear()
-    return result
+class Path:
+    """Keras ``fit`` under ``--strategy``'s ``tf.distribute`` strategy (``plain``: none)."""
+
+    def __init__(self, config, backups):
+        del backups  # The run skeleton keeps them; this path's Guard saves through run.backups.
+        self.config = config
+        self.distribution = make_distribution(config.strategy, config.num_gpus,
+                                              config.collective_timeout)
+        if config.strategy != "plain":
+            keras_mwms_fix.apply()
+        d = self.distribution
+        self.devices = (d.devices if d.num_workers == 1 else
+                        [f"/job:worker/task:{i}" for i in range(d.num_workers)])
+        self.replicas, self.is_chief, self.engine = d.replicas, d.is_chief, d.describe()
+        self.peers = tf_config.task().peers if d.num_workers > 1 else []
+        self.gather_steps = _gather_steps(d) if d.num_workers > 1 else None
+        self.stall, self.examples, self.model = None, None, None
+
+    def started(self) -> None:
+        self.distribution.started()
+
+    def train(self, run, start_weights=None) -> list:
+        config, plan, strategy = self.config, run.plan, self.distribution.strategy
+        replicas = self.distribution.replicas
+        with strategy.scope():
+            model = self.model = build_model(config)
+            if start_weights is not None:
+                model.set_weights(start_weights)
+            model.compile(optimizer=keras.optimizers.SGD(
+                              WarmupSchedule(plan.base_lr, plan.peak_lr, plan.warmup_steps)),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"], run_eagerly=config.eager,
+                          steps_per_execution=config.steps_per_execution)
+            model.optimizer.build(model.trainable_variables)
+            model.optimizer.iterations.assign(run.first_step)  # The schedule goes on from here.
+        first_epoch, offset = divmod(run.first_step, plan.steps_per_epoch)
+        if first_epoch < config.epochs:
+            # Evaluated by EpochReport with one iterator for the run, not by fit (evaluation.py).
+            test = data.eval_batches(run.test_split, plan.global_batch, config.eval_steps)
+            evaluator = evaluation.Evaluator(
+                model, strategy, distribute(strategy, test, replicas, input_dtype(config.precision)),
+                steps=steps_per_epoch(plan.eval_examples, plan.global_batch))
+            callbacks = [EpochReport(run.reporter, evaluator, plan, first_step=offset),
+                         Guard(run.watch, run.backups, self.distribution, plan.steps_per_epoch)]
+            # fit's epochs all have steps_per_epoch steps: a resume within an epoch first fits
+            # the rest of that epoch alone, then the epochs after it.
+            parts = ([(first_epoch, first_epoch + 1, offset)] if offset else []) + [
+                (first_epoch + (1 if offset else 0), config.epochs, 0)]
+            with run.watch.training(run.first_step):
+                for begin, end, skip in parts:
+                    if begin >= end:
+                        continue
+                    train = data.train_batches(run.train_split, plan.global_batch, config.seed,
+                                               begin, end, config.steps_per_epoch).skip(skip)
+                    model.fit(distribute(strategy, train, replicas, input_dtype(config.precision)),
+                              epochs=end, initial_epoch=begin,
+                              steps_per_epoch=plan.steps_per_epoch - skip, shuffle=False,
+                              verbose=0,  # Shuffled already; tfdp's reporter draws progress.
+                              callbacks=callbacks)
+        weights = model.get_weights()
+        if self.distribution.num_workers > 1:
+            # Every worker logs this: equal digests show the replicas really ended identical.
+            logger.info("final weights sha256 %s (worker %d)", hashlib.sha256(
+                b"".join(w.tobytes() for w in weights)).hexdigest()[:16],
+                self.distribution.worker_index)
+        return weights
+
+    def export(self):
+        """The chief writes the next version; the others save to a scratch folder they delete,
+        because saving distributed variables is a collective every worker must join. Then all
+        finish together: a chief exiting first upsets the others' heartbeat."""
+        d = self.distribution
+        if d.is_chief:
+            path = export.export(self.model, self.config.export_root)
+        else:
+            export.save_scratch(self.model, tempfile.mkdtemp(prefix=f"tfdp-worker{d.worker_index}-"))
+            path = None
+        if d.num_workers > 1:
+            _barrier_step(d.strategy)
+        return path
 
 
-# What a collective raises when a peer has died or cannot be reached (heartbeats stopped, the
-# collective timed out, or the coordination service aborted it).
-_PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-              tf.errors.AbortedError, tf.errors.CancelledError)
-
-
-def _cluster_lost(error, backups) -> UserError:
-    return UserError(cluster.lost_contact(type(error).__name__, cluster.task().peers,
-                                          str(error.message), backups.steps()))
-
-
-def _train_and_export(config, distribution, backups, first_step, watch, start_weights):
-    strategy, replicas = distribution.strategy, distribution.replicas
-    started = paths.start(config, _device_names(distribution), replicas,
-                          engine=distribution.describe(), is_chief=distribution.is_chief,
-                          first_step=first_step)
-    plan = started.plan
-    with strategy.scope():
-        model = build_model(config)
-        if first_step:
-            model.set_weights(backups.load(first_step))
-        elif start_weights is not None:
-            model.set_weights(start_weights)
-        model.compile(optimizer=keras.optimizers.SGD(
-                          WarmupSchedule(plan.base_lr, plan.peak_lr, plan.warmup_steps)),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], run_eagerly=config.eager,
-                      steps_per_execution=config.steps_per_execution)
-        model.optimizer.build(model.trainable_variables)
-        model.optimizer.iterations.assign(first_step)  # The schedule goes on from here.
-
-    first_epoch, offset = divmod(first_step, plan.steps_per_epoch)
-    if first_epoch < config.epochs:
-        # Evaluated by EpochReport with one iterator for the run, not by fit (evaluation.py).
-        test = data.eval_batches(started.test_split, plan.global_batch, config.eval_steps)
-        evaluator = evaluation.Evaluator(
-            model, strategy, distribute(strategy, test, replicas, input_dtype(config.precision)),
-            steps=steps_per_epoch(plan.eval_examples, plan.global_batch))
-        report = EpochReport(started.reporter, evaluator, plan, first_step=offset)
-        guard = Guard(watch, backups, distribution, plan.steps_per_epoch)
-        watch.step, watch.training = first_step, True
-        # fit's epochs all have steps_per_epoch steps: a resume within an epoch first fits the
-        # rest of that epoch alone, then the epochs after it.
-        parts = ([(first_epoch, first_epoch + 1, offset)] if offset else []) + [
-            (first_epoch + (1 if offset else 0), config.epochs, 0)]
-        for begin, end, skip in parts:
-            if begin >= end:
-                continue
-            train = data.train_batches(started.train_split, plan.global_batch, config.seed,
-                                       begin, end, config.steps_per_epoch).skip(skip)
-            model.fit(
-                distribute(strategy, train, replicas, input_dtype(config.precision)), epochs=end,
-                initial_epoch=begin, steps_per_epoch=plan.steps_per_epoch - skip,
-                shuffle=False, verbose=0,  # Shuffled already; tfdp's reporter draws progress.
-                callbacks=[report, guard])
-        watch.training = False
-    weights = model.get_weights()
-    if distribution.num_workers > 1:
-        # Every worker logs this: equal digests show the replicas really ended identical.
-        logger.info("final weights sha256 %s (worker %d)", hashlib.sha256(
-            b"".join(w.tobytes() for w in weights)).hexdigest()[:16], distribution.worker_index)
-    result = paths.finish(started, weights, backups=backups,
-                          export=lambda: _export(model, distribution, config.export_root))
-    if distribution.num_workers > 1:
-        _barrier(strategy)  # Finish together: a chief exiting first upsets the others' heartbeat.
-    return result
-
-
-def _gather_steps(distribution, slots: int = checkpoints.KEEP + 1):
+def _gather_steps(distribution, slots: int = KEEP + 1):
     """``gather(steps) -> [steps of every worker]``: one all-reduce, each worker filling its row."""
     strategy = distribution.strategy
 
@@ -196,25 +193,6 @@ def _gather_steps(distribution, slots: int = checkpoints.KEEP + 1):
     return gather
 
 
-def _export(model, distribution, export_root):
-    """The chief writes the next version; the others save to a scratch folder they delete,
-    because saving distributed variables is a collective every worker must join."""
-    if distribution.is_chief:
-        return export.export(model, export_root)
-    export.save_scratch(model, tempfile.mkdtemp(prefix=f"tfdp-worker{distribution.worker_index}-"))
-    return None
-
-
 @tf.function
 def _barrier_step(strategy):
     return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1)), axis=None)
-
-
-def _barrier(strategy):
-    _barrier_step(strategy)
-
-
-def _device_names(distribution):
-    if distribution.num_workers == 1:
-        return distribution.devices
-    return [f"/job:worker/task:{i}" for i in range(distribution.num_workers)]

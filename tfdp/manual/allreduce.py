@@ -7,7 +7,7 @@ an op on device A that reads a tensor from device B copies it across.
 
 import tensorflow as tf
 
-from tfdp.sharding import shard_sizes
+from tfdp.plan import shard_sizes
 
 
 def add_n_allreduce(grads: list, devices: list) -> list:

@@ -13,87 +13,44 @@ workers directly. This process, the client, holds no replica.
    variable there; each step the client sends only the global batch's example indices, and
    every device gathers its shard from its worker's arrays. No image passes through the client.
 3. Faults: a worker that dies makes the next step raise (``UnavailableError``); a worker cut
-   off makes it wait, and TensorFlow sets no deadline, so ``Stall`` ends the process when one
-   call outlasts ``--collective_timeout``. Both end in one line naming the unreachable workers.
+   off makes it wait, and TensorFlow sets no deadline, so ``tfdp.cluster.stall.Stall`` ends
+   the process when one call outlasts ``--collective_timeout``. Both end in one line naming
+   the unreachable workers.
 """
 
-import contextlib
 import dataclasses
 import os
-import sys
-import threading
-import time
 from typing import Optional
 
 import tensorflow as tf
 
-from tfdp import cluster, data
+from tfdp import data
+from tfdp.cluster import tf_config
+from tfdp.cluster.stall import STARTING, Stall
 from tfdp.errors import UserError
 from tfdp.logs import logger
-from tfdp.manual.trainer import Feed
-from tfdp.sharding import shard_sizes
+from tfdp.manual.feed import Feed
+from tfdp.plan import shard_sizes
 
 JOB = "worker"
 INDICES = tf.TensorSpec([None], tf.int32)
-STARTING = "waiting for the workers to start"
-# What a step raises when a worker has died or cannot be reached.
-PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-             tf.errors.AbortedError, tf.errors.CancelledError)
 
 
-def task_of(config) -> Optional[cluster.Task]:
+def task_of(config) -> Optional[tf_config.Task]:
     """This process's task when ``TF_CONFIG`` makes it the client of workers, else None."""
-    if not os.environ.get(cluster.ENV):
+    if not os.environ.get(tf_config.ENV):
         return None
-    task = cluster.task(kinds=("chief",), program="tfdp.train --strategy=manual (the client; "
+    task = tf_config.task(kinds=("chief",), program="tfdp.train --strategy=manual (the client; "
                                                   "its workers run python -m tfdp.server)")
     if not task.cluster.get(JOB):
-        raise UserError(f"{cluster.ENV} names no workers for --strategy=manual to train on: "
+        raise UserError(f"{tf_config.ENV} names no workers for --strategy=manual to train on: "
                         "add their host:port under \"worker\", or unset it to train here")
     return task
 
 
-class Stall:
-    """Ends this process when one call into the cluster outlasts ``seconds``: one line naming
-    the workers that do not answer now, then exit 1. A thread keeps the deadline: the calls wait
-    inside TensorFlow with Python's lock released, and nothing else can interrupt them."""
-
-    def __init__(self, seconds: float, peers: list, kept_steps=lambda: []):
-        self.seconds, self.peers, self.kept_steps = seconds, peers, kept_steps
-        self._since = None
-        self._doing = ""
-        threading.Thread(target=self._keep, daemon=True, name="tfdp-stall").start()
-
-    @contextlib.contextmanager
-    def watching(self, doing: str):
-        self._since, self._doing = time.monotonic(), doing
-        try:
-            yield
-        finally:
-            self._since = None
-
-    def _keep(self):
-        while True:
-            time.sleep(min(1.0, self.seconds / 4))
-            since = self._since
-            if since is not None and time.monotonic() - since > self.seconds:
-                if self._doing == STARTING:
-                    silent = ", ".join(cluster.silent_peers(self.peers)) or "none (one is stuck)"
-                    line = (f"the cluster did not start within --collective_timeout="
-                            f"{self.seconds:g} s: never answered: {silent}; start a tfdp.server "
-                            "for every worker of TF_CONFIG (python -m tfdp.launch does)")
-                else:
-                    line = cluster.lost_contact(
-                        f"no answer for {self.seconds:g} s while {self._doing}, "
-                        "--collective_timeout", self.peers, "", self.kept_steps())
-                sys.stderr.write(f"tfdp.train: error: {line}\n")
-                sys.stderr.flush()
-                os._exit(1)  # The main thread waits inside TensorFlow: nothing else stops it.
-
-
 @dataclasses.dataclass
 class Cluster:
-    task: cluster.Task
+    task: tf_config.Task
     devices: list          # every worker's devices, worker 0's first
     worker_of: list        # the worker index of each device
     arrays: dict           # split -> [(images, labels) variables on each worker]
@@ -129,11 +86,11 @@ class Cluster:
         return f"{len(self.devices)} remote device(s) on {workers}: {self.devices}"
 
 
-def connect(task: cluster.Task, num_gpus: int, data_dir: Optional[str], timeout: float,
+def connect(task: tf_config.Task, num_gpus: int, data_dir: Optional[str], timeout: float,
             kept_steps=lambda: []) -> Cluster:
     """Join the cluster as its chief, take ``num_gpus`` devices of each worker, and have every
     worker load the data from its own disk."""
-    cluster.check_port_free(task)
+    tf_config.check_port_free(task)
     peers = [(f"worker {i}", a) for i, a in enumerate(task.cluster[JOB])]
     stall = Stall(timeout, peers, kept_steps)
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(task.cluster),

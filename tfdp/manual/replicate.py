@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from tfdp.sharding import shard_sizes
+from tfdp.plan import shard_sizes
 
 
 def get_params(params: dict, device: str) -> dict:

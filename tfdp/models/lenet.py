@@ -11,6 +11,7 @@ import zipfile
 import numpy as np
 import tensorflow as tf
 
+from tfdp.data import to_float
 from tfdp.errors import UserError
 
 PARAM_SHAPES = {
@@ -87,6 +88,28 @@ def apply(params: dict, images: tf.Tensor) -> tf.Tensor:
     h = tf.reshape(h, [-1, 800])
     h = tf.nn.relu(tf.matmul(h, params["W3"]) + params["b3"])
     return tf.matmul(h, params["W4"]) + params["b4"]
+
+
+def logits(params: dict, images, compute=None) -> tf.Tensor:
+    """LeNet's logits for uint8 ``images``, in the parameters' dtype, computed in ``compute``
+    (default: the parameters' dtype). Under mixed precision (bfloat16) the parameters are cast
+    on the way in and the logits back, so the softmax and the loss are float32 and the
+    gradients reach the float32 parameters through the casts."""
+    dtype = params["W1"].dtype
+    compute = tf.as_dtype(compute or dtype)
+    if compute == dtype:
+        return apply(params, to_float(images, dtype))
+    low = {name: tf.cast(value, compute) for name, value in params.items()}
+    return tf.cast(apply(low, to_float(images, compute)), dtype)
+
+
+def serving_model(params: dict, precision: str = "float32"):
+    """The parameters (numpy) in the Keras twin, for ``tfdp.training.export``: float32, or
+    mixed bfloat16 like the training that made them."""
+    model = keras_model(precision="bfloat16" if precision == "bfloat16" else "float32")
+    model.set_weights(to_keras_weights(
+        {name: np.asarray(value, np.float32) for name, value in params.items()}))
+    return model
 
 
 def keras_model(num_classes: int = 10, precision: str = "float32"):

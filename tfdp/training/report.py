@@ -13,7 +13,7 @@ import time
 
 import tensorflow as tf
 
-from tfdp import workdir
+from tfdp.training import workdir
 from tfdp.config import LIVE_PROGRESS_ENV
 from tfdp.logs import logger
 
@@ -93,6 +93,10 @@ class Reporter:
             self._writers[part].flush()
         self._write_json()
         self._plot()
+
+    def add_facts(self, **facts) -> None:
+        """Add a path's own facts to ``metrics.json`` (the parameter servers' holdings)."""
+        self.facts.update(facts)
 
     def record_export(self, path: str) -> None:
         """Add the export path to ``metrics.json``."""

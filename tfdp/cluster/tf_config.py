@@ -128,6 +128,17 @@ def lost_contact(error_name: str, peers: list, error_text: str, kept_steps: list
             + ": run the same command again to resume once every worker is reachable")
 
 
+def did_not_start(seconds: float, peers: list, start: str = "every worker",
+                  flag: str = "--collective_timeout", suggest_longer: bool = True) -> str:
+    """The one line for a cluster whose ``peers`` did not all answer within ``seconds``:
+    those that never answered, and what to ``start``."""
+    named = ", ".join(silent_peers(peers))
+    return (f"the cluster did not start within {flag}={seconds:g} s: "
+            + (f"never answered: {named}" if named else "every peer listens, but one is stuck")
+            + f"; start {start} of {ENV} (python -m tfdp.launch does)"
+            + (f" or raise {flag}" if suggest_longer else ""))
+
+
 def unreachable(addresses: list, timeout: float = 1.0) -> list:
     """The ``host:port`` addresses that do not accept a TCP connection now."""
     return [address for address in addresses if answer(address, timeout) != ACCEPTS]

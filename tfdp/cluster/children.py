@@ -1,5 +1,5 @@
 """What a launcher's child does between ``fork`` and ``exec`` (``preexec_fn``): the launcher's
-workers (``tfdp.launch``) and the host benchmark's processes (``tfdp.bench.hosts``)."""
+workers (``tfdp.launch``) and the host benchmark's processes (``tfdp.bench.host_allreduce``)."""
 
 import ctypes
 import os

@@ -18,6 +18,7 @@ preemption notifier), which ignores the signal unless that handler is used; ``Wa
 it, so SIGTERM always means something.
 """
 
+import contextlib
 import signal
 import threading
 
@@ -25,19 +26,27 @@ from tfdp.errors import Preempted
 
 
 class Watch:
-    """While entered, SIGTERM sets ``requested`` during training and raises ``Preempted``
-    elsewhere."""
+    """While entered, SIGTERM sets ``requested`` during training (``with watch.training(step)``)
+    and raises ``Preempted`` elsewhere. The loop says which step it has reached
+    (``reached``), so a SIGTERM outside training names it."""
 
     def __init__(self):
         self.requested = False
-        self.training = False
         self.step = 0  # The last step reached, for the message when SIGTERM comes outside.
+        self._training = False
         self._previous = None
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():  # Only it may set handlers.
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.install()
         return self
+
+    def install(self) -> None:
+        """Take SIGTERM (again: creating a MultiWorkerMirroredStrategy installs TensorFlow's
+        own C++ handler over Python's)."""
+        if threading.current_thread() is threading.main_thread():  # Only it may set handlers.
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            if self._previous is None:
+                self._previous = previous
 
     def __exit__(self, *exc):
         if self._previous is not None:
@@ -47,7 +56,25 @@ class Watch:
             self._previous = None
         return False
 
+    @contextlib.contextmanager
+    def training(self, first_step: int):
+        """Training from ``first_step``: a SIGTERM now waits for the end of a step."""
+        self.step, self._training = first_step, True
+        try:
+            yield self
+        finally:
+            self._training = False
+
+    def reached(self, step: int) -> None:
+        self.step = step
+
     def _on_sigterm(self, signum, frame):
         self.requested = True
-        if not self.training:
+        if not self._training:
             raise Preempted(self.step)
+
+
+def stop(step: int, backups, weights):
+    """Raise ``Preempted`` after saving ``step`` (``weights()``: the weights in Keras order;
+    nothing is saved without ``backups``)."""
+    raise Preempted(step, backups.save(step, weights()) if backups else None)

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tfdp import data
 from tfdp.errors import UserError
-from tfdp.workdir import process_alive
+from tfdp.training.workdir import process_alive
 
 SIGNATURE = "serving_default"
 # A version is written in "<export_root>/.partial-<host>-<pid>-<random>" and renamed into place.

@@ -29,7 +29,7 @@ import zipfile
 
 import numpy as np
 
-from tfdp import workdir
+from tfdp.training import workdir
 from tfdp.errors import UserError
 from tfdp.logs import logger
 

@@ -26,7 +26,7 @@ class Result:
 
     def plot(self):
         """The accuracy and loss per epoch as a matplotlib figure (a notebook draws it inline)."""
-        from tfdp import report
+        from tfdp.training import report
 
         return report.history_figure(self.history, self.plan.epochs,
                                      f"{self.plan.strategy}, {len(self.devices)} device(s)")

@@ -4,7 +4,7 @@ Creating a MultiWorkerMirroredStrategy waits, inside TensorFlow and holding Pyth
 interpreter lock, until every worker of ``TF_CONFIG`` has registered: a peer that never starts
 means waiting forever, and no thread of the waiting process (a ``threading.Timer``) nor a
 Python signal handler can run meanwhile. So a separate process keeps the deadline: ``start``
-spawns ``python -m tfdp.watchdog``; if the worker does not ``cancel`` it within ``seconds``,
+spawns ``python -m tfdp.cluster.watchdog``; if the worker does not ``cancel`` it within ``seconds``,
 it prints one line naming the peers that never answered and kills the worker. It exits on its
 own when the worker dies (its stdin, a pipe from the worker, closes).
 """
@@ -30,7 +30,7 @@ class Watchdog:
 def start(seconds: float, peers: list, flag: str = "--collective_timeout") -> Watchdog:
     """Kill this process after ``seconds`` unless cancelled; ``peers``: [(name, "host:port")]."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfdp.watchdog", str(os.getpid()), str(seconds), flag,
+        [sys.executable, "-m", "tfdp.cluster.watchdog", str(os.getpid()), str(seconds), flag,
          json.dumps(peers)], stdin=subprocess.PIPE, close_fds=True)
     return Watchdog(proc)
 
@@ -40,13 +40,9 @@ def main(argv) -> int:
     ready, _, _ = select.select([sys.stdin], [], [], seconds)
     if ready:  # Cancelled, or the worker has gone: either way, nothing to do.
         return 0
-    from tfdp.cluster import silent_peers
+    from tfdp.cluster.tf_config import did_not_start
 
-    named = ", ".join(silent_peers(peers))
-    sys.stderr.write(
-        f"tfdp.train: error: the cluster did not start within {flag}={argv[2]} s: "
-        + (f"never answered: {named}" if named else "every peer listens, but one is stuck")
-        + f"; start every worker of TF_CONFIG (python -m tfdp.launch does) or raise {flag}\n")
+    sys.stderr.write(f"tfdp.train: error: {did_not_start(seconds, peers, flag=flag)}\n")
     sys.stderr.flush()
     try:
         os.kill(parent, signal.SIGKILL)  # It waits inside TensorFlow: nothing else stops it.

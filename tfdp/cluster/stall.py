@@ -1,0 +1,67 @@
+"""Stall detection: a deadline on every call into a cluster, and what a lost peer raises.
+
+TensorFlow sets no deadline on a remote call: a worker or server cut off (its process alive, its
+link down) leaves the caller waiting for ever. ``Stall`` keeps the deadline in a thread of its
+own (the calls wait inside TensorFlow with Python's lock released, and nothing else can
+interrupt them) and ends the process, in one line naming the peers that do not answer now,
+when one call outlasts ``--collective_timeout``. A peer that has died makes the call raise one
+of ``PEER_LOST`` instead, which the run skeleton turns into the same kind of line.
+"""
+
+import contextlib
+import os
+import sys
+import threading
+import time
+
+import tensorflow as tf
+
+from tfdp.cluster import tf_config
+
+STARTING = "waiting for the workers to start"
+# What a step, a collective or a read raises when a peer has died or cannot be reached
+# (heartbeats stopped, a collective timed out, or the coordination service aborted it).
+PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+             tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+class Stall:
+    """Ends this process when one call watched with ``watching`` outlasts ``seconds``: one line
+    naming the ``peers`` ([(name, "host:port")]) that do not answer now, then exit 1."""
+
+    def __init__(self, seconds: float, peers: list, kept_steps=lambda: []):
+        self.seconds, self.peers, self.kept_steps = seconds, peers, kept_steps
+        self._since = None
+        self._doing = ""
+        threading.Thread(target=self._keep, daemon=True, name="tfdp-stall").start()
+
+    @contextlib.contextmanager
+    def watching(self, doing: str):
+        self._since, self._doing = time.monotonic(), doing
+        try:
+            yield
+        finally:
+            self._since = None
+
+    def _keep(self):
+        while True:
+            time.sleep(min(1.0, self.seconds / 4))
+            since = self._since
+            if since is not None and time.monotonic() - since > self.seconds:
+                if self._doing == STARTING:
+                    line = tf_config.did_not_start(self.seconds, self.peers,
+                                                   start="a tfdp.server for every worker",
+                                                   suggest_longer=False)
+                else:
+                    line = tf_config.lost_contact(
+                        f"no answer for {self.seconds:g} s while {self._doing}, "
+                        "--collective_timeout", self.peers, "", self.kept_steps())
+                sys.stderr.write(f"tfdp.train: error: {line}\n")
+                sys.stderr.flush()
+                os._exit(1)  # The main thread waits inside TensorFlow: nothing else stops it.
+
+
+def watching(stall, doing: str):
+    """``stall.watching(doing)``, or nothing where there is no cluster to watch (``stall`` is
+    None)."""
+    return stall.watching(doing) if stall is not None else contextlib.nullcontext()

@@ -1,0 +1,43 @@
+"""Where the from-scratch steps' examples come from: a ``Feed``.
+
+A batch is a tuple of tensors of the feed's ``signature``; ``shards(split, *batch)`` cuts it
+into one ``(images, labels)`` pair per device, placed there. On one machine (``local_feed``)
+the batches are the images themselves, cut with the textbook's ``split_batch``; across
+machines (``tfdp.manual.remote``) they are example indices into arrays each worker holds.
+"""
+
+from typing import Callable, NamedTuple
+
+import tensorflow as tf
+
+from tfdp import data
+from tfdp.manual.replicate import split_batch
+
+IMAGES = tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8)
+LABELS = tf.TensorSpec([None], tf.int64)
+
+
+class Feed(NamedTuple):
+    signature: list
+    train_batches: Callable   # (first_epoch, offset) -> iterator over the remaining batches
+    eval_batches: Callable    # () -> the evaluation's batches
+    shards: Callable          # (split, *batch) -> [(images, labels) on each device]
+
+
+def local_feed(config, plan, devices: list, train_split: data.Split,
+               test_split: data.Split) -> Feed:
+    """Global batches of images from arrays in this process, split with ``split_batch``."""
+    def train_batches(first_epoch, offset):
+        return iter(data.train_batches(train_split, plan.global_batch, config.seed, first_epoch,
+                                       config.epochs, config.steps_per_epoch).skip(offset))
+
+    return Feed([IMAGES, LABELS], train_batches,
+                lambda: data.eval_batches(test_split, plan.global_batch, plan.eval_steps),
+                images_feed(devices).shards)
+
+
+def images_feed(devices: list) -> Feed:
+    """Only the shape of a batch of images and how it is cut, for a step made without data
+    (tests and benchmarks call the step on batches of their own)."""
+    return Feed([IMAGES, LABELS], None, None,
+                lambda split, images, labels: split_batch(images, labels, devices))

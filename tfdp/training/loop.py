@@ -1,0 +1,141 @@
+"""The epoch loop of every from-scratch-style path: the from-scratch path (local and across
+machines) and the parameter-server path. Written once, it owns what every step and epoch
+share: resuming within an epoch, the learning rate of each step, the progress line, the running
+loss and accuracy, divergence, evaluation, the epoch's record, backups and preemption.
+
+A path supplies its ``Steps``: how a step is issued (``issue``) and how its result is collected
+(``collect``, which waits for it), how many steps may be in flight (``window``: 1 reads each
+step's result before issuing the next; the parameter-server path keeps several workers busy),
+where the batches come from, how evaluation runs, and the weights to back up.
+"""
+
+import collections
+import time
+
+from tfdp.cluster.stall import watching
+from tfdp.training import divergence, preemption
+from tfdp.errors import Preempted
+
+
+class Steps:
+    """What a path gives the loop. ``batches(first_epoch, offset)`` yields tuples of tensors
+    whose last one has an entry per example (labels, or example indices); ``issue(batch, lr)``
+    returns something ``collect`` turns into ``(loss, correct)``, waiting for the step;
+    ``evaluate()`` returns (test loss, test accuracy); ``weights()`` the trained weights in
+    Keras order; ``epoch_figures()`` a path's own figures of the epoch just trained (for the
+    record, and words for the epoch's line)."""
+
+    window = 1
+
+    def batches(self, first_epoch: int, offset: int):
+        raise NotImplementedError
+
+    def issue(self, batch: tuple, lr: float):
+        raise NotImplementedError
+
+    def collect(self, pending) -> tuple:
+        raise NotImplementedError
+
+    def evaluate(self) -> tuple:
+        raise NotImplementedError
+
+    def weights(self) -> list:
+        raise NotImplementedError
+
+    def epoch_figures(self) -> tuple:
+        return {}, ""
+
+
+def train(run, steps: Steps) -> int:
+    """Train by ``run.plan`` from ``run.first_step``; return the global step reached. After
+    every epoch: evaluation, the report, a backup (``run.backups``). A SIGTERM
+    (``run.watch``) stops after the step under way, saved; a non-finite loss stops at once."""
+    plan = run.plan
+    first_epoch, offset = divmod(run.first_step, plan.steps_per_epoch)
+    if first_epoch >= plan.epochs:  # Resumed after the last step: nothing left to train.
+        return run.first_step
+    loop = _Loop(run, steps)
+    batches = steps.batches(first_epoch, offset)
+    with run.watch.training(run.first_step):
+        for epoch in range(first_epoch, plan.epochs):
+            loop.epoch(epoch, offset if epoch == first_epoch else 0, batches)
+    return loop.done
+
+
+class _Running:
+    """An epoch's running loss and accuracy, shown on its progress line."""
+
+    def __init__(self, progress):
+        self.progress = progress
+        self.loss_sum = self.correct = self.seen = 0
+
+    def add(self, loss: float, correct: int, examples: int, position: int) -> None:
+        self.loss_sum += loss * examples
+        self.correct += correct
+        self.seen += examples
+        self.progress.update(position, [("loss", self.loss), ("train_acc", self.accuracy)])
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.seen
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.seen
+
+
+class _Loop:
+    def __init__(self, run, steps: Steps):
+        self.run, self.steps = run, steps
+        self.done = self.issued = run.first_step  # Global steps finished; issued.
+        self.in_flight = collections.deque()
+
+    def epoch(self, epoch: int, first: int, batches) -> None:
+        run, plan = self.run, self.run.plan
+        running = _Running(run.reporter.progress(epoch, plan.steps_per_epoch))
+        start = time.perf_counter()
+        for i in range(first, plan.steps_per_epoch):
+            if run.watch.requested:
+                self._drain(running)
+                preemption.stop(self.done, run.backups, self.steps.weights)
+            batch = next(batches)
+            with watching(run.stall, f"training step {self.issued + 1}"):
+                pending = self.steps.issue(batch, plan.learning_rate(self.issued))
+            self.in_flight.append((pending, i, int(batch[-1].shape[0])))
+            self.issued += 1
+            while len(self.in_flight) >= self.steps.window:
+                self._collect(running)
+        self._drain(running)
+        seconds = time.perf_counter() - start  # Training only: evaluation comes next.
+        with watching(run.stall, f"evaluating epoch {epoch + 1}"):
+            test_loss, test_acc = self.steps.evaluate()
+        extra, note = self.steps.epoch_figures()
+        run.reporter.epoch_end(epoch, loss=running.loss, train_acc=running.accuracy,
+                               test_loss=test_loss, test_acc=test_acc, seconds=seconds,
+                               examples=running.seen, resumed_at=first, extra=extra, note=note)
+        saved = run.backups.save(self.done, self.steps.weights()) if run.backups else None
+        if run.watch.requested:
+            raise Preempted(self.done, saved)
+
+    def _collect(self, running: _Running) -> None:
+        pending, i, examples = self.in_flight.popleft()
+        with watching(self.run.stall, f"training step {self.done + 1}"):
+            loss, correct = self.steps.collect(pending)
+        divergence.check(loss, self.done + 1, self.run.plan.steps_per_epoch)
+        self.done += 1
+        self.run.watch.reached(self.done)
+        running.add(loss, correct, examples, i + 1)
+
+    def _drain(self, running: _Running) -> None:
+        while self.in_flight:
+            self._collect(running)
+
+
+def mean_over(batch_sums, examples: int) -> tuple:
+    """(mean loss, accuracy) from ``(summed loss, correct)`` pairs of evaluation batches that
+    cover ``examples`` examples."""
+    loss = correct = 0
+    for batch_loss, batch_correct in batch_sums:
+        loss += float(batch_loss)
+        correct += int(batch_correct)
+    return loss / examples, correct / examples

@@ -1,0 +1,161 @@
+"""The run skeleton: what every path does around its training, written once.
+
+``run(config)`` holds the run folder, sets the path (``--strategy``) up, resumes, states the
+plan, trains, exports and returns the ``Result``::
+
+    path = Path(config, backups)          # devices or a strategy, replicas, chief, peers
+    first_step = resume_step(backups)     # the newest step every worker backed up, or 0
+    run = start(config, path, ...)        # data, plan, reporter
+    weights = path.train(run, weights)    # the path's own training (the epoch loop, or fit)
+    finish(run, weights, path.export)     # final line, export, Result
+
+A path is a class ``Path`` in its module (``PATHS``). It says what it trains on: ``devices``
+(names for the report), ``replicas``, ``engine`` (what runs the replicas, for the plan line),
+``is_chief``, ``peers`` (the cluster whose loss ends the run in one line; empty on one
+machine), ``stall`` (``tfdp.cluster.stall``, or None), ``examples`` ((train, test) sizes when
+the data lives on a cluster's workers, else None), ``gather_steps`` (the collective that
+agrees on a resume step across workers, or None) and ``started()`` (start-up is over). It
+trains with ``train(run, start_weights) -> weights`` (Keras order; ``start_weights`` a backup's
+or the caller's, None for ``--init``) and exports with ``export() -> path`` (None off the
+chief).
+"""
+
+import dataclasses
+import importlib
+from typing import Optional
+
+from tfdp.cluster import tf_config
+from tfdp.config import Config, with_run_dir
+from tfdp.errors import UserError
+from tfdp.logs import logger
+from tfdp.training import preemption, workdir
+from tfdp.training.backups import Backups, resume_step
+from tfdp.training.result import Result
+
+PATHS = {
+    "manual": "tfdp.manual.trainer",
+    "mirrored": "tfdp.keras_path.trainer",
+    "multi_worker": "tfdp.keras_path.trainer",
+    "plain": "tfdp.keras_path.trainer",
+    "parameter_server": "tfdp.parameter_server.trainer",
+}
+
+
+@dataclasses.dataclass
+class Run:
+    """A started run: what the path's training reads and reports to."""
+    config: Config
+    plan: object
+    reporter: object
+    devices: list
+    first_step: int = 0
+    backups: Optional[Backups] = None
+    watch: preemption.Watch = dataclasses.field(default_factory=preemption.Watch)
+    stall: object = None
+    train_split: object = None   # None where the data lives on a cluster's workers
+    test_split: object = None
+
+
+def run(config: Config, start_weights=None) -> Result:
+    """Run one validated configuration on its path (``--strategy``), holding its run folder.
+    ``start_weights`` (Keras order) replace ``--init``: tests start paths from equal weights
+    to compare them. A run given the folder of an interrupted one resumes from its newest
+    backup every worker has intact."""
+    from tfdp.cluster.stall import PEER_LOST
+
+    config = with_run_dir(config)
+    worker = tf_config.task().worker_index if config.strategy == "multi_worker" else 0
+    with workdir.claim(config.run_dir, worker):
+        backups = Backups(config.run_dir, worker, config.identity)
+        with preemption.Watch() as watch:
+            path = importlib.import_module(PATHS[config.strategy]).Path(config, backups)
+            watch.install()  # The path's set-up may have created TensorFlow's own handler.
+            try:
+                first_step = resume_step(backups, gather=path.gather_steps)
+            finally:
+                path.started()  # Every worker has answered (or this one gave up).
+            started = start(config, path, first_step, backups, watch)
+            weights = backups.load(first_step) if first_step else start_weights
+            try:
+                result = finish(started, path.train(started, weights), path.export, backups)
+            except PEER_LOST as e:
+                if not path.peers:
+                    raise
+                raise UserError(tf_config.lost_contact(type(e).__name__, path.peers,
+                                                       str(e.message), backups.steps())) from None
+        backups.clear()
+    return result
+
+
+def start(config: Config, path, first_step: int = 0, backups: Backups = None,
+          watch: preemption.Watch = None) -> Run:
+    """Check the export folder (chief), load the data (unless it lives on the cluster's
+    workers), make and state the plan, open the reporter (with the epochs an interrupted run
+    already finished, when resuming from ``first_step``)."""
+    from tfdp import data
+    from tfdp.devices import native_bfloat16
+    from tfdp.plan import make_plan
+    from tfdp.training import export, report
+
+    if path.is_chief:
+        export.check_export_root(config.export_root)
+    train_split = test_split = None
+    examples = path.examples
+    if not examples:
+        train_split, test_split = data.load_splits(config.data_dir, config.manual_dir,
+                                                   config.synthetic_data)
+        examples = len(train_split.labels), len(test_split.labels)
+    plan = make_plan(config, path.replicas, *examples)
+    logger.info("%s", plan.describe(path.engine))
+    if "bfloat16" in (config.precision, config.allreduce_dtype) and not native_bfloat16():
+        logger.warning("this machine has no native bfloat16 arithmetic (no avx512_bf16, "
+                       "amx_bf16 or a GPU of compute capability 8.0+): bfloat16 will be slower "
+                       "than float32 here, not wrong")
+    first_epoch, offset = divmod(first_step, plan.steps_per_epoch)
+    if first_step and path.is_chief:
+        print(f"resuming at epoch {first_epoch + 1}/{config.epochs}, step "
+              f"{offset}/{plan.steps_per_epoch} (global step {first_step})"
+              if first_epoch < config.epochs else
+              f"resuming a run that finished training ({first_step} steps): exporting it",
+              flush=True)
+    history = (report.load_history(config.run_dir, first_epoch)
+               if path.is_chief and first_epoch else ())
+    reporter = report.Reporter(config.run_dir, plan.facts(config), path.devices, path.is_chief,
+                               history=history, eval_note=plan.eval_note)
+    return Run(config, plan, reporter, list(path.devices), first_step, backups,
+               watch or preemption.Watch(), path.stall, train_split, test_split)
+
+
+def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
+    """Print the final line, export (``export()`` returns the version's path, or None off the
+    chief) and return the run's ``Result``. An export that cannot be written is a one-line
+    error; the last backup keeps the trained weights for the same command to export."""
+    import tensorflow as tf
+
+    line = run.reporter.final_line()
+    try:
+        path = export()
+    except (OSError, tf.errors.OpError) as e:
+        reason = _reason(e)
+        kept = f"the trained weights are kept in {backups.folder}; " if backups else ""
+        raise UserError(f"cannot write the export under {run.config.export_root} ({reason}): "
+                        f"{kept}make room and run the same command again to export") from None
+    run.reporter.record_export(path)
+    if path:
+        print(f"exported {path}", flush=True)
+    records = run.reporter.records
+    return Result(test_accuracy=records[-1]["test_acc"] if records else float("nan"),
+                  sec_per_epoch=run.reporter.sec_per_epoch() if records else float("nan"),
+                  history=[dict(r) for r in records], export_path=path,
+                  devices=run.reporter.devices, run_dir=run.config.run_dir, final_line=line,
+                  plan=run.plan, weights=weights)
+
+
+def _reason(error) -> str:
+    """What went wrong, in a few words: TensorFlow's messages carry function and file names."""
+    text = getattr(error, "strerror", None) or str(getattr(error, "message", error))
+    for known in ("No space left on device", "Permission denied", "Read-only file system",
+                  "Disk quota exceeded"):
+        if known in text:
+            return known
+    return text.splitlines()[0][:200] if text else type(error).__name__
