@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tfdp import data, devices  # noqa: E402
+from tfdp import data, devices, fashion_mnist  # noqa: E402
 from tfdp.models import lenet  # noqa: E402
 
 # Logical devices must exist before TensorFlow runs its first op; tests take the first k.
@@ -37,7 +37,7 @@ def fresh_collective_keys():
 
 @pytest.fixture(scope="session")
 def manual_dir():
-    found = data.find_manual_dir(None)
+    found = fashion_mnist.find_manual_dir(None)
     if found is None:
         pytest.fail("Fashion-MNIST files not found: set TFDP_MANUAL_DIR to the folder with the "
                     "four .gz files (../shared/data/fashion_mnist in this workplace)")
@@ -47,7 +47,7 @@ def manual_dir():
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory, manual_dir):
     path = os.environ.get("TFDP_TEST_DATA_DIR") or str(tmp_path_factory.mktemp("tfds"))
-    data.prepare(path, manual_dir)
+    fashion_mnist.prepare(path, manual_dir)
     return path
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import head
-from tfdp import data, plan
+from tfdp import data, fashion_mnist, plan
 from tfdp.keras_path import distributed_input as sharding
 from tfdp.errors import UserError
 
@@ -15,7 +15,7 @@ from tfdp.errors import UserError
 def copy_manual_dir(manual_dir, tmp_path):
     target = tmp_path / "manual"
     target.mkdir()
-    for name in data.MANUAL_FILES:
+    for name in fashion_mnist.MANUAL_FILES:
         os.symlink(os.path.join(manual_dir, name), target / name)
     return target
 
@@ -24,7 +24,7 @@ def test_missing_manual_file_is_named(manual_dir, tmp_path):
     target = copy_manual_dir(manual_dir, tmp_path)
     os.remove(target / "t10k-labels-idx1-ubyte.gz")
     with pytest.raises(UserError, match="t10k-labels-idx1-ubyte.gz is missing"):
-        data.prepare(str(tmp_path / "tfds"), str(target))
+        fashion_mnist.prepare(str(tmp_path / "tfds"), str(target))
 
 
 def test_damaged_manual_file_is_named(manual_dir, tmp_path):
@@ -36,7 +36,7 @@ def test_damaged_manual_file_is_named(manual_dir, tmp_path):
         f.seek(100)
         f.write(b"\x00\x01\x02")
     with pytest.raises(UserError, match="train-labels-idx1-ubyte.gz is damaged"):
-        data.prepare(str(tmp_path / "tfds"), str(target))
+        fashion_mnist.prepare(str(tmp_path / "tfds"), str(target))
 
 
 def test_splits_have_the_real_shapes(train_split, test_split):
@@ -91,7 +91,7 @@ def test_without_files_or_internet_the_error_comes_in_seconds(tmp_path, monkeypa
     monkeypatch.setattr(data, "_SHARED_MANUAL_DIR", str(tmp_path / "none"))
     start = time.monotonic()
     try:
-        data.prepare(str(tmp_path / "tfds"), None)
+        fashion_mnist.prepare(str(tmp_path / "tfds"), None)
     except UserError as e:
         assert "--manual_dir" in str(e)
     else:

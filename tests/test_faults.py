@@ -24,7 +24,7 @@ from tfdp.training import workdir
 from tfdp.cluster import tf_config
 from tfdp.config import Config
 from tfdp.errors import PREEMPTED_EXIT_CODE, Diverged, Preempted, UserError
-from tfdp.launch import free_ports
+from tfdp.cluster.launcher import free_ports
 from tfdp.models import lenet
 
 ROOT = os.geteuid() == 0
@@ -481,7 +481,7 @@ def test_stale_partial_exports_are_removed_and_live_ones_kept(tmp_path):
 @needs_root
 def test_a_read_only_prepared_data_dir_trains_and_a_missing_one_says_so(tmp_path, data_dir,
                                                                        manual_dir):
-    from tfdp import data
+    from tfdp import data, fashion_mnist
 
     copy = tmp_path / "data"
     subprocess.run(["cp", "-r", data_dir, str(copy)], check=True)
@@ -498,7 +498,7 @@ def test_a_read_only_prepared_data_dir_trains_and_a_missing_one_says_so(tmp_path
         assert len(split.labels) == 10000
         with pytest.raises(UserError, match=r"is not prepared in .*, and it cannot be prepared "
                                             r"there \(Read-only file system\)"):
-            data.prepare(str(empty), manual_dir)
+            fashion_mnist.prepare(str(empty), manual_dir)
     finally:
         for folder in (copy, empty):
             subprocess.run(["umount", str(folder)], check=False)
@@ -508,14 +508,14 @@ def test_a_read_only_prepared_data_dir_trains_and_a_missing_one_says_so(tmp_path
 
 @pytest.mark.parametrize("index", [2, -1])
 def test_tf_config_task_index_out_of_range_is_one_line(tmp_path, index):
-    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+    raw = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
                             "task": {"type": "worker", "index": index}})
     message = (f"TF_CONFIG: task index {index} is out of range: the cluster has 2 worker "
                "task(s), indexes 0..1")
     with pytest.raises(UserError, match=re.escape(message)):
-        tf_config.task({"TF_CONFIG": tf_config})
+        tf_config.task({"TF_CONFIG": raw})
     result = run_module("tfdp.train", "--strategy=multi_worker", f"--workdir={tmp_path}",
-                        env={"TF_CONFIG": tf_config}, timeout=120)
+                        env={"TF_CONFIG": raw}, timeout=120)
     assert result.returncode == 1
     assert result.stderr.strip() == f"tfdp.train: error: {message}", result.stderr
 

@@ -18,7 +18,7 @@ from tfdp.training.backups import Backups
 from tfdp.training import report
 from tfdp.cluster import emulated_hosts
 from tfdp.config import Config
-from tfdp.launch import free_ports
+from tfdp.cluster.launcher import free_ports
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import REPO, run_module
-from tfdp import data
+from tfdp import fashion_mnist
 
 # Runs in a fresh interpreter that never imports tfdp: what a serving system would do.
 SERVE_CHECK = r"""
@@ -219,7 +219,7 @@ def test_bad_export_dir_and_damaged_data(tmp_path, manual_dir, data_dir):
 
     broken = tmp_path / "manual"
     broken.mkdir()
-    for name in data.MANUAL_FILES:
+    for name in fashion_mnist.MANUAL_FILES:
         shutil.copy(os.path.join(manual_dir, name), broken / name)
     (broken / "t10k-images-idx3-ubyte.gz").write_bytes(b"truncated")
     (tmp_path / "exp" / "1").mkdir(parents=True)

@@ -363,7 +363,7 @@ def main_hosts():
             text.append(host_training.format_rows(rows))
         if FLAGS.allreduce:
             rows = host_allreduce.measure(workers, sizes, FLAGS.links, FLAGS.repeats, say=say,
-                                 dtypes=dtypes, pieces=FLAGS.pieces)
+                                          dtypes=dtypes, pieces=FLAGS.pieces)
             base = os.path.join(FLAGS.workdir, "allreduce_hosts")
             _write(base, rows, host_allreduce.format_rows(rows))
             host_allreduce.plot(rows, base + ".png")

@@ -120,8 +120,8 @@ class Path:
             model = self.model = build_model(config)
             if start_weights is not None:
                 model.set_weights(start_weights)
-            model.compile(optimizer=keras.optimizers.SGD(
-                              WarmupSchedule(plan.base_lr, plan.peak_lr, plan.warmup_steps)),
+            model.compile(optimizer=keras.optimizers.SGD(WarmupSchedule(
+                              plan.base_lr, plan.peak_lr, plan.warmup_steps)),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"], run_eagerly=config.eager,
                           steps_per_execution=config.steps_per_execution)
@@ -132,8 +132,8 @@ class Path:
             # Evaluated by EpochReport with one iterator for the run, not by fit (evaluation.py).
             test = data.eval_batches(run.test_split, plan.global_batch, config.eval_steps)
             evaluator = evaluation.Evaluator(
-                model, strategy, distribute(strategy, test, replicas, input_dtype(config.precision)),
-                steps=steps_per_epoch(plan.eval_examples, plan.global_batch))
+                model, strategy,
+                distribute(strategy, test, replicas, input_dtype(config.precision)), steps=steps_per_epoch(plan.eval_examples, plan.global_batch))
             callbacks = [EpochReport(run.reporter, evaluator, plan, first_step=offset),
                          Guard(run.watch, run.backups, self.distribution, plan.steps_per_epoch)]
             # fit's epochs all have steps_per_epoch steps: a resume within an epoch first fits
@@ -167,7 +167,8 @@ class Path:
         if d.is_chief:
             path = export.export(self.model, self.config.export_root)
         else:
-            export.save_scratch(self.model, tempfile.mkdtemp(prefix=f"tfdp-worker{d.worker_index}-"))
+            scratch = tempfile.mkdtemp(prefix=f"tfdp-worker{d.worker_index}-")
+            export.save_scratch(self.model, scratch)
             path = None
         if d.num_workers > 1:
             _barrier_step(d.strategy)

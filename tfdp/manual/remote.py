@@ -41,7 +41,7 @@ def task_of(config) -> Optional[tf_config.Task]:
     if not os.environ.get(tf_config.ENV):
         return None
     task = tf_config.task(kinds=("chief",), program="tfdp.train --strategy=manual (the client; "
-                                                  "its workers run python -m tfdp.server)")
+                                                    "its workers run python -m tfdp.server)")
     if not task.cluster.get(JOB):
         raise UserError(f"{tf_config.ENV} names no workers for --strategy=manual to train on: "
                         "add their host:port under \"worker\", or unset it to train here")

@@ -22,7 +22,6 @@ PARAM_SHAPES = {
 }
 
 
-
 def init_params(seed: int, dtype=np.float32, init: str = "textbook") -> dict:
     """Starting parameters as numpy arrays; biases zero.
 

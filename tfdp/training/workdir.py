@@ -24,16 +24,13 @@ def claim(run_dir: str, worker_index: int = 0):
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, f".lock-worker-{worker_index}")
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise UserError(f"--workdir={run_dir}: cannot create its lock file ({e.strerror})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = locked(path, wait=False)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
+        holder = _read(path).strip() or "?"
         raise UserError(f"--workdir={run_dir} is in use by another run (pid {holder}): wait for "
                         "it to end, or give this run its own --workdir") from None
+    except OSError as e:
+        raise UserError(f"--workdir={run_dir}: cannot create its lock file ({e.strerror})") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _HELD[path] = fd
@@ -42,6 +39,28 @@ def claim(run_dir: str, worker_index: int = 0):
     finally:
         _HELD.pop(path, None)
         os.close(fd)  # Releases the lock; the file stays (removing it would race a new claim).
+
+
+def locked(path: str, wait: bool = True) -> int:
+    """An exclusive ``flock`` on ``path``, created if need be: waited for, or (``wait=False``)
+    ``BlockingIOError`` while another process holds it. Closing the returned fd releases it,
+    and so does the process's death, however it dies. ``O_NOFOLLOW`` and no truncation: a
+    symlink planted in a shared folder is never followed."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read(32)
+    except OSError:
+        return ""
 
 
 def write_atomic(path: str, write, mode: str = "w") -> None:

@@ -1,0 +1,287 @@
+"""A local cluster for ``python -m tfdp.launch``: its processes, their ``TF_CONFIG``, cores and
+hosts, and the run from start to end (``tfdp.launch`` has the command line and the whole
+story; ``tfdp.cluster.supervise`` the watch over the processes, ``tfdp.cluster.output`` their
+lines)."""
+
+import dataclasses
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from tfdp.cluster import emulated_hosts, isolation, supervise
+from tfdp.cluster.children import prepare_child
+from tfdp.cluster.output import pump, say
+from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
+from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
+
+# Seconds the workers get to save and exit after a SIGTERM before they are killed.
+PREEMPT_GRACE = 30.0
+HOST_PORT = 2222  # Each emulated host has its own address, so every worker can use one port.
+# The strategies whose cluster is tfdp.server tasks and one tfdp.train client, the chief.
+CLIENT_STRATEGIES = ("manual", "parameter_server")
+
+
+def free_ports(count: int) -> list:
+    """Ports the kernel hands out on 127.0.0.1 (held open together so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def core_shares(num_workers: int, cores: list) -> list:
+    """Split the cores among the workers (round robin when there are more workers than cores)."""
+    if num_workers >= len(cores):
+        return [[cores[i % len(cores)]] for i in range(num_workers)]
+    per = len(cores) // num_workers
+    return [cores[i * per:(i + 1) * per] for i in range(num_workers)]
+
+
+def worker_env(index: int, addresses: list, run_stamp: str, live_progress: bool,
+               chief: str = None, kind: str = "worker", ps: list = ()) -> dict:
+    """The environment of task ``index`` of type ``kind`` (worker, chief or ps) of a cluster of
+    workers at ``addresses`` and, for the manual and parameter-server paths, a chief at
+    ``chief`` (and parameter servers at ``ps``)."""
+    cluster = {"worker": list(addresses), **({"chief": [chief]} if chief else {}),
+               **({"ps": list(ps)} if ps else {})}
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
+                                                 "task": {"type": kind, "index": index}}))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env.setdefault(RUN_STAMP_ENV, run_stamp)  # One default run folder for all workers.
+    reports = kind == "chief" or (index == 0 and not chief)
+    if live_progress and reports:  # The chief's bar, when the launcher is in a terminal.
+        env[LIVE_PROGRESS_ENV] = "1"
+    return env
+
+
+@dataclasses.dataclass
+class Process:
+    """One process of the local cluster: its role (``worker 1``), command, environment, the
+    cores it may use (None: all), and the prefix of its output lines."""
+    role: str
+    argv: list
+    env: dict
+    cores: list
+    prefix: str
+
+
+def processes(strategy: str, num_workers: int, train_args: list, addresses: list,
+              chief: str, stamp: str, live: bool, ps: list = ()) -> list:
+    """The processes of the cluster ``strategy`` needs, the one that reports first."""
+    shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
+    train = [sys.executable, "-m", "tfdp.train", *train_args]
+    if strategy == "multi_worker":
+        return [Process(f"worker {i}", train, worker_env(i, addresses, stamp, live), shares[i],
+                        f"[{i}] ") for i in range(num_workers)]
+    server = [sys.executable, "-m", "tfdp.server", *_server_flags(train_args)]
+    # The client only sends indices and reads scalars, and a parameter server applies updates:
+    # they share every core.
+    return [Process("chief", train, worker_env(0, addresses, stamp, live, chief, "chief", ps),
+                    None, "[chief] ")] + [
+        Process(f"worker {i}", server, worker_env(i, addresses, stamp, live, chief, ps=ps),
+                shares[i], f"[{i}] ") for i in range(num_workers)] + [
+        Process(f"ps {j}", server, worker_env(j, addresses, stamp, live, chief, "ps", ps), None,
+                f"[ps {j}] ") for j in range(len(ps))]
+
+
+def _server_flags(train_args: list) -> list:
+    """The train flags a ``tfdp.server`` shares with its client: its devices and its data."""
+    shared = []
+    for name in ("num_gpus", "data_dir", "manual_dir"):
+        value = _train_flag(train_args, name)
+        if value is not None:
+            shared.append(f"--{name}={value}")
+    verbose = _train_flag(train_args, "verbose")
+    if verbose is not None:
+        shared.append(f"--verbose={verbose}")
+    return shared
+
+
+def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
+           isolate: bool = True, grace: float = PREEMPT_GRACE, hosts: bool = False,
+           link: str = None, num_ps: int = None) -> int:
+    """Run the workers to the end; return 0 if all succeeded, else an exit code: the first
+    failure's, ``PREEMPTED_EXIT_CODE`` when they were preempted and saved, 130 after Ctrl-C.
+
+    With ``isolate`` this process first moves into a private network namespace (its workers
+    inherit it: ``tfdp.cluster.isolation``). With ``hosts`` every worker runs on an emulated host of
+    its own, its link shaped to ``link`` (``tfdp.cluster.emulated_hosts``)."""
+    problem = _check(num_workers, hosts, link, train_args, num_ps)
+    if problem:
+        say(f"tfdp.launch: error: {problem}")
+        return 2
+    strategy = _strategy(train_args)
+    num_ps = (num_ps or 1) if strategy == "parameter_server" else 0
+    # The client (chief) of the manual and parameter-server paths is a host too.
+    count = num_workers + num_ps + (strategy in CLIENT_STRATEGIES)
+    stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
+    procs, copiers, emulated, specs = [], [], None, []
+    supervise.SIGNALLED.clear()
+    previous = {sig: signal.signal(sig, supervise.on_signal)
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if hosts:
+            stale = emulated_hosts.remove_stale()
+            if stale:
+                say(f"tfdp.launch: removed what a killed launcher left: {', '.join(stale)}")
+            emulated = emulated_hosts.Hosts(count, link)
+            emulated.create()
+            addresses = [f"{emulated.address(i)}:{HOST_PORT}" for i in range(count)]
+            where = "on emulated hosts"
+        else:
+            where = _network(isolate)
+            addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
+        chief = addresses.pop(0) if strategy in CLIENT_STRATEGIES else None
+        ps = addresses[num_workers:]
+        specs = processes(strategy, num_workers, train_args, addresses[:num_workers], chief,
+                          stamp, live, ps)
+        if emulated:
+            for line in emulated.describe(_roles(specs)):
+                say(f"tfdp.launch: {line}")
+
+        def start(host):
+            spec = specs[host]
+            proc = subprocess.Popen(
+                spec.argv, env=spec.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                # A session of its own: Ctrl-C in the terminal reaches the launcher only, which
+                # then asks every worker to save and stop.
+                start_new_session=True,
+                preexec_fn=functools.partial(prepare_child, spec.cores, os.getpid(), emulated,
+                                             host))
+            for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                copier = threading.Thread(target=pump, args=(stream, spec.prefix, out),
+                                          daemon=True)
+                copier.start()
+                copiers.append(copier)
+            return proc
+
+        for host in range(len(specs)):
+            procs.append(start(host))
+        say(f"tfdp.launch: {_summary(specs)} {where}")
+        supervise.raise_if_signalled()
+        if strategy in CLIENT_STRATEGIES:
+            restart = start if strategy == "parameter_server" else None
+            return supervise.supervise_client(procs, specs, poll_seconds, restart)
+        return supervise.supervise(procs, poll_seconds, grace)
+    except (KeyboardInterrupt, supervise.Terminated) as stop:
+        interrupted = isinstance(stop, KeyboardInterrupt)
+        client = strategy in CLIENT_STRATEGIES
+        say(f"tfdp.launch: {'interrupted' if interrupted else 'SIGTERM'}; asking the "
+            f"{'chief' if client else 'workers'} to save and stop")
+        # The client saves what it reads from the workers or servers: they stay up until it has.
+        codes = supervise.preempt(procs[:1] if client else procs, grace)
+        if interrupted:
+            return 130
+        return PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE} else 128 + 15
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        supervise.stop(procs, [spec.role for spec in specs])
+        for copier in copiers:
+            copier.join(timeout=5)
+        if emulated:
+            for line in emulated.traffic([spec.role for spec in specs]):
+                say(f"tfdp.launch: {line}")
+            emulated.remove()
+
+
+def _roles(specs: list) -> list:
+    """What each process is, naming its program where the cluster runs more than one."""
+    if len({spec.argv[2] for spec in specs}) == 1:
+        return [spec.role for spec in specs]
+    return [f"{spec.role} ({spec.argv[2]})" for spec in specs]
+
+
+def _summary(specs: list) -> str:
+    """Who runs where: ``2 workers at a, b, cores [[0], [1]]`` (and the client paths' chief,
+    and parameter servers)."""
+    workers = [s for s in specs if s.role.startswith("worker")]
+    chief = [s for s in specs if s.role == "chief"]
+    ps = [s for s in specs if s.role.startswith("ps")]
+    line = (f"{len(workers)} {'tfdp.server ' if chief else ''}workers at "
+            f"{', '.join(_address(s) for s in workers)}")
+    if ps:
+        line += f", {len(ps)} parameter server(s) at {', '.join(_address(s) for s in ps)}"
+    if chief:
+        line += f" and their chief (tfdp.train) at {_address(chief[0])}"
+    return line + f", cores {[s.cores for s in workers]}"
+
+
+def _address(spec: Process) -> str:
+    config = json.loads(spec.env["TF_CONFIG"])
+    return config["cluster"][config["task"]["type"]][config["task"]["index"]]
+
+
+def _check(num_workers: int, hosts: bool, link, train_args: list, num_ps=None) -> str:
+    """What is wrong with the launcher's own flags, in one line ("" if nothing)."""
+    if num_workers < 1:
+        return f"--num_workers must be a positive integer, got {num_workers}"
+    strategy = _strategy(train_args)
+    if (strategy not in ("multi_worker", *CLIENT_STRATEGIES)
+            and not _HELP.intersection(train_args)):
+        # Each worker would train a run of its own, all in one folder.
+        return (f"the launcher starts --strategy=multi_worker, manual or parameter_server "
+                f"clusters; --strategy={strategy} trains in one process: run python -m "
+                "tfdp.train instead")
+    if num_ps is not None and strategy != "parameter_server":
+        return (f"--num_ps starts parameter servers for --strategy=parameter_server, not "
+                f"--strategy={strategy}")
+    if num_ps is not None and num_ps < 1:
+        return f"--num_ps must be a positive integer, got {num_ps}"
+    if link and not hosts:
+        return "--link shapes the links of emulated hosts: give --hosts too"
+    try:
+        if hosts:
+            emulated_hosts.check_available()
+        if link:
+            emulated_hosts.parse_rate(link)
+    except UserError as e:
+        return str(e)
+    return ""
+
+
+_HELP = {"-h", "-help", "--help", "--helpshort", "--helpfull"}
+
+
+def _strategy(train_args: list) -> str:
+    """The --strategy the workers will run (tfdp.train's default when not given)."""
+    return _train_flag(train_args, "strategy") or "manual"
+
+
+def _train_flag(train_args: list, name: str):
+    """The last value ``train_args`` give flag ``name`` (``--name=v``, ``--name v``; for a
+    boolean ``--name``/``--noname``: "true"/"false"), or None."""
+    value = None
+    for i, arg in enumerate(train_args):
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{name}":
+            following = train_args[i + 1] if i + 1 < len(train_args) else ""
+            value = following if following and not following.startswith("-") else "true"
+        elif arg == f"--no{name}":
+            value = "false"
+    return value
+
+
+def _network(isolate: bool) -> str:
+    """Where the workers' servers will listen, said in the launcher's line."""
+    if not isolate:
+        say("tfdp.launch: warning: --noisolate: the workers' TensorFlow servers listen on every "
+            "interface of this machine, without authentication, while they run")
+        return "(servers on every interface)"
+    ok, how = isolation.private_loopback()
+    if ok:
+        return f"in {how}"
+    say(f"tfdp.launch: warning: cannot isolate the workers ({how}): their TensorFlow servers "
+        "listen on every interface of this machine, without authentication, while they run")
+    return "(not isolated)"

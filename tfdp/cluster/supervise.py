@@ -1,0 +1,112 @@
+"""The launcher's watch over its processes: who decides the run's end, who is restarted, and
+how signals become a preemption every process saves for.
+
+The signal handlers only note the signal; the supervising loops raise at a point of their
+choosing. An exception raised by a handler can land inside Popen.poll() between its taking
+Popen's internal wait lock and the try that releases it: the lock stays taken, and the later
+wait() for that worker blocks forever (seen in CI with py-spy: the launcher in Popen._wait,
+its chief a zombie nobody reaped).
+"""
+
+import signal
+import subprocess
+import time
+
+from tfdp.cluster.output import say
+from tfdp.errors import PREEMPTED_EXIT_CODE
+
+# How often one parameter-server worker is started again after dying while its chief runs.
+RESTARTS = 3
+
+
+class Terminated(Exception):
+    pass
+
+
+SIGNALLED = []
+
+
+def on_signal(signum, frame):
+    SIGNALLED.append(signum)
+
+
+def raise_if_signalled():
+    if signal.SIGINT in SIGNALLED:
+        raise KeyboardInterrupt()
+    if SIGNALLED:
+        raise Terminated()
+
+
+def supervise(procs, poll_seconds, grace) -> int:
+    while True:
+        raise_if_signalled()
+        codes = [p.poll() for p in procs]  # Poll every worker, each time round.
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            i, code = failed[0]
+            if code == PREEMPTED_EXIT_CODE:  # The others stop at the same step on their own.
+                say(f"tfdp.launch: worker {i} was preempted; waiting for the others to save")
+                codes = wait(procs, grace)
+                return (PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE}
+                        else next(c for c in codes if c != PREEMPTED_EXIT_CODE) or 1)
+            say(f"tfdp.launch: worker {i} exited with {code}; stopping the others")
+            return code if code > 0 else 128 - code  # Killed by signal N: 128 + N.
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(poll_seconds)
+
+
+def supervise_client(procs, specs, poll_seconds, restart=None) -> int:
+    """The manual and parameter-server paths: the client (``procs[0]``) decides; a server that
+    ends first is said once (the client finds out and says what it means for the run). With
+    ``restart`` (``restart(i) -> Popen``), a worker that ends is started again instead, up to
+    ``RESTARTS`` times each."""
+    reported, restarts = set(), {}
+    while True:
+        raise_if_signalled()
+        code = procs[0].poll()
+        for i, proc in enumerate(procs[1:], 1):  # Before the chief's end: it may be why.
+            if i in reported or proc.poll() is None or code is not None:
+                continue
+            role = specs[i].role
+            if restart and role.startswith("worker") and restarts.get(i, 0) < RESTARTS:
+                restarts[i] = restarts.get(i, 0) + 1
+                say(f"tfdp.launch: {role} exited with {proc.returncode} while the chief runs; "
+                    f"starting it again ({restarts[i]}/{RESTARTS}): the coordinator retries "
+                    "its steps on the other workers meanwhile")
+                procs[i] = restart(i)
+                continue
+            reported.add(i)
+            say(f"tfdp.launch: {role} exited with {proc.returncode} while the chief runs")
+        if code is not None:
+            if code not in (0, PREEMPTED_EXIT_CODE):
+                say(f"tfdp.launch: the chief exited with {code}; stopping the workers")
+            return code if code >= 0 else 128 - code
+        time.sleep(poll_seconds)
+
+
+def preempt(procs, grace) -> list:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    return wait(procs, grace)
+
+
+def wait(procs, grace) -> list:
+    """Exit codes, waiting up to ``grace`` seconds in all (None for a worker still running)."""
+    deadline = time.time() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            pass
+    return [p.poll() for p in procs]
+
+
+def stop(procs, roles, grace: float = 5.0):
+    """SIGTERM every process still running, SIGKILL those alive ``grace`` seconds later."""
+    for i, code in enumerate(preempt(procs, grace)):
+        if code is None:
+            say(f"tfdp.launch: {roles[i]} did not stop; killing it")
+            procs[i].kill()
+            procs[i].wait()
