@@ -22,12 +22,12 @@ operation as this process's user. Run them on a trusted network only.
 import os
 import signal
 import sys
-import time
 
 from absl import app, flags
 
 from tfdp import logs
 from tfdp.cluster import tf_config
+from tfdp.cluster.tf_server import JOBS, serve
 from tfdp.errors import UserError
 
 flags.DEFINE_integer("num_gpus", 1, "Devices this worker serves (as tfdp.train's --num_gpus: "
@@ -40,95 +40,6 @@ flags.DEFINE_boolean("data", True, "Prepare the data where this worker is, for t
                      "--nodata serves devices only (the allreduce benchmark across hosts).")
 flags.DEFINE_boolean("verbose", False, "Also print TensorFlow's INFO lines.")
 FLAGS = flags.FLAGS
-
-JOBS = ("worker", "ps")
-# How often the client's port is probed: often enough to see a client that connects and
-# refuses to run within a second (a wrong --num_gpus), which would otherwise be missed and
-# leave the server waiting for ever. How long the port must stay shut before the client counts
-# as gone: a busy client may be slow to accept one connection.
-_POLL_SECONDS = 0.1
-_GONE_AFTER_SECONDS = 3.0
-
-
-def serve(task: tf_config.Task, num_gpus: int, data_dir=None, manual_dir=None,
-          with_data: bool = True) -> str:
-    """Prepare the data (``with_data``), start the server, return when the chief has come and
-    gone (raise when it was cut off instead)."""
-    if "chief" not in task.cluster:
-        raise UserError(f"{tf_config.ENV} names no chief: the chief is the client, the process "
-                        "running python -m tfdp.train")
-    if num_gpus < 1:
-        raise UserError(f"--num_gpus must be a positive integer, got {num_gpus}")
-    tf_config.check_port_free(task)
-    tf = logs.import_tensorflow()
-    where = _prepare_data(data_dir, manual_dir) if with_data and task.type == "worker" else None
-    server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type,
-                                  task_index=task.index, protocol="grpc",
-                                  config=_session_config(tf, num_gpus), start=True)
-    kind = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
-    chief = task.cluster["chief"][0]
-    names = [f"/job:{task.type}/replica:0/task:{task.index}/device:{kind}:{d}"
-             for d in range(num_gpus)]
-    data = f"data in {where}" if where else "no data"
-    print(f"tfdp.server: {task.type} {task.index} at {task.address} serves {', '.join(names)}; "
-          f"{data}; until the chief at {chief} finishes", flush=True)
-    how = _wait_for_client(chief)
-    del server
-    if how == tf_config.SILENT:
-        raise UserError(f"lost the chief at {chief}: no answer for {_GONE_AFTER_SECONDS:g} s (a "
-                        "link down, or its machine gone); stopping")
-    return chief
-
-
-def _prepare_data(data_dir, manual_dir) -> str:
-    """Prepare both splits and leave their arrays where the client's steps read them."""
-    from tfdp import data
-
-    for split in ("train", "test"):
-        data.load_split(split, data_dir, manual_dir)
-    folder = data.prepared_dir(data_dir)
-    missing = [p for s in ("train", "test") for p in data.array_paths(folder, s)
-               if not os.path.isfile(p)]
-    if missing:
-        raise UserError(f"cannot leave the arrays the client reads in {os.path.dirname(missing[0])}"
-                        " (not writable?): give a --data_dir this worker can write to, the same "
-                        "on every machine")
-    return folder
-
-
-def _session_config(tf, num_gpus: int):
-    """The server's devices: ``num_gpus`` GPUs, or logical devices where there are fewer (as
-    ``tfdp.devices`` makes them in one process, here through the server's ConfigProto)."""
-    from tfdp import devices
-
-    config = tf.compat.v1.ConfigProto()
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        if len(gpus) >= num_gpus:
-            config.gpu_options.visible_device_list = ",".join(map(str, range(num_gpus)))
-        else:
-            config.gpu_options.visible_device_list = "0"
-            config.gpu_options.experimental.virtual_devices.add(
-                memory_limit_mb=[devices.VIRTUAL_GPU_MEMORY_MB] * num_gpus)
-    else:
-        config.device_count["CPU"] = num_gpus
-        intra, inter = devices.thread_shares(num_gpus)
-        config.intra_op_parallelism_threads = intra
-        config.inter_op_parallelism_threads = inter
-    return config
-
-
-def _wait_for_client(chief: str) -> str:
-    """Until the chief's port has answered once and then stopped answering; how it last
-    answered: ``tf_config.REFUSES`` (the chief has gone) or ``tf_config.SILENT`` (cut off)."""
-    last_answer = None
-    while True:
-        found = tf_config.answer(chief)
-        if found == tf_config.ACCEPTS:
-            last_answer = time.monotonic()
-        elif last_answer is not None and time.monotonic() - last_answer >= _GONE_AFTER_SECONDS:
-            return found
-        time.sleep(_POLL_SECONDS)
 
 
 def main(argv):

@@ -27,17 +27,16 @@ matmul on all cores, measured in the same run) its training FLOPs reach.
 
 import json
 import os
-import shutil
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 
 from absl import app, flags
 
+from tfdp.bench.configs import (matmul_gflops, parse_config, run_once,
+                                training_flops_per_example)
 from tfdp.bench.host_allreduce import PIECES
+from tfdp.bench.results import format_allreduce, format_table, plot, summarise
 
 # With --hosts, unless given: shorter runs than on one machine (a 10 Mbit/s link makes a step
 # of add_n on 4 hosts last seconds).
@@ -76,207 +75,6 @@ flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
 flags.DEFINE_string("manual_dir", None, "Fashion-MNIST .gz folder (as for tfdp.train).")
 FLAGS = flags.FLAGS
 
-EPOCH_EXAMPLES = 60000
-PATHS = ("manual", "mirrored", "multi_worker", "plain", "stock")
-
-
-def parse_config(text: str) -> dict:
-    parts = text.strip().split(":")
-    if len(parts) < 2 or parts[0] not in PATHS or not parts[1].isdigit() or int(parts[1]) < 1:
-        raise ValueError(f"--configs entry {text!r}: expected path:devices[:option...] with "
-                         f"path in {', '.join(PATHS)}")
-    config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
-              "allreduce": "add_n" if parts[0] == "manual" else "-", "eager": False, "spe": 1,
-              "precision": "float32", "intra": None, "inter": None}
-    for option in parts[2:]:
-        name, _, value = option.partition("=")
-        if option in ("add_n", "sharded", "ring"):
-            config["allreduce"] = option
-        elif option == "eager":
-            config["eager"] = True
-        elif option in ("bf16", "bfloat16"):
-            config["precision"] = "bfloat16"
-        elif name in ("spe", "intra", "inter") and value.isdigit() and int(value) > 0:
-            config[name] = int(value)
-        else:
-            raise ValueError(f"--configs entry {text!r}: unknown option {option!r}")
-    if config["path"] == "stock" and (config["precision"] != "float32" or config["spe"] > 1):
-        raise ValueError(f"--configs entry {text!r}: stock is Keras' defaults (float32, one "
-                         "step per execution); tune plain:1 instead")
-    return config
-
-
-def train_command(config: dict, workdir: str) -> list:
-    if config["path"] == "stock":
-        return [sys.executable, "-m", "tfdp.bench.stock", f"--workdir={workdir}",
-                f"--batch_size={FLAGS.batch_size}", f"--epochs={FLAGS.epochs}",
-                f"--steps={FLAGS.steps}", *(["--synthetic"] if FLAGS.data == "synthetic" else []),
-                *([f"--data_dir={FLAGS.data_dir}"] if FLAGS.data_dir else [])]
-    args = [f"--model={FLAGS.model}", f"--batch_size={FLAGS.batch_size}",
-            f"--epochs={FLAGS.epochs}", f"--steps_per_epoch={FLAGS.steps}", "--eval_steps=1",
-            "--init=glorot", f"--workdir={workdir}", f"--export_dir={workdir}/export"]
-    args += [f"--data_dir={FLAGS.data_dir}"] * bool(FLAGS.data_dir)
-    args += [f"--manual_dir={FLAGS.manual_dir}"] * bool(FLAGS.manual_dir)
-    args += ["--synthetic_data"] * (FLAGS.data == "synthetic")
-    args += ["--eager"] * config["eager"]
-    args += [f"--precision={config['precision']}"]
-    if config["path"] == "manual":
-        args.append(f"--allreduce={config['allreduce']}")
-    else:
-        args.append(f"--steps_per_execution={config['spe']}")
-    if config["path"] == "multi_worker":
-        return [sys.executable, "-m", "tfdp.launch", f"--num_workers={config['devices']}", "--",
-                "--strategy=multi_worker", "--num_gpus=1", *args]
-    return [sys.executable, "-m", "tfdp.train", f"--strategy={config['path']}",
-            f"--num_gpus={config['devices']}", *args]
-
-
-def run_once(config: dict) -> list:
-    """Examples/s of each timed (non-first) epoch of one run."""
-    workdir = tempfile.mkdtemp(prefix="tfdp-bench-")
-    try:
-        threads = {name: str(config[key]) for key, name in (
-            ("intra", "TF_NUM_INTRAOP_THREADS"), ("inter", "TF_NUM_INTEROP_THREADS"))
-            if config[key]}
-        result = subprocess.run(train_command(config, workdir), capture_output=True, text=True,
-                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **threads))
-        if result.returncode != 0:
-            tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
-            raise RuntimeError(f"{config['name']} failed: {tail[0]}")
-        with open(os.path.join(workdir, "metrics.json")) as f:
-            epochs = json.load(f)["epochs"]
-        return [e["examples_per_sec"] for e in epochs[1:]]
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def matmul_gflops(dtype="float32", n=2048, repeats=10) -> float:
-    """The machine's practical ceiling in ``dtype``: a large matmul on all cores."""
-    import tensorflow as tf
-
-    a = tf.cast(tf.random.normal([n, n]), dtype)
-    tf.linalg.matmul(a, a).numpy()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tf.linalg.matmul(a, a).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best / 1e9
-
-
-def training_flops_per_example(model_name: str) -> float:
-    """Forward multiply-adds of conv and dense layers x 2 FLOPs, x 3 for forward + backward."""
-    import keras
-
-    from tfdp.models import lenet, resnet
-
-    model = lenet.keras_model() if model_name == "lenet" else resnet.resnet()
-    forward = 0
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.Conv2D):
-            kh, kw, cin, cout = layer.kernel.shape
-            _, h, w, _ = layer.output.shape
-            forward += 2 * h * w * cout * kh * kw * cin
-        elif isinstance(layer, keras.layers.Dense):
-            forward += 2 * layer.kernel.shape[0] * layer.kernel.shape[1]
-    return 3.0 * forward
-
-
-def summarise(configs, samples, ceilings, flops_per_example) -> list:
-    """One row per configuration. ``ceilings``: matmul GFLOP/s by dtype name. ``vs_plain``
-    compares with the fastest plain fit of the row's precision; ``vs_fp32``, with the same
-    configuration in float32."""
-    rows = []
-    for config in configs:
-        rates = samples[config["name"]]
-        median = statistics.median(rates)
-        row = {**config, "examples_per_sec": median, "min": min(rates), "max": max(rates),
-               "runs": len(rates), "sec_per_epoch": EPOCH_EXAMPLES / median}
-        for dtype, gflops in ceilings.items():
-            row[f"of_{dtype}_ceiling"] = flops_per_example * median / (gflops * 1e9)
-        row["flops_fraction"] = row[f"of_{config['precision']}_ceiling"]
-        rows.append(row)
-
-    def alike(r, row, *keys):
-        return all(r[key] == row[key] for key in keys)
-
-    for row in rows:
-        one = next((r for r in rows if r["path"] == row["path"] and r["devices"] == 1
-                    and r["allreduce"] in (row["allreduce"], "add_n", "-")
-                    and alike(r, row, "eager", "spe", "precision", "intra", "inter")), None)
-        row["speedup"] = row["examples_per_sec"] / one["examples_per_sec"] if one else None
-        row["efficiency"] = row["speedup"] / row["devices"] if one else None
-        plain = [r for r in rows if r["path"] == "plain" and r["precision"] == row["precision"]]
-        best = max(plain, key=lambda r: r["examples_per_sec"], default=None)
-        row["vs_plain"] = row["examples_per_sec"] / best["examples_per_sec"] if best else None
-        stock = next((r for r in rows if r["path"] == "stock"), None)
-        row["vs_stock"] = row["examples_per_sec"] / stock["examples_per_sec"] if stock else None
-        fp32 = next((r for r in rows if r["precision"] == "float32" and alike(
-            r, row, "path", "devices", "allreduce", "eager", "spe", "intra", "inter")), None)
-        row["vs_fp32"] = (row["examples_per_sec"] / fp32["examples_per_sec"]
-                          if fp32 and row["precision"] != "float32" else None)
-    return rows
-
-
-def format_table(rows, ceilings, flops_per_example) -> str:
-    def opt(value, fmt):
-        return format(value, fmt) if value is not None else "-"
-
-    lines = [f"{FLAGS.model}, global batch {FLAGS.batch_size}, {FLAGS.data} data, "
-             f"{FLAGS.steps} steps x {FLAGS.epochs - 1} timed epochs x {FLAGS.rounds} rounds; "
-             f"matmul ceilings {ceilings['float32']:.0f} GFLOP/s fp32, "
-             f"{ceilings['bfloat16']:.0f} bf16; {flops_per_example / 1e6:.1f} MFLOP per "
-             "training example; vs plain fit: the fastest plain row of the same precision",
-             "| config | path | devices | allreduce | precision | step | threads | "
-             "examples/s (min-max) | sec/epoch | speedup vs 1 | efficiency | vs fp32 | "
-             "vs plain fit | vs stock fit | of fp32 ceiling | of bf16 ceiling |",
-             "|" + " --- |" * 16]
-    for r in rows:
-        step = "eager" if r["eager"] else ("compiled" if r["spe"] == 1 else
-                                           f"compiled, {r['spe']} steps/call")
-        threads = (f"{r['intra'] or 'tfdp'} intra, {r['inter'] or 'tfdp'} inter"
-                   if r["intra"] or r["inter"] else "tfdp's")
-        precision = "bf16" if r["precision"] == "bfloat16" else "fp32"
-        lines.append(
-            f"| {r['name']} | {r['path']} | {r['devices']} | {r['allreduce']} | {precision} | "
-            f"{step} | {threads} | "
-            f"{r['examples_per_sec']:.0f} ({r['min']:.0f}-{r['max']:.0f}) | "
-            f"{r['sec_per_epoch']:.1f} | {opt(r['speedup'], '.2f')} | "
-            f"{opt(r['efficiency'], '.0%')} | {opt(r['vs_fp32'], '.2f')} | "
-            f"{opt(r['vs_plain'], '.2f')} | {opt(r['vs_stock'], '.2f')} | "
-            f"{r['of_float32_ceiling']:.1%} | {r['of_bfloat16_ceiling']:.1%} |")
-    return "\n".join(lines)
-
-
-def format_allreduce(result) -> str:
-    lines = [f"allreduce, best of 5; memcpy {result['memcpy_gbps']:.1f} GB/s",
-             "| algorithm | k | size | time | bus bandwidth |", "| --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        size = (f"{r['bytes'] >> 20} MB" if r["bytes"] >= 1 << 20 else f"{r['bytes'] >> 10} KB")
-        if "error" in r:
-            lines.append(f"| {r['algorithm']} | {r['k']} | {size} | n/a: {r['error']} | |")
-        else:
-            lines.append(f"| {r['algorithm']} | {r['k']} | {size} | "
-                         f"{r['seconds'] * 1e3:.2f} ms | {r['bus_gbps']:.2f} GB/s |")
-    return "\n".join(lines)
-
-
-def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
-    names = [r["name"] for r in rows]
-    ax.barh(names, [r["examples_per_sec"] for r in rows],
-            xerr=[[r["examples_per_sec"] - r["min"] for r in rows],
-                  [r["max"] - r["examples_per_sec"] for r in rows]], color="tab:blue")
-    ax.invert_yaxis()
-    ax.set_xlabel("training examples / s (median, min-max)")
-    ax.set_title(f"{FLAGS.model}, batch {FLAGS.batch_size}, {FLAGS.data} data")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main(argv):
@@ -297,7 +95,7 @@ def main(argv):
             for config in configs:
                 print(f"round {round_ + 1}/{FLAGS.rounds}: {config['name']} ...", flush=True)
                 try:
-                    samples[config["name"]] += run_once(config)
+                    samples[config["name"]] += run_once(config, FLAGS)
                 except RuntimeError as e:
                     sys.exit(f"tfdp.bench: error: {e}")
         ceilings = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
@@ -305,8 +103,8 @@ def main(argv):
         rows = summarise(configs, samples, ceilings, flops)
         report.update(matmul_gflops=ceilings["float32"], matmul_gflops_by_dtype=ceilings,
                       training_flops_per_example=flops, rows=rows, samples=samples)
-        text.append(format_table(rows, ceilings, flops))
-        plot(rows, os.path.join(FLAGS.workdir, "bench.png"))
+        text.append(format_table(rows, ceilings, flops, FLAGS))
+        plot(rows, os.path.join(FLAGS.workdir, "bench.png"), FLAGS)
     if FLAGS.allreduce:
         sizes = [f"--sizes={','.join(FLAGS.allreduce_sizes)}"] if FLAGS.allreduce_sizes else []
         out = subprocess.run([sys.executable, "-m", "tfdp.bench.allreduce", *sizes],

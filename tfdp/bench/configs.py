@@ -1,0 +1,115 @@
+"""The benchmark's configurations (``path:devices[:option...]``), each run once as a real
+process, and the machine's ceilings its rows are held against."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+PATHS = ("manual", "mirrored", "multi_worker", "plain", "stock")
+
+
+def parse_config(text: str) -> dict:
+    parts = text.strip().split(":")
+    if len(parts) < 2 or parts[0] not in PATHS or not parts[1].isdigit() or int(parts[1]) < 1:
+        raise ValueError(f"--configs entry {text!r}: expected path:devices[:option...] with "
+                         f"path in {', '.join(PATHS)}")
+    config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
+              "allreduce": "add_n" if parts[0] == "manual" else "-", "eager": False, "spe": 1,
+              "precision": "float32", "intra": None, "inter": None}
+    for option in parts[2:]:
+        name, _, value = option.partition("=")
+        if option in ("add_n", "sharded", "ring"):
+            config["allreduce"] = option
+        elif option == "eager":
+            config["eager"] = True
+        elif option in ("bf16", "bfloat16"):
+            config["precision"] = "bfloat16"
+        elif name in ("spe", "intra", "inter") and value.isdigit() and int(value) > 0:
+            config[name] = int(value)
+        else:
+            raise ValueError(f"--configs entry {text!r}: unknown option {option!r}")
+    if config["path"] == "stock" and (config["precision"] != "float32" or config["spe"] > 1):
+        raise ValueError(f"--configs entry {text!r}: stock is Keras' defaults (float32, one "
+                         "step per execution); tune plain:1 instead")
+    return config
+
+
+def train_command(config: dict, workdir: str, settings) -> list:
+    """The command that runs ``config`` once (``settings``: the benchmark's flags)."""
+    if config["path"] == "stock":
+        return [sys.executable, "-m", "tfdp.bench.stock", f"--workdir={workdir}",
+                f"--batch_size={settings.batch_size}", f"--epochs={settings.epochs}",
+                f"--steps={settings.steps}", *(["--synthetic"] if settings.data == "synthetic" else []),
+                *([f"--data_dir={settings.data_dir}"] if settings.data_dir else [])]
+    args = [f"--model={settings.model}", f"--batch_size={settings.batch_size}",
+            f"--epochs={settings.epochs}", f"--steps_per_epoch={settings.steps}", "--eval_steps=1",
+            "--init=glorot", f"--workdir={workdir}", f"--export_dir={workdir}/export"]
+    args += [f"--data_dir={settings.data_dir}"] * bool(settings.data_dir)
+    args += [f"--manual_dir={settings.manual_dir}"] * bool(settings.manual_dir)
+    args += ["--synthetic_data"] * (settings.data == "synthetic")
+    args += ["--eager"] * config["eager"]
+    args += [f"--precision={config['precision']}"]
+    if config["path"] == "manual":
+        args.append(f"--allreduce={config['allreduce']}")
+    else:
+        args.append(f"--steps_per_execution={config['spe']}")
+    if config["path"] == "multi_worker":
+        return [sys.executable, "-m", "tfdp.launch", f"--num_workers={config['devices']}", "--",
+                "--strategy=multi_worker", "--num_gpus=1", *args]
+    return [sys.executable, "-m", "tfdp.train", f"--strategy={config['path']}",
+            f"--num_gpus={config['devices']}", *args]
+
+
+def run_once(config: dict, settings) -> list:
+    """Examples/s of each timed (non-first) epoch of one run."""
+    workdir = tempfile.mkdtemp(prefix="tfdp-bench-")
+    try:
+        threads = {name: str(config[key]) for key, name in (
+            ("intra", "TF_NUM_INTRAOP_THREADS"), ("inter", "TF_NUM_INTEROP_THREADS"))
+            if config[key]}
+        result = subprocess.run(train_command(config, workdir, settings), capture_output=True, text=True,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **threads))
+        if result.returncode != 0:
+            tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
+            raise RuntimeError(f"{config['name']} failed: {tail[0]}")
+        with open(os.path.join(workdir, "metrics.json")) as f:
+            epochs = json.load(f)["epochs"]
+        return [e["examples_per_sec"] for e in epochs[1:]]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def matmul_gflops(dtype="float32", n=2048, repeats=10) -> float:
+    """The machine's practical ceiling in ``dtype``: a large matmul on all cores."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.normal([n, n]), dtype)
+    tf.linalg.matmul(a, a).numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tf.linalg.matmul(a, a).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
+
+
+def training_flops_per_example(model_name: str) -> float:
+    """Forward multiply-adds of conv and dense layers x 2 FLOPs, x 3 for forward + backward."""
+    import keras
+
+    from tfdp.models import lenet, resnet
+
+    model = lenet.keras_model() if model_name == "lenet" else resnet.resnet()
+    forward = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Conv2D):
+            kh, kw, cin, cout = layer.kernel.shape
+            _, h, w, _ = layer.output.shape
+            forward += 2 * h * w * cout * kh * kw * cin
+        elif isinstance(layer, keras.layers.Dense):
+            forward += 2 * layer.kernel.shape[0] * layer.kernel.shape[1]
+    return 3.0 * forward
