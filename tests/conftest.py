@@ -1,7 +1,13 @@
-"""Shared test set-up: four logical CPU devices per test process, and the real data, prepared
-once per session from the Fashion-MNIST files (``$TFDP_MANUAL_DIR`` or the shared folder).
+"""Shared test set-up: four logical CPU devices per test process, the real data, prepared
+once per session from the Fashion-MNIST files (``$TFDP_MANUAL_DIR`` or the shared folder), and
+the helpers tests share: a process's environment and children, launching a cluster, runs to
+compare.
 
 Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
+
+Markers (setup.cfg): ``slow`` (a long single-process run), ``cluster`` (several processes: the
+launcher, tfdp.server), ``root(why)`` (Linux and root: namespaces, mounts; skipped elsewhere,
+saying why). The quick tier is ``-m "not slow and not cluster and not root"``.
 """
 
 import json
@@ -21,6 +27,16 @@ from tfdp.models import lenet  # noqa: E402
 # Logical devices must exist before TensorFlow runs its first op; tests take the first k.
 DEVICES = devices.configure_devices(4)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.geteuid() == 0 and sys.platform.startswith("linux")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``root(why)`` skips, saying why, where this is not Linux run as root."""
+    for item in items:
+        mark = item.get_closest_marker("root")
+        if mark and not ROOT:
+            why = mark.args[0] if mark.args else "network namespaces, mounts"
+            item.add_marker(pytest.mark.skip(reason=f"needs Linux and root ({why})"))
 
 
 @pytest.fixture(autouse=True)
@@ -66,12 +82,42 @@ def head(split, n):
     return data.Split(split.images[:n], split.labels[:n])
 
 
+def child_env(**extra) -> dict:
+    """The environment of a process a test starts: this one's, TensorFlow's C++ INFO hidden."""
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **extra)
+
+
 def run_module(module, *args, env=None, timeout=600, cwd=None):
     """Run ``python -m module args`` in a fresh process; return the CompletedProcess."""
     full_env = dict(os.environ, **(env or {}))
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd or REPO)
+
+
+def launch(folder, strategy, *train_args, launcher=("--num_workers=2",), popen=False,
+           timeout=300, stderr=subprocess.PIPE, env=None):
+    """``python -m tfdp.launch <launcher> -- --strategy=<strategy> --workdir=<folder>/run
+    --export_dir=<folder>/export <train_args>``: finished (a CompletedProcess), or running
+    (``popen``: a Popen with its output piped; ``stderr=subprocess.STDOUT`` merges it).
+    ``env``: variables to add to the launcher's environment."""
+    args = [sys.executable, "-m", "tfdp.launch", *launcher, "--", f"--strategy={strategy}",
+            f"--workdir={folder / 'run'}", f"--export_dir={folder / 'export'}", *train_args]
+    environment = child_env(**(env or {}))
+    if popen:
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                env=environment, cwd=REPO)
+    return subprocess.run(args, capture_output=True, text=True, env=environment, cwd=REPO,
+                          timeout=timeout)
+
+
+def children(pid) -> list:
+    """The pids of process ``pid``'s children (none once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        return []
 
 
 def comparable_start(seed=3, dtype=np.float32):
@@ -148,13 +194,12 @@ def cut_off(launcher: int, host: int) -> tuple:
 
 def task_pid(launcher: int, kind: str, index: int) -> int:
     """The pid of the launcher's child that runs task ``kind`` ``index`` (by its TF_CONFIG)."""
-    with open(f"/proc/{launcher}/task/{launcher}/children") as f:
-        children = [int(c) for c in f.read().split()]
-    for pid in children:
+    launched = children(launcher)
+    for pid in launched:
         config = tf_config_of(pid)
         if config and config["task"] == {"type": kind, "index": index}:
             return pid
-    raise AssertionError(f"no {kind} {index} among {children}")
+    raise AssertionError(f"no {kind} {index} among {launched}")
 
 
 def tf_config_of(pid: int):

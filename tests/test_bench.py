@@ -2,8 +2,6 @@
 these are not timing tests; speed is checked by running tfdp.bench, not by the suite)."""
 
 import json
-import os
-import sys
 
 import pytest
 
@@ -12,6 +10,7 @@ from tfdp.cluster import emulated_hosts
 from tfdp.bench import host_allreduce as host_bench
 
 
+@pytest.mark.slow
 def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
     result = run_module("tfdp.bench", "--configs=stock:1,manual:1,manual:2:ring,manual:2:ring:bf16,"
                         "plain:1:bf16:spe=2:intra=1:inter=1",
@@ -55,8 +54,8 @@ def test_bench_refuses_a_malformed_config(tmp_path):
     assert result.returncode != 0 and "expected path:devices" in result.stderr
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
-                    reason="emulated hosts need Linux and root (network namespaces)")
+@pytest.mark.cluster
+@pytest.mark.root("emulated hosts: network namespaces")
 def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
     # 3 parameters on 2 workers: sharded sums two of them on worker 0.
     result = run_module("tfdp.bench", "--hosts", "--allreduce", "--configs=", "--workers=2",
@@ -109,8 +108,8 @@ def test_the_sharded_prediction_follows_who_owns_most():
         (1 - 1 / 3 + 3 / 3) * size)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
-                    reason="emulated hosts need Linux and root (network namespaces)")
+@pytest.mark.cluster
+@pytest.mark.root("emulated hosts: network namespaces")
 def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
     # multi_worker:2 rows are computed as manual:2:ring's (TensorFlow's ring), and tfdp.launch
     # --hosts runs multi_worker in test_hosts: left out for the suite's time (28 s).

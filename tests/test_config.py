@@ -20,7 +20,7 @@ from tfdp.errors import UserError
     ({"model": "vgg"}, "--model=vgg"),
     ({"allreduce": "tree"}, "--allreduce=tree"),
     ({"init": "zeros"}, "--init=zeros"),
-    ({"model": "resnet18"}, "--strategy=mirrored or multi_worker"),
+    ({"model": "resnet18"}, "--strategy=mirrored, multi_worker"),
     ({"batch_size": 64, "per_replica_batch_size": 32}, "not both"),
     ({"steps_per_epoch": 0}, "--steps_per_epoch"),
     ({"manual_dir": "/nonexistent/fashion"}, "--manual_dir"),

@@ -88,7 +88,7 @@ def test_without_files_or_internet_the_error_comes_in_seconds(tmp_path, monkeypa
     import time
 
     monkeypatch.delenv("TFDP_MANUAL_DIR", raising=False)
-    monkeypatch.setattr(data, "_SHARED_MANUAL_DIR", str(tmp_path / "none"))
+    monkeypatch.setattr(fashion_mnist, "_SHARED_MANUAL_DIR", str(tmp_path / "none"))
     start = time.monotonic()
     try:
         fashion_mnist.prepare(str(tmp_path / "tfds"), None)

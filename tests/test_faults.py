@@ -15,20 +15,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_module, tf_config_of
-from tfdp.training import skeleton as paths
-from tfdp.training.backups import Backups
-from tfdp.training import preemption
-from tfdp.training import export
-from tfdp.training import workdir
+from conftest import REPO, ROOT, child_env, children, launch, run_module, tf_config_of
 from tfdp.cluster import tf_config
+from tfdp.cluster.launcher import free_ports
 from tfdp.config import Config
 from tfdp.errors import PREEMPTED_EXIT_CODE, Diverged, Preempted, UserError
-from tfdp.cluster.launcher import free_ports
 from tfdp.models import lenet
+from tfdp.training import export, preemption, skeleton, workdir
+from tfdp.training.backups import Backups
 
-ROOT = os.geteuid() == 0
-needs_root = pytest.mark.skipif(not ROOT, reason="needs root (mounts a small tmpfs)")
+needs_root = pytest.mark.root("mounts a small tmpfs and read-only folders")
 
 
 def train_command(data_dir, folder, *flags):
@@ -36,12 +32,8 @@ def train_command(data_dir, folder, *flags):
             f"--workdir={folder / 'run'}", f"--export_dir={folder / 'export'}", *flags]
 
 
-def env():
-    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-
-
 def run_train(command):
-    return subprocess.run(command, capture_output=True, text=True, env=env(), cwd=REPO,
+    return subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=REPO,
                           timeout=300)
 
 
@@ -61,6 +53,7 @@ def served_logits(version, images):
 
 # --- Preemption ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["manual", "mirrored"])
 def test_sigterm_preempts_mid_epoch_and_the_same_command_resumes_to_the_same_model(
         tmp_path, data_dir, test_split, strategy):
@@ -68,7 +61,7 @@ def test_sigterm_preempts_mid_epoch_and_the_same_command_resumes_to_the_same_mod
              "--batch_size=64", "--eval_steps=1", "--init=glorot"]
     command = train_command(data_dir, tmp_path, *flags)
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=env(), cwd=REPO)
+                           env=child_env(), cwd=REPO)
     backups = Backups(str(tmp_path / "run"), 0, {})
     wait_for(lambda: 200 in backups.steps() or run.poll() is not None, 240, "the first epoch")
     time.sleep(0.3)  # Into the second epoch.
@@ -97,7 +90,7 @@ def test_sigterm_preempts_mid_epoch_and_the_same_command_resumes_to_the_same_mod
 
     # The same model as a run that was never interrupted: same batches, same steps, same bits.
     whole = subprocess.run(train_command(data_dir, tmp_path / "whole", *flags),
-                           capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
+                           capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
     images = test_split.images[:200]
     np.testing.assert_array_equal(served_logits(tmp_path / "export" / "1", images),
@@ -119,20 +112,8 @@ def test_sigterm_outside_training_raises_at_once_and_inside_waits_for_the_step()
 
 # --- The launcher and its workers ----------------------------------------------------------------
 
-def launcher(data_dir, folder, *flags, num_workers=2):
-    return subprocess.Popen(
-        [sys.executable, "-m", "tfdp.launch", f"--num_workers={num_workers}", "--",
-         "--strategy=multi_worker", f"--data_dir={data_dir}", f"--workdir={folder / 'run'}",
-         f"--export_dir={folder / 'export'}", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
-
-
-def children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except FileNotFoundError:
-        return []
+def launcher(data_dir, folder, *flags):
+    return launch(folder, "multi_worker", f"--data_dir={data_dir}", *flags, popen=True)
 
 
 def workers_of(pid, count=2):
@@ -155,6 +136,7 @@ def alive(pid):
         return False
 
 
+@pytest.mark.cluster
 @pytest.mark.skipif(not ROOT and not os.path.exists("/proc/self/ns/user"),
                     reason="needs root or user namespaces to isolate the workers")
 def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(tmp_path, data_dir):
@@ -198,6 +180,7 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(tm
     assert os.listdir(tmp_path / "export") == ["1"]
 
 
+@pytest.mark.cluster
 def test_sigterm_to_the_launcher_preempts_and_sigkill_takes_the_workers_with_it(tmp_path,
                                                                                data_dir):
     run = launcher(data_dir, tmp_path, "--epochs=3", "--steps_per_epoch=100", "--batch_size=64",
@@ -218,6 +201,7 @@ def test_sigterm_to_the_launcher_preempts_and_sigkill_takes_the_workers_with_it(
     wait_for(lambda: not any(alive(w) for w in workers), 10, "the orphaned workers to die")
 
 
+@pytest.mark.cluster
 def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(tmp_path,
                                                                                data_dir):
     """A real pseudo-terminal: Ctrl-C there signals the terminal's foreground process group,
@@ -231,7 +215,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
          "--epochs=3", "--steps_per_epoch=100", "--batch_size=64", "--eval_steps=1",
          f"--data_dir={data_dir}", f"--workdir={tmp_path / 'run'}",
          f"--export_dir={tmp_path / 'export'}"],
-        stdin=slave, stdout=slave, stderr=slave, env=env(), cwd=REPO, start_new_session=True,
+        stdin=slave, stdout=slave, stderr=slave, env=child_env(), cwd=REPO, start_new_session=True,
         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
     os.close(slave)
     output = bytearray()
@@ -271,6 +255,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
     assert "Traceback" not in text
 
 
+@pytest.mark.slow
 def test_a_missing_peer_ends_start_up_after_collective_timeout_naming_it(tmp_path, data_dir):
     own, peer = free_ports(2)  # Nothing will listen on the peer's.
     tf_config = json.dumps({"cluster": {"worker": [f"127.0.0.1:{own}", f"127.0.0.1:{peer}"]},
@@ -278,7 +263,7 @@ def test_a_missing_peer_ends_start_up_after_collective_timeout_naming_it(tmp_pat
     started = time.time()
     result = subprocess.run(
         train_command(data_dir, tmp_path, "--strategy=multi_worker", "--collective_timeout=5"),
-        capture_output=True, text=True, env=dict(env(), TF_CONFIG=tf_config), cwd=REPO,
+        capture_output=True, text=True, env=dict(child_env(), TF_CONFIG=tf_config), cwd=REPO,
         timeout=120)
     assert result.returncode != 0
     assert time.time() - started < 60
@@ -314,7 +299,7 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_exports_nothing(
     result = subprocess.run(
         train_command(data_dir, tmp_path, "--lr=50", "--epochs=3", "--steps_per_epoch=30",
                       "--eval_steps=1"),  # The textbook's start: nan at step 12 here.
-        capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
+        capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=300)
     assert result.returncode == 1
     assert re.search(r"^tfdp\.train: error: the training loss is (nan|inf) at epoch 1, step "
                      r"\d+/30: training diverged, nothing was exported; try a smaller --lr$",
@@ -328,7 +313,7 @@ def test_keras_path_stops_at_a_non_finite_loss_too(tmp_path, data_dir):
                     eval_steps=1, data_dir=data_dir, workdir=str(tmp_path / "run"),
                     export_dir=str(tmp_path / "export"))
     with pytest.raises(Diverged, match=r"by epoch 1, step \d+/30: training diverged"):
-        paths.run(config)
+        skeleton.run(config)
     assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")
 
 
@@ -360,15 +345,16 @@ def test_init_files_that_cannot_be_lenet_are_refused_in_one_line(tmp_path):
         assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_a_run_folder_belongs_to_one_run_at_a_time(tmp_path, data_dir):
     first = subprocess.Popen(train_command(data_dir, tmp_path, "--epochs=5"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                              cwd=REPO)
     try:
         wait_for(lambda: (tmp_path / "run" / ".lock-worker-0").exists(), 120, "the first run")
         time.sleep(0.5)
         second = subprocess.run(train_command(data_dir, tmp_path, "--epochs=5"),
-                                capture_output=True, text=True, env=env(), cwd=REPO, timeout=120)
+                                capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=120)
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
@@ -392,7 +378,7 @@ def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
     backups = Backups(earlier.run_dir, 0, earlier.identity)
     backups.save(5, lenet.to_keras_weights(lenet.init_params(0)))
     with pytest.raises(UserError) as caught:
-        paths.run(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
+        skeleton.run(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
     assert str(caught.value) == (
         f"{tmp_path / 'run'} holds a run trained with --batch_size=64 --lr=0.2 --seed=0; this "
         "command has --batch_size=32 --lr=0.1 --seed=1: run it with the same flags to resume, "
@@ -408,7 +394,7 @@ def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, d
     newest = backups.save(10, weights)
     with open(newest, "r+b") as f:  # Truncated, as by a crash of the disk or the copy.
         f.truncate(os.path.getsize(newest) // 2)
-    result = paths.run(config)
+    result = skeleton.run(config)
     out = capsys.readouterr().out
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [f"the backup {newest} is damaged (BadZipFile: File is not a zip file); "
@@ -417,6 +403,7 @@ def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, d
     assert [r["epoch"] for r in result.history] == [2, 3]  # No metrics.json of epoch 1 here.
 
 
+@pytest.mark.slow
 @needs_root
 def test_full_disks_are_one_line_errors_and_finished_training_is_never_lost(tmp_path, data_dir):
     small = tmp_path / "small"

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from conftest import REPO, cut_off
+from conftest import launch as launch_cluster
 from tfdp.cluster import emulated_hosts
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
-                                reason="emulated hosts need Linux and root (network namespaces)")
+pytestmark = [pytest.mark.root("emulated hosts: network namespaces"), pytest.mark.cluster]
 
 
 def root_network():
@@ -28,12 +28,8 @@ def ours(pid):
 
 
 def launch(data_dir, tmp_path, *launcher_flags, train=()):
-    return subprocess.Popen(
-        [sys.executable, "-m", "tfdp.launch", *launcher_flags, "--", "--strategy=multi_worker",
-         f"--data_dir={data_dir}", f"--workdir={tmp_path / 'run'}",
-         f"--export_dir={tmp_path / 'export'}", *train],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    return launch_cluster(tmp_path, "multi_worker", f"--data_dir={data_dir}", *train,
+                          launcher=launcher_flags, popen=True)
 
 
 def test_a_shaped_link_carries_its_rate_each_way_and_all_is_removed_after():

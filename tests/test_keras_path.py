@@ -58,6 +58,7 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
     (4, 10, 4),     # Batches of 4, 4 and 2: the last one leaves two replicas empty.
     (3, 100, 7),    # Odd batch (3 + 2 + 2); the last batch of 2 leaves one replica empty.
 ])
+@pytest.mark.slow
 def test_mirrored_trains_uneven_and_empty_shards_like_manual(tmp_path, data_dir, train_split,
                                                              monkeypatch, k, examples, batch):
     """The Keras step divides every example's loss by the global batch, as the manual path
@@ -183,6 +184,7 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monke
     assert os.listdir(tmp_path / "resume-exp") == ["1"]
 
 
+@pytest.mark.slow
 def test_resnet18_has_the_expected_size_and_trains(tmp_path, data_dir):
     assert resnet.resnet().count_params() == 11_183_626  # 11.2 M, 7,808 of them BN statistics
     # A process of its own: a second MirroredStrategy in one process reuses collective instance

@@ -42,6 +42,7 @@ def test_replicas_stay_identical(train_split, allreduce):
     assert np.abs(moved).max() > 1e-4  # The steps did update the replicas.
 
 
+@pytest.mark.slow
 def test_same_model_on_any_device_count_and_every_allreduce(tmp_path, train_split):
     """Exact in float64: 2,000 examples in batches of 95 (21 steps; shards of 32 + 32 + 31 on 3
     devices, 24 + 24 + 24 + 23 on 4; the last batch of 5 splits 2 + 1 + 1 + 1)."""

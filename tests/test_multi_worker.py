@@ -12,19 +12,20 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (DEVICES, REPO, comparable_start, run_module, served_disagreement,
+from conftest import (DEVICES, REPO, children, comparable_start, served_disagreement,
                       train_manual)
+from conftest import launch as launch_cluster
 from tfdp.training.backups import Backups
 from tfdp.training import report
 from tfdp.config import Config
 from tfdp.keras_path import keras_mwms_fix
 
 
-def launch(tmp_path, *train_args, env=None):
-    return run_module("tfdp.launch", "--num_workers=2", "--", "--strategy=multi_worker",
-                      *train_args, env=env, timeout=300)
+def launch(tmp_path, *train_args, **how):
+    return launch_cluster(tmp_path, "multi_worker", *train_args, **how)
 
 
+@pytest.mark.cluster
 def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_dir, train_split,
                                                                test_split):
     # Float64, so the comparison is exact on any CPU; an odd batch, so the shards are uneven.
@@ -33,8 +34,7 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     settings = dict(batch_size=95, lr=0.1, epochs=1, steps_per_epoch=10, eval_steps=2, seed=2,
                     data_dir=data_dir, precision="float64")
     result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}",
-                    *[f"--{k}={v}" for k, v in settings.items()],
-                    f"--workdir={tmp_path / 'mw'}", f"--export_dir={tmp_path / 'exp'}")
+                    *[f"--{k}={v}" for k, v in settings.items()])
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout.splitlines()
     assert sum(l.startswith("[0] epoch 1/1: loss") for l in out) == 1
@@ -46,7 +46,7 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     # The workers print tfdp's lines, not TF's start-up banners or saver INFO.
     assert not re.search(r"^\[\d\] ([IE]\d{4} |WARNING: All log)", result.stderr, re.M), \
         result.stderr[-3000:]
-    assert os.listdir(tmp_path / "exp") == ["1"]  # Exported once, by the chief.
+    assert os.listdir(tmp_path / "export") == ["1"]  # Exported once, by the chief.
 
     finals = [l for l in result.stderr.splitlines() if "final weights sha256" in l]
     digest_of = {l.split("(worker ")[1].rstrip(")"): l.split("sha256 ")[1].split()[0]
@@ -59,44 +59,42 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
                                   params=start)
     # The chief's export, served, against the manual model's logits on real test images (the
     # float32 runs that drift apart are explained in conftest.comparable_start).
-    assert served_disagreement(tmp_path / "exp" / "1", manual, start,
+    assert served_disagreement(tmp_path / "export" / "1", manual, start,
                                test_split.images[:500]) < 1e-5
 
 
+@pytest.mark.cluster
 def test_a_worker_with_an_empty_shard_adds_nothing(tmp_path, data_dir):
     # 10,000 test examples in batches of 3,333: the last batch holds 1 example, split 1 + 0.
     result = launch(tmp_path, "--batch_size=3333", "--epochs=1", "--steps_per_epoch=1",
-                    f"--data_dir={data_dir}", f"--workdir={tmp_path / 'mw'}",
-                    f"--export_dir={tmp_path / 'exp'}")
+                    f"--data_dir={data_dir}")
     assert result.returncode == 0, result.stderr[-4000:]
     assert "global batch 3333 = 1667 + 1666 per replica" in result.stderr
-    record = report.load_history(str(tmp_path / "mw"), 1)[0]
+    record = report.load_history(str(tmp_path / "run"), 1)[0]
     assert 0 < record["test_acc"] < 1 and np.isfinite(record["loss"])
 
 
+@pytest.mark.cluster
 def test_killed_worker_stops_the_launcher_and_a_rerun_resumes(tmp_path, data_dir):
-    args = [sys.executable, "-m", "tfdp.launch", "--num_workers=2", "--",
-            "--strategy=multi_worker", "--epochs=4", "--steps_per_epoch=15", "--eval_steps=1",
-            f"--data_dir={data_dir}", f"--workdir={tmp_path / 'mw'}",
-            f"--export_dir={tmp_path / 'exp'}"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, cwd=REPO)
-    backups = Backups(str(tmp_path / "mw"), 1, {})
+    train = ["--epochs=4", "--steps_per_epoch=15", "--eval_steps=1", f"--data_dir={data_dir}"]
+    launcher = launch(tmp_path, *train, popen=True, stderr=subprocess.STDOUT)
+    backups = Backups(str(tmp_path / "run"), 1, {})
     deadline = time.time() + 180
     while not backups.steps() and time.time() < deadline:
         time.sleep(0.2)
     assert backups.steps(), "no epoch finished in time"
-    worker = _children(launcher.pid)[1]
+    launched = children(launcher.pid)
+    assert len(launched) == 2, launched
+    worker = launched[1]
     os.kill(worker, signal.SIGKILL)
     killed = time.time()
     first_out, _ = launcher.communicate(timeout=120)
     assert launcher.returncode != 0
     assert time.time() - killed < 60
     assert "exited with -9" in first_out, first_out[-3000:]
-    assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
+    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
 
-    rerun = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    rerun = launch(tmp_path, *train)
     assert rerun.returncode == 0, rerun.stderr[-4000:]
     # Killed, not preempted: it resumes from the last epoch every worker backed up.
     resumed = re.search(r"^\[0\] resuming at epoch (\d)/4, step 0/15 ", rerun.stdout, re.M)
@@ -105,23 +103,15 @@ def test_killed_worker_stops_the_launcher_and_a_rerun_resumes(tmp_path, data_dir
     assert 1 <= finished < 4
     assert f"[0] epoch {finished}/4: loss" not in rerun.stdout  # Finished epochs are not redone.
     assert "[0] epoch 4/4: loss" in rerun.stdout
-    assert os.listdir(tmp_path / "exp") == ["1"]
-    records = report.load_history(str(tmp_path / "mw"), 4)
+    assert os.listdir(tmp_path / "export") == ["1"]
+    records = report.load_history(str(tmp_path / "run"), 4)
     assert [r["epoch"] for r in records] == [1, 2, 3, 4]
 
 
-def _children(pid):
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        children = [int(c) for c in f.read().split()]
-    assert len(children) == 2, children
-    return children
-
-
+@pytest.mark.cluster
 def test_keras_still_needs_the_multi_worker_workaround(tmp_path, data_dir):
     result = launch(tmp_path, "--epochs=1", "--steps_per_epoch=2", "--eval_steps=1",
-                    f"--data_dir={data_dir}", f"--workdir={tmp_path / 'mw'}",
-                    f"--export_dir={tmp_path / 'exp'}",
-                    env={keras_mwms_fix.DISABLE_ENV: "1"})
+                    f"--data_dir={data_dir}", env={keras_mwms_fix.DISABLE_ENV: "1"})
     if result.returncode == 0:
         pytest.fail("Keras fit now works under MultiWorkerMirroredStrategy without "
                     "tfdp/keras_path/keras_mwms_fix.py: remove the workaround, its apply() call "

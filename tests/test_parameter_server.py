@@ -13,27 +13,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (DEVICES, REPO, comparable_start, cut_off, run_module,
+from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, run_module,
                       served_disagreement, task_pid, train_manual, wait_for_first_backup)
+from conftest import launch as launch_cluster
 from tfdp.training import report
 from tfdp.cluster import emulated_hosts
 from tfdp.config import Config
 
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def launch(tmp_path, *train_args, workers=2, ps=1, on_hosts=False, **how):
+    return launch_cluster(tmp_path, "parameter_server", *train_args, launcher=(
+        f"--num_workers={workers}", f"--num_ps={ps}", *(["--hosts"] if on_hosts else [])), **how)
 
 
-def launch(tmp_path, *train_args, workers=2, ps=1, popen=False, timeout=300, on_hosts=False):
-    args = [sys.executable, "-m", "tfdp.launch", f"--num_workers={workers}", f"--num_ps={ps}",
-            *(["--hosts"] if on_hosts else []), "--", "--strategy=parameter_server",
-            f"--workdir={tmp_path / 'run'}",
-            f"--export_dir={tmp_path / 'exp'}", *train_args]
-    if popen:
-        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=ENV, cwd=REPO)
-    return subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO,
-                          timeout=timeout)
-
-
+@pytest.mark.cluster
 def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, data_dir):
     result = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=2", "--steps_per_epoch=8",
                     "--eval_steps=2", "--ps_shards=2", ps=2)
@@ -57,9 +49,10 @@ def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, d
         assert record["test_acc"] > 0
     assert "[chief] test acc (first 512 of 10000 test examples):" in out
     assert not re.search(r"^\[[\w ]+\] ([IWE]\d{4} |Traceback)", err, re.M), err[-3000:]
-    assert os.listdir(tmp_path / "exp") == ["1"]
+    assert os.listdir(tmp_path / "export") == ["1"]
 
 
+@pytest.mark.cluster
 def test_resnet18_trains_on_balanced_servers_and_exports(tmp_path, data_dir):
     result = launch(tmp_path, f"--data_dir={data_dir}", "--model=resnet18", "--batch_size=16",
                     "--epochs=1", "--steps_per_epoch=2", "--eval_steps=1", workers=1, ps=2)
@@ -69,11 +62,12 @@ def test_resnet18_trains_on_balanced_servers_and_exports(tmp_path, data_dir):
     # ResNet-18's 44.7 MB spread by size, largest first: round robin would put every kernel
     # (all but 50 KB) on one server.
     assert len(held) == 2 and 44e3 < sum(held) < 46e3 and min(held) > 0.45 * sum(held), held
-    served = tf.saved_model.load(str(tmp_path / "exp" / "1")).signatures["serving_default"](
+    served = tf.saved_model.load(str(tmp_path / "export" / "1")).signatures["serving_default"](
         images=tf.zeros([2, 28, 28, 1], tf.uint8))
     assert served["logits"].dtype == tf.float32 and served["logits"].shape == (2, 10)
 
 
+@pytest.mark.cluster
 def test_one_worker_trains_exactly_the_from_scratch_paths_model(tmp_path, data_dir, train_split,
                                                                  test_split):
     # One worker runs its steps in order: the updates are the from-scratch path's on one
@@ -91,10 +85,11 @@ def test_one_worker_trains_exactly_the_from_scratch_paths_model(tmp_path, data_d
     config = Config(num_gpus=1, workdir=str(tmp_path / "local"), **settings)
     reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:1], is_chief=False)
     local = train_manual(config, DEVICES[:1], train_split, test_split, reporter, params=start)
-    assert served_disagreement(tmp_path / "exp" / "1", local, start,
+    assert served_disagreement(tmp_path / "export" / "1", local, start,
                                test_split.images[:500]) < 1e-5
 
 
+@pytest.mark.cluster
 def test_a_killed_worker_is_started_again_and_the_run_finishes(tmp_path, data_dir):
     train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=40", "--eval_steps=1"]
     run = launch(tmp_path, *train, popen=True)
@@ -105,9 +100,10 @@ def test_a_killed_worker_is_started_again_and_the_run_finishes(tmp_path, data_di
     assert re.search(r"^tfdp\.launch: worker 1 exited with -9 while the chief runs; starting it "
                      r"again \(1/3\)", err, re.M), err[-3000:]
     assert sum(line.startswith("[chief] epoch ") for line in out.splitlines()) == 3
-    assert os.listdir(tmp_path / "exp") == ["1"]
+    assert os.listdir(tmp_path / "export") == ["1"]
 
 
+@pytest.mark.cluster
 def test_a_dead_parameter_server_ends_the_run_in_one_line_and_the_same_command_resumes(
         tmp_path, data_dir):
     train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=40", "--eval_steps=1"]
@@ -122,16 +118,16 @@ def test_a_dead_parameter_server_ends_the_run_in_one_line_and_the_same_command_r
                      r"unreachable now: ps 0 \(127\.0\.0\.1:\d+\); the backup of step \d+ is "
                      r"kept: run the same command again", err, re.M), err[-3000:]
     assert "Traceback" not in err
-    assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
+    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
 
     rerun = launch(tmp_path, *train)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert re.search(r"^\[chief\] resuming at epoch [23]/3, step 0/40 ", rerun.stdout, re.M)
-    assert os.listdir(tmp_path / "exp") == ["1"]
+    assert os.listdir(tmp_path / "export") == ["1"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
-                    reason="emulated hosts need Linux and root (network namespaces)")
+@pytest.mark.cluster
+@pytest.mark.root("emulated hosts: network namespaces")
 def test_a_parameter_server_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path,
                                                                               data_dir):
     run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=40",
@@ -151,14 +147,14 @@ def test_a_parameter_server_cut_off_ends_the_run_within_the_timeout_naming_it(tm
     assert re.search(r"^\[ps 0\] tfdp\.server: error: lost the chief at [\d.]+:\d+: no answer "
                      r"for 3 s \(a link down, or its machine gone\); stopping$", err + out,
                      re.M), (out + err)[-3000:]
-    assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
+    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
     assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-") for n in emulated_hosts.namespaces())
 
 
 def test_the_launcher_refuses_parameter_servers_for_another_strategy(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tfdp.launch", "--num_ps=1", "--",
                              "--strategy=manual", f"--workdir={tmp_path / 'run'}"],
-                            capture_output=True, text=True, env=ENV, cwd=REPO, timeout=120)
+                            capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "tfdp.launch: error: --num_ps starts parameter servers for --strategy=parameter_server, "

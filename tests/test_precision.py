@@ -37,6 +37,7 @@ def test_bfloat16_trains_keeps_float32_parameters_and_serves_float32(tmp_path, d
     np.testing.assert_allclose(out["probabilities"].numpy().sum(axis=1), 1, rtol=1e-5)
 
 
+@pytest.mark.cluster
 def test_bfloat16_under_multi_worker_trains_and_exports(tmp_path, data_dir):
     result = run_module("tfdp.launch", "--num_workers=2", "--", "--strategy=multi_worker",
                         "--precision=bf16", "--epochs=1", "--steps_per_epoch=4",

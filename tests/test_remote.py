@@ -12,24 +12,20 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (DEVICES, REPO, comparable_start, cut_off, run_module,
+from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, run_module,
                       served_disagreement, task_pid, train_manual, wait_for_first_backup)
+from conftest import launch as launch_cluster
 from tfdp.training.backups import Backups
 from tfdp.training import report
 from tfdp.cluster import emulated_hosts
 from tfdp.config import Config
 from tfdp.cluster.launcher import free_ports
 
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+pytestmark = pytest.mark.cluster
 
 
-def launch(tmp_path, *train_args, launcher=("--num_workers=2",), popen=False):
-    args = [sys.executable, "-m", "tfdp.launch", *launcher, "--", "--strategy=manual",
-            f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'exp'}", *train_args]
-    if popen:
-        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=ENV, cwd=REPO)
-    return subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300)
+def launch(tmp_path, *train_args, **how):
+    return launch_cluster(tmp_path, "manual", *train_args, **how)
 
 
 def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir, train_split,
@@ -53,12 +49,12 @@ def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir,
     assert sum(l.startswith("[chief] epoch ") for l in out.splitlines()) == 2
     assert "[chief] test acc (first 190 of 10000 test examples):" in out
     assert not re.search(r"^\[\w+\] ([IWE]\d{4} |Traceback)", err, re.M), err[-3000:]
-    assert os.listdir(tmp_path / "exp") == ["1"]
+    assert os.listdir(tmp_path / "export") == ["1"]
 
     config = Config(num_gpus=2, workdir=str(tmp_path / "local"), **settings)
     reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2], is_chief=False)
     local = train_manual(config, DEVICES[:2], train_split, test_split, reporter, params=start)
-    assert served_disagreement(tmp_path / "exp" / "1", local, start,
+    assert served_disagreement(tmp_path / "export" / "1", local, start,
                                test_split.images[:500]) < 1e-5
 
 
@@ -79,12 +75,12 @@ def test_a_killed_worker_ends_the_run_naming_it_and_the_same_command_resumes(tmp
                      err, re.M), err[-3000:]
     assert "tfdp.launch: worker 1 exited with -9 while the chief runs" in err
     assert "Traceback" not in err
-    assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
+    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
 
     rerun = launch(tmp_path, *train)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert re.search(r"^\[chief\] resuming at epoch [23]/3, step 0/20 ", rerun.stdout, re.M)
-    assert os.listdir(tmp_path / "exp") == ["1"]
+    assert os.listdir(tmp_path / "export") == ["1"]
 
 
 def test_sigterm_to_the_launcher_saves_on_the_chief_before_the_workers_stop(tmp_path, data_dir):
@@ -131,11 +127,11 @@ def test_by_hand_a_server_and_a_client_refuse_what_cannot_work_in_one_line(tmp_p
 
     def server():
         return subprocess.Popen([sys.executable, "-m", "tfdp.server", f"--data_dir={data_dir}"],
-                                env=dict(ENV, **tf_config("worker")), stdout=subprocess.PIPE,
+                                env=child_env(**tf_config("worker")), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=REPO)
 
     client = ["--epochs=1", "--steps_per_epoch=2", "--eval_steps=1",
-              f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'exp'}",
+              f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'export'}",
               "--collective_timeout=60"]
     # A server serves one client run, and stops once that client has gone.
     for flags, last_line in [
@@ -174,8 +170,7 @@ def test_by_hand_a_server_and_a_client_refuse_what_cannot_work_in_one_line(tmp_p
         "(python -m tfdp.launch does)")
 
 
-root = pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
-                          reason="emulated hosts need Linux and root (network namespaces)")
+root = pytest.mark.root("emulated hosts: network namespaces")
 
 
 @root
@@ -220,5 +215,5 @@ def test_a_worker_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, da
     assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(no answer "
                      r"for 10 s while training step \d+, --collective_timeout\): unreachable "
                      rf"now: worker 1 \({re.escape(address)}:2222\)", err, re.M), err[-3000:]
-    assert not (tmp_path / "exp").exists() or os.listdir(tmp_path / "exp") == []
+    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
     assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-") for n in emulated_hosts.namespaces())

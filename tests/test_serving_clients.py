@@ -25,6 +25,7 @@ CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
     # here), and in one CI run TFLite's classes then disagreed with TF's (accuracy 0 against
     # 0.125): a diverged model is no test of a serving client.
     ("mirrored", "resnet18", 16, 0.02)])
+@pytest.mark.slow
 def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy, model, batch,
                                        lr):
     eval_steps = 2

@@ -32,6 +32,7 @@ print(json.dumps({"input": [spec.dtype.name, spec.shape.as_list()], "outputs": o
 """
 
 
+@pytest.mark.slow
 def test_short_run_reports_exports_and_serves(tmp_path, data_dir):
     workdir, exports = tmp_path / "work", tmp_path / "exp"
     result = run_module("tfdp.train", "--num_gpus=2", "--epochs=2", "--steps_per_epoch=30",
@@ -113,6 +114,7 @@ def test_help_into_a_closed_pipe_exits_quietly():
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_default_runs_keep_a_folder_each(tmp_path, data_dir):
     """Two runs of the same command: two run folders, for TensorBoard to compare. The second
     asks for --verbose, which shows the libraries' INFO lines again."""
@@ -129,6 +131,7 @@ def test_default_runs_keep_a_folder_each(tmp_path, data_dir):
         assert (tmp_path / "runs" / run / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_mirrored_progress_in_a_terminal(tmp_path, data_dir):
     """A real pseudo-terminal: one bar per epoch, then the epoch line on a line of its own."""
     import pty
@@ -211,6 +214,7 @@ def test_bad_flags_exit_with_one_line(args, words, tmp_path):
     assert_one_line_error(result, *words)
 
 
+@pytest.mark.slow
 def test_bad_export_dir_and_damaged_data(tmp_path, manual_dir, data_dir):
     a_file = tmp_path / "file"
     a_file.write_text("not a folder")

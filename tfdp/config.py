@@ -51,7 +51,9 @@ class Config:
         "parameter_server: the from-scratch LeNet on parameter servers, asynchronous SGD on "
         "ParameterServerStrategy (TF_CONFIG with workers and ps tasks: python -m tfdp.launch "
         "--num_ps).")
-    model: str = _flag("lenet", "lenet or resnet18 (resnet18 needs a Keras strategy).")
+    model: str = _flag(
+        "lenet", "lenet (the textbook's LeNet) or resnet18 (its ResNet-18 variant: every "
+        "strategy but manual, whose from-scratch step is LeNet's).")
     num_gpus: int = _flag(
         1, "Devices to train on (per worker under multi_worker and across machines). With fewer "
         "GPUs than this, the devices that exist are split into logical devices (logical CPUs on a "
@@ -141,8 +143,9 @@ class Config:
             raise UserError(f"--init={self.init} is neither one of {', '.join(INITS)} nor an "
                             "existing .npz file of LeNet parameters")
         if self.strategy == "manual" and self.model != "lenet":
-            raise UserError(f"--model={self.model} needs --strategy=mirrored or multi_worker: "
-                            "the from-scratch path (--strategy=manual) trains lenet only")
+            raise UserError(f"--model={self.model} needs --strategy=mirrored, multi_worker, plain "
+                            "or parameter_server: the from-scratch path (--strategy=manual) "
+                            "trains lenet only")
         self._check_parameter_server()
         _positive("num_gpus", self.num_gpus)
         if self.strategy == "plain" and self.num_gpus != 1:

@@ -4,6 +4,9 @@ Each field of ``Config`` is a flag with the field's name, default and help (writ
 only). This is the only module that reads ``absl.flags.FLAGS``: ``config_from_flags`` turns the
 parsed flags into a validated ``Config``, and nothing below ``train.py`` sees a flag. The
 launcher and the benchmark forward these same flags to ``tfdp.train`` unchanged.
+
+``python -m tfdp.flags > docs/flags.md`` writes the flags' table from the same fields (a test
+checks that the committed page is current).
 """
 
 import dataclasses
@@ -33,3 +36,21 @@ def define_flags() -> None:
 def config_from_flags() -> Config:
     """Build the validated run configuration from the parsed flags."""
     return Config(**{field.name: FLAGS[field.name].value for field in dataclasses.fields(Config)})
+
+
+def markdown() -> str:
+    """docs/flags.md: every flag of ``tfdp.train`` (and keyword of ``tfdp.run``), its default
+    and its help, from ``Config``."""
+    lines = ["# Flags of `python -m tfdp.train` (and keywords of `tfdp.run`)", "",
+             "Written by `python -m tfdp.flags > docs/flags.md` from `tfdp/config.py`; "
+             "`python -m tfdp.train --help` prints the same.", "",
+             "| flag | default | meaning |", "| --- | --- | --- |"]
+    for field in dataclasses.fields(Config):
+        default = "none" if field.default is None else f"`{field.default}`"
+        text = field.metadata["help"].replace("|", "\\|")
+        lines.append(f"| `--{field.name}` | {default} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

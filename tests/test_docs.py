@@ -1,0 +1,105 @@
+"""The documents a user reads say what the code does: the README is short and every command and
+Python block in it runs (shortened to a few steps), the examples run, and the flags page is the
+one ``python -m tfdp.flags`` writes."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, ROOT, child_env
+from tfdp import flags
+
+README = os.path.join(REPO, "README.md")
+# Appended to every tfdp command of the README (absl keeps a flag's last value): a few steps.
+SHORT_TRAIN = ["--epochs=1", "--steps_per_epoch=2", "--eval_steps=1", "--batch_size=32"]
+SHORT_BENCH = ["--steps=2", "--epochs=2", "--rounds=1"]
+
+
+def blocks(language: str) -> list:
+    with open(README) as f:
+        return re.findall(rf"^```{language}\n(.*?)^```", f.read(), re.M | re.S)
+
+
+def readme_commands() -> list:
+    """Every line of the README's bash blocks, comments dropped."""
+    return [line.split(" #")[0].strip() for block in blocks("bash")
+            for line in block.splitlines() if line.strip()]
+
+
+def test_the_flags_page_is_current():
+    with open(os.path.join(REPO, "docs", "flags.md")) as f:
+        assert f.read() == flags.markdown(), "run: python -m tfdp.flags > docs/flags.md"
+
+
+def test_the_readme_is_a_short_page_whose_install_and_test_commands_are_ci_s():
+    with open(README) as f:
+        assert len(f.read().splitlines()) <= 200
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        ci = f.read()
+    commands = readme_commands()
+    install = next(c for c in commands if "pip install" in c)
+    assert "pip install -e '.[test]'" in install and "pip install --quiet -e '.[test]'" in ci
+    assert "python -m pytest -q" in commands and "\npython -m pytest -q " in ci
+    quick = next(c for c in commands if c.startswith("python -m pytest -q -m "))
+    markers = set(re.findall(r"not (\w+)", quick))
+    with open(os.path.join(REPO, "setup.cfg")) as f:
+        assert markers == set(re.findall(r"^    (\w+)(?:\(\w+\))?: ", f.read(), re.M))
+    assert all(c.startswith(("python -m tfdp.", "python -m pytest", "python3 -m venv"))
+               for c in commands), commands
+
+
+def shortened(command: str, data_dir: str, folder) -> list:
+    """The README's ``python -m tfdp.<module> ...`` made short and kept in ``folder``."""
+    args = shlex.split(command)[1:]
+    module = args[1]
+    own = [f"--data_dir={data_dir}", f"--workdir={folder / 'run'}",
+           f"--export_dir={folder / 'export'}"]
+    if module == "tfdp.bench":
+        return [sys.executable, *args, *SHORT_BENCH, f"--data_dir={data_dir}",
+                f"--workdir={folder / 'bench'}"]
+    return [sys.executable, *args, *(["--"] if module == "tfdp.launch" and "--" not in args
+                                     else []), *SHORT_TRAIN, *own]
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir):
+    commands = [c for c in readme_commands() if c.startswith("python -m tfdp.")]
+    assert len(commands) >= 8, commands
+    for i, command in enumerate(commands):
+        if "--hosts" in command and not ROOT:
+            continue  # Emulated hosts need root: tests/test_hosts.py runs them as root.
+        done = subprocess.run(shortened(command, data_dir, tmp_path / str(i)), cwd=tmp_path,
+                              capture_output=True, text=True, env=child_env(), timeout=600)
+        assert done.returncode == 0, (command, done.stderr[-3000:])
+        assert "exported " in done.stdout or "bench" in command, (command, done.stdout[-2000:])
+
+
+@pytest.mark.slow
+def test_the_readme_python_runs(tmp_path, data_dir):
+    code, = blocks("python")
+    assert "tfdp.run(" in code
+    short = code.replace("tfdp.run(", "tfdp.run(epochs=1, steps_per_epoch=2, eval_steps=1, "
+                         f"data_dir={data_dir!r}, workdir={str(tmp_path / 'run')!r}, "
+                         f"export_dir={str(tmp_path / 'export')!r}, ")
+    done = subprocess.run([sys.executable, "-c", short], cwd=tmp_path, capture_output=True,
+                          text=True, env=child_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    accuracy, seconds, export = done.stdout.split()
+    assert 0 <= float(accuracy) <= 1 and float(seconds) > 0 and export.endswith("export/1")
+
+
+def test_the_examples_run(tmp_path, data_dir):
+    examples = os.path.join(REPO, "examples")
+    for name in sorted(os.listdir(examples)):
+        assert name.endswith(".py"), name
+        done = subprocess.run([sys.executable, os.path.join(examples, name)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300,
+                              env=child_env(TFDS_DATA_DIR=data_dir))
+        assert done.returncode == 0, (name, done.stderr[-3000:])
+        accuracies = [float(a) for a in re.findall(r"accuracy: ([0-9.]+)", done.stdout)]
+        assert accuracies and accuracies[-1] > 0.7, (name, done.stdout[-2000:])
