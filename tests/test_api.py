@@ -2,10 +2,12 @@
 line, and behaves as documented when run twice in one process and in a notebook."""
 
 import json
+import queue
 import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -83,3 +85,57 @@ def test_the_command_line_prints_the_same_message():
     result = run_module("tfdp.train", "--batch_size=0")
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == f"tfdp.train: error: {raised.value}"
+
+
+@pytest.mark.slow
+def test_interrupting_a_jupyter_kernel_saves_and_raises_preempted_then_the_same_call_resumes(
+        tmp_path, data_dir):
+    """A real Jupyter kernel (ipykernel), interrupted as the notebook's stop button does
+    (SIGINT): ``tfdp.run`` finishes its step, saves it and raises ``tfdp.Preempted``; the kernel
+    lives on, and the same call resumes from that step."""
+    from jupyter_client import KernelManager
+
+    from conftest import child_env
+
+    kernel = KernelManager(kernel_name="python3")
+    kernel.start_kernel(env=child_env(), cwd=str(tmp_path))
+    client = kernel.client()
+    client.start_channels()
+    call = (f"import tfdp\nresult = tfdp.run(num_gpus=2, epochs=2, steps_per_epoch=400, "
+            f"batch_size=64, eval_steps=1, data_dir={data_dir!r}, "
+            f"workdir={str(tmp_path / 'run')!r}, export_dir={str(tmp_path / 'export')!r})")
+
+    def execute(code, interrupt_when=None, seconds=240):
+        """Run ``code``; interrupt the kernel once its output matches ``interrupt_when``;
+        return (the reply's content, the cell's output)."""
+        msg_id, output = client.execute(code), ""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            try:
+                msg = client.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                output += msg["content"]["text"]
+                if interrupt_when and re.search(interrupt_when, output):
+                    kernel.interrupt_kernel()
+                    interrupt_when = None
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return client.get_shell_msg(timeout=30)["content"], output
+        pytest.fail(f"the cell did not finish: {output[-2000:]}")
+
+    try:
+        client.wait_for_ready(timeout=120)
+        reply, output = execute(call, interrupt_when=r"\repoch 1/2 +\d{2,}/400 ")
+        assert reply["status"] == "error" and reply["ename"] == "Preempted", (reply, output)
+        step = int(re.search(r"preempted \(Ctrl-C\) at step (\d+): state of step \d+ saved",
+                             reply["evalue"])[1])
+        assert 0 < step < 800
+        reply, output = execute(call + "\nprint('EXPORTED', result.export_path)")
+        assert reply["status"] == "ok", (reply, output)
+        assert f"(global step {step})" in output and "EXPORTED " in output, output[-2000:]
+    finally:
+        client.stop_channels()
+        kernel.shutdown_kernel(now=True)

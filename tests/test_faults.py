@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, ROOT, child_env, children, launch, run_module, tf_config_of
+from conftest import (REPO, ROOT, Terminal, child_env, children, launch, run_module,
+                      tf_config_of)
 from tfdp.cluster import tf_config
 from tfdp.cluster.launcher import free_ports
 from tfdp.config import Config
@@ -206,49 +207,17 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
                                                                                data_dir):
     """A real pseudo-terminal: Ctrl-C there signals the terminal's foreground process group,
     the launcher's; the workers, in sessions of their own, are asked by the launcher."""
-    import fcntl
-    import termios
-
-    master, slave = os.openpty()
-    run = subprocess.Popen(
+    run = Terminal(
         [sys.executable, "-m", "tfdp.launch", "--num_workers=2", "--", "--strategy=multi_worker",
          "--epochs=3", "--steps_per_epoch=100", "--batch_size=64", "--eval_steps=1",
          f"--data_dir={data_dir}", f"--workdir={tmp_path / 'run'}",
-         f"--export_dir={tmp_path / 'export'}"],
-        stdin=slave, stdout=slave, stderr=slave, env=child_env(), cwd=REPO, start_new_session=True,
-        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
-    os.close(slave)
-    output = bytearray()
-
-    def read_available():
-        import select
-        while select.select([master], [], [], 0)[0]:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: every process holding the terminal has gone.
-                return False
-            if not chunk:
-                return False
-            output.extend(chunk)
-        return True
-
+         f"--export_dir={tmp_path / 'export'}"])
     backups = Backups(str(tmp_path / "run"), 0, {})
-    try:
-        wait_for(lambda: read_available() and (backups.steps() or run.poll() is not None), 240,
-                 "the first epoch")
-        os.write(master, b"\x03")  # Ctrl-C, typed.
-        deadline = time.time() + 60
-        while run.poll() is None and time.time() < deadline:
-            read_available()
-            time.sleep(0.05)
-        read_available()
-    finally:
-        if run.poll() is None:
-            run.kill()
-        run.wait()
-        os.close(master)
-    text = output.decode(errors="replace")
-    assert run.returncode == 130, text[-3000:]
+    run.wait_for(lambda t: backups.steps(), 240, "the first epoch")
+    run.type(b"\x03")  # Ctrl-C, typed.
+    returncode = run.finish(60)
+    text = run.text
+    assert returncode == 130, text[-3000:]
     assert "tfdp.launch: interrupted; asking the workers to save and stop" in text
     assert len(re.findall(r"\[\d\] tfdp\.train: preempted \(SIGTERM\) at step", text)) == 2
     assert "\r[0] epoch 1/3 " in text  # The chief's live progress line, in a terminal.
@@ -549,3 +518,53 @@ def test_files_written_through_a_temporary_name_never_follow_a_planted_symlink(t
     workdir.write_atomic(str(target), lambda f: f.write("{}"))
     assert victim.read_text() == "precious"
     assert not os.path.islink(target) and target.read_text() == "{}"
+
+
+# --- Ctrl-C in a terminal -----------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["manual", "mirrored"])
+@pytest.mark.parametrize("moment", ["starting", "training", "twice"])
+def test_ctrl_c_in_a_terminal_saves_like_sigterm_and_a_second_stops_at_once(
+        tmp_path, data_dir, strategy, moment):
+    """Typed into a real pseudo-terminal at three moments: while TensorFlow starts (nothing to
+    save), mid-epoch (the step under way finishes and is saved; the same command resumes), and
+    twice mid-step (steps of a large batch: the second stops at once, one line, exit 130)."""
+    batch = 4096 if moment == "twice" else 64  # Steps long enough to type twice during one.
+    command = train_command(data_dir, tmp_path, f"--strategy={strategy}", "--num_gpus=2",
+                            "--epochs=2", "--steps_per_epoch=400", f"--batch_size={batch}",
+                            "--eval_steps=1")
+    run = Terminal(command)
+    if moment == "starting":
+        time.sleep(1.0)  # Inside Python's start or TensorFlow's import: no run folder yet.
+    else:
+        run.wait_for(lambda t: re.search(r"\repoch 1/2 +\d+/\d+ ", t.text), 120, "training")
+    run.type(b"\x03")
+    if moment == "twice":
+        time.sleep(0.2)
+        run.type(b"\x03")
+    returncode = run.finish(60)
+    text = run.text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    endings = re.findall(r"(?m)^tfdp\.train: .*", text)
+    assert len(endings) == 1, text[-3000:]
+    if moment == "starting":
+        assert returncode in (130, PREEMPTED_EXIT_CODE), text[-3000:]
+        assert re.match(r"tfdp\.train: (interrupted \(Ctrl-C\) outside training: nothing to save"
+                        r"|preempted \(Ctrl-C\) at step 0: nothing new to save)", endings[0])
+        return
+    if moment == "twice":
+        assert returncode == 130, text[-3000:]
+        assert endings[0].startswith("tfdp.train: stopped at once (a second Ctrl-C): the steps "
+                                     "since the newest backup are lost"), endings
+        assert not os.path.exists(tmp_path / "export" / "1")
+        return
+    assert returncode == PREEMPTED_EXIT_CODE, text[-3000:]
+    step = int(re.match(r"tfdp\.train: preempted \(Ctrl-C\) at step (\d+): state of step \d+ "
+                        r"saved in \S+; run the same command again to resume", endings[0])[1])
+    assert 0 < step < 400
+    assert Backups(str(tmp_path / "run"), 0, {}).steps() == [step]
+    resumed = run_train(command)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming at epoch 1/2, step {step}/400 (global step {step})" in resumed.stdout
+    assert "exported " in resumed.stdout

@@ -25,11 +25,25 @@ class Diverged(UserError):
         self.epoch, self.step = epoch, step
 
 
-class Preempted(Exception):
-    """A SIGTERM stopped the run; ``saved`` says where its state is (None: nothing to save)."""
+# A second Ctrl-C stopped the run at once: 128 + SIGINT, as a shell reports it.
+INTERRUPTED_EXIT_CODE = 130
 
-    def __init__(self, step: int, saved: str = None):
+
+class Preempted(Exception):
+    """A SIGTERM (or a first Ctrl-C: ``by``) stopped the run; ``saved`` says where its state
+    is (None: nothing to save)."""
+
+    def __init__(self, step: int, saved: str = None, by: str = None):
+        by = by or "SIGTERM"
         where = f"state of step {step} saved in {saved}" if saved else "nothing new to save"
-        super().__init__(f"preempted (SIGTERM) at step {step}: {where}; run the same command "
+        super().__init__(f"preempted ({by}) at step {step}: {where}; run the same command "
                          "again to resume")
-        self.step, self.saved = step, saved
+        self.step, self.saved, self.by = step, saved, by
+
+
+class Interrupted(KeyboardInterrupt):
+    """A second Ctrl-C: stopped at once, without saving the steps since the newest backup."""
+
+    def __init__(self):
+        super().__init__("stopped at once (a second Ctrl-C): the steps since the newest backup "
+                         "are lost; run the same command again to resume from it")

@@ -11,8 +11,9 @@ import sys
 from absl import app
 
 from tfdp import flags, logs
-from tfdp.training import skeleton as paths
-from tfdp.errors import PREEMPTED_EXIT_CODE, Preempted, UserError
+from tfdp.training import preemption, skeleton
+from tfdp.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Interrupted, Preempted,
+                         UserError)
 
 
 def main(argv):
@@ -22,12 +23,17 @@ def main(argv):
         config = flags.config_from_flags()
         logs.configure(config.verbose)
         logs.import_tensorflow()
-        paths.run(config)
+        with preemption.exit_on_second_ctrl_c("tfdp.train"):
+            skeleton.run(config)
     except UserError as e:
         sys.exit(f"tfdp.train: error: {e}")
     except Preempted as e:
         print(f"tfdp.train: {e}", file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT_CODE)
+    except KeyboardInterrupt as e:  # A second Ctrl-C, or one before the run took the signal.
+        why = e if isinstance(e, Interrupted) else "interrupted (Ctrl-C) outside training: nothing to save"
+        print(f"\ntfdp.train: {why}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT_CODE)
 
 
 def parse_flags(argv):

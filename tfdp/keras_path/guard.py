@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from tfdp.errors import Preempted
-from tfdp.training import divergence, preemption
+from tfdp.training import divergence
 
 CHECK_EVERY = 5  # steps between two checks (under multi_worker: SIGTERM all-reduces)
 
@@ -48,7 +48,7 @@ class Guard(keras.callbacks.Callback):
         self._check(logs)
         saved = self.backups.save(self._step, self.model.get_weights())
         if self._preempted():
-            raise Preempted(self._step, saved)
+            raise Preempted(self._step, saved, by=self.watch.signal)
 
     def _check(self, logs):
         """Every few steps: a loss that has become non-finite (it is the epoch's running mean,
@@ -56,7 +56,7 @@ class Guard(keras.callbacks.Callback):
         divergence.check(float(logs["loss"]), self._step, self.steps, exact=False)
         self.watch.reached(self._step)
         if self._preempted():
-            preemption.stop(self._step, self.backups, self.model.get_weights)
+            self.watch.stop(self._step, self.backups, self.model.get_weights)
 
     def _preempted(self) -> bool:
         if self._agree is None:

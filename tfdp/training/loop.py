@@ -13,7 +13,7 @@ import collections
 import time
 
 from tfdp.cluster.stall import watching
-from tfdp.training import divergence, preemption
+from tfdp.training import divergence
 from tfdp.errors import Preempted
 
 
@@ -97,7 +97,7 @@ class _Loop:
         for i in range(first, plan.steps_per_epoch):
             if run.watch.requested:
                 self._drain(running)
-                preemption.stop(self.done, run.backups, self.steps.weights)
+                run.watch.stop(self.done, run.backups, self.steps.weights)
             batch = next(batches)
             with watching(run.stall, f"training step {self.issued + 1}"):
                 pending = self.steps.issue(batch, plan.learning_rate(self.issued))
@@ -115,7 +115,7 @@ class _Loop:
                                examples=running.seen, resumed_at=first, extra=extra, note=note)
         saved = run.backups.save(self.done, self.steps.weights()) if run.backups else None
         if run.watch.requested:
-            raise Preempted(self.done, saved)
+            raise Preempted(self.done, saved, by=run.watch.signal)
 
     def _collect(self, running: _Running) -> None:
         pending, i, examples = self.in_flight.popleft()

@@ -1,10 +1,15 @@
-"""SIGTERM is a preemption: stop at a step boundary, save, exit non-zero, resume later.
+"""SIGTERM, or a first Ctrl-C, is a preemption: stop at a step boundary, save, exit non-zero,
+resume later.
 
-``Watch`` turns SIGTERM into a flag that the training loop reads between steps (a step is never
-cut in half, and the state saved is a step's). Outside the training loop (loading data,
-evaluating the last epoch, exporting) there is nothing new to save, and SIGTERM raises
+``Watch`` turns SIGTERM and SIGINT into a flag that the training loop reads between steps (a
+step is never cut in half, and the state saved is a step's). Outside the training loop (loading
+data, evaluating the last epoch, exporting) there is nothing new to save, and the signal raises
 ``Preempted`` at once, so an export is abandoned (its temporary folder removed) and never
-published.
+published. A second Ctrl-C while the first is being honoured means "do not wait": on the
+command line (``exit_on_second_ctrl_c``) the process exits at once with one line, even in the
+middle of a step; in a notebook, where exiting would kill the kernel, it raises ``Interrupted``
+(a ``KeyboardInterrupt``) as soon as Python runs again. Either way the newest backup is kept.
+Interrupting a notebook's kernel is a Ctrl-C: ``tfdp.run`` saves and raises ``Preempted``.
 
 Under MultiWorkerMirroredStrategy every worker must stop after the same step: the workers
 exchange their flags with one small all-reduce every ``check_every`` steps (``agree`` in
@@ -19,41 +24,48 @@ it, so SIGTERM always means something.
 """
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 
-from tfdp.errors import Preempted
+from tfdp.errors import INTERRUPTED_EXIT_CODE, Interrupted, Preempted
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
 
 class Watch:
-    """While entered, SIGTERM sets ``requested`` during training (``with watch.training(step)``)
-    and raises ``Preempted`` elsewhere. The loop says which step it has reached
-    (``reached``), so a SIGTERM outside training names it."""
+    """While entered, SIGTERM or SIGINT sets ``requested`` during training (``with
+    watch.training(step)``) and raises ``Preempted`` elsewhere; a second SIGINT raises
+    ``Interrupted``. The loop says which step it has reached (``reached``), so a signal outside
+    training names it."""
 
     def __init__(self):
         self.requested = False
-        self.step = 0  # The last step reached, for the message when SIGTERM comes outside.
+        self.signal = None  # What asked: "SIGTERM" or "Ctrl-C", for the messages.
+        self.step = 0  # The last step reached, for the message when a signal comes outside.
         self._training = False
-        self._previous = None
+        self._previous = {}
 
     def __enter__(self):
         self.install()
         return self
 
     def install(self) -> None:
-        """Take SIGTERM (again: creating a MultiWorkerMirroredStrategy installs TensorFlow's
-        own C++ handler over Python's)."""
+        """Take SIGTERM and SIGINT (again: creating a MultiWorkerMirroredStrategy installs
+        TensorFlow's own C++ SIGTERM handler over Python's)."""
         if threading.current_thread() is threading.main_thread():  # Only it may set handlers.
-            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            if self._previous is None:
-                self._previous = previous
+            for signum in SIGNALS:
+                previous = signal.signal(signum, self._on_signal)
+                self._previous.setdefault(signum, previous)
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            # Python's idea of the previous handler: SIG_DFL where TF's C++ one was installed,
-            # so after a run SIGTERM terminates the process again.
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        # Python's idea of the previous handlers: SIG_DFL where TF's C++ one was installed, so
+        # after a run SIGTERM terminates the process again, and Ctrl-C raises KeyboardInterrupt.
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
         return False
 
     @contextlib.contextmanager
@@ -68,13 +80,49 @@ class Watch:
     def reached(self, step: int) -> None:
         self.step = step
 
-    def _on_sigterm(self, signum, frame):
-        self.requested = True
+    def _on_signal(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise Interrupted()
+        self.requested, self.signal = True, self.signal or NAMES[signum]
         if not self._training:
-            raise Preempted(self.step)
+            raise Preempted(self.step, by=self.signal)
+
+    def stop(self, step: int, backups, weights):
+        """Raise ``Preempted`` after saving ``step`` (``weights()``: the weights in Keras
+        order; nothing is saved without ``backups``)."""
+        raise Preempted(step, backups.save(step, weights()) if backups else None, by=self.signal)
 
 
-def stop(step: int, backups, weights):
-    """Raise ``Preempted`` after saving ``step`` (``weights()``: the weights in Keras order;
-    nothing is saved without ``backups``)."""
-    raise Preempted(step, backups.save(step, weights()) if backups else None)
+@contextlib.contextmanager
+def exit_on_second_ctrl_c(program: str):
+    """While entered (from the main thread), a second SIGINT ends the process at once with one
+    line and ``INTERRUPTED_EXIT_CODE``. Python runs a signal handler only between bytecodes, so
+    not while TensorFlow computes a step; but the C-level handler writes every signal's number to
+    the wakeup file descriptor at once, and a thread that reads it can act mid-step."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    thread = threading.Thread(target=_count_ctrl_c, args=(read_end, program), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(write_end)  # The thread reads the end of the pipe and returns.
+        thread.join()
+        os.close(read_end)
+
+
+def _count_ctrl_c(read_end: int, program: str) -> None:
+    seen = 0
+    while True:
+        received = os.read(read_end, 64)
+        if not received:
+            return
+        seen += received.count(signal.SIGINT)
+        if seen >= 2:
+            os.write(sys.stderr.fileno(), f"\n{program}: {Interrupted()}\n".encode())
+            os._exit(INTERRUPTED_EXIT_CODE)

@@ -59,6 +59,11 @@ class Reporter:
         self._progress = Progress(f"epoch {epoch + 1}/{self.config['epochs']}", steps, live)
         return self._progress
 
+    def close_progress(self) -> None:
+        """End the epoch's live line, if one is open."""
+        if self._progress:
+            self._progress.close()
+
     def epoch_end(self, epoch: int, loss: float, train_acc: float, test_loss: float,
                   test_acc: float, seconds: float, examples: int, resumed_at: int = 0,
                   extra: dict = None, note: str = "") -> None:

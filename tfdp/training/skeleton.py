@@ -77,7 +77,11 @@ def run(config: Config, start_weights=None) -> Result:
             started = start(config, path, first_step, backups, watch)
             weights = backups.load(first_step) if first_step else start_weights
             try:
-                result = finish(started, path.train(started, weights), path.export, backups)
+                try:
+                    weights = path.train(started, weights)
+                finally:
+                    started.reporter.close_progress()  # What ends a run speaks on its own line.
+                result = finish(started, weights, path.export, backups)
             except PEER_LOST as e:
                 if not path.peers:
                     raise
