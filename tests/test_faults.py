@@ -22,7 +22,7 @@ from tfdp.cluster.launcher import free_ports
 from tfdp.config import Config
 from tfdp.errors import PREEMPTED_EXIT_CODE, Diverged, Preempted, UserError
 from tfdp.models import lenet
-from tfdp.training import export, preemption, skeleton, workdir
+from tfdp.training import divergence, export, preemption, skeleton, workdir
 from tfdp.training.backups import Backups
 
 needs_root = pytest.mark.root("mounts a small tmpfs and read-only folders")
@@ -263,18 +263,38 @@ def test_the_launcher_warns_in_one_line_where_it_cannot_isolate(tmp_path):
 
 # --- Losing work ---------------------------------------------------------------------------------
 
-def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_exports_nothing(tmp_path,
-                                                                               data_dir):
+@pytest.mark.parametrize("strategy", ["manual", "mirrored"])
+def test_a_runaway_loss_stops_the_run_and_exports_nothing(tmp_path, data_dir, strategy):
+    """--lr=50: the loss runs away (finite under mirrored: 2.1e29 as an epoch's mean, the model
+    at chance), and the run stops within the first steps, naming the step, exporting nothing."""
     result = subprocess.run(
-        train_command(data_dir, tmp_path, "--lr=50", "--epochs=3", "--steps_per_epoch=30",
-                      "--eval_steps=1"),  # The textbook's start: nan at step 12 here.
+        train_command(data_dir, tmp_path, f"--strategy={strategy}", "--num_gpus=2", "--lr=50",
+                      "--epochs=3", "--steps_per_epoch=30", "--eval_steps=1"),
         capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=300)
     assert result.returncode == 1
-    assert re.search(r"^tfdp\.train: error: the training loss is (nan|inf) at epoch 1, step "
-                     r"\d+/30: training diverged, nothing was exported; try a smaller --lr$",
+    at = "at" if strategy == "manual" else "by"
+    assert re.search(rf"^tfdp\.train: error: the training loss is \S+ {at} epoch 1, step \d+/30(, "
+                     r"over 100 times its first value and chance's \(2\.\d\d\))?: training "
+                     r"diverged, nothing was exported; try a smaller --lr$",
                      result.stderr, re.M), result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")
+
+
+def test_divergence_is_a_non_finite_or_exploded_loss_and_never_a_healthy_one():
+    watch = divergence.Divergence()
+    for step, loss in enumerate([2.31, 2.9, 1.2, 0.4, 229.0], start=1):  # Noisy, not exploded.
+        watch.check(loss, step, 235)
+    with pytest.raises(Diverged, match=r"the training loss is 232 at epoch 1, step 6/235, over "
+                                       r"100 times its first value and chance's \(2\.31\)"):
+        watch.check(232.0, 6, 235)
+    with pytest.raises(Diverged, match=r"the training loss is nan at epoch 2, step 1/235: "):
+        divergence.Divergence().check(float("nan"), 236, 235)
+    resumed = divergence.Divergence()  # A trained model's first loss: chance still sets the bar.
+    resumed.check(0.3, 1000, 235)
+    resumed.check(200.0, 1001, 235)
+    with pytest.raises(Diverged, match=r"by epoch 5, step 60/235, over 100 times .* \(2\.30\)"):
+        resumed.check(231.0, 1000, 235, exact=False)
 
 
 def test_keras_path_stops_at_a_non_finite_loss_too(tmp_path, data_dir):

@@ -16,12 +16,14 @@ class UserError(ValueError):
 
 
 class Diverged(UserError):
-    """The training loss became NaN or infinite: nothing is exported."""
+    """The training loss became NaN or infinite, or exploded: nothing is exported."""
 
-    def __init__(self, loss: float, epoch: int, step: int, steps: int, exact: bool = True):
+    def __init__(self, loss: float, epoch: int, step: int, steps: int, exact: bool = True,
+                 why: str = ""):
         at = "at" if exact else "by"  # The Keras path looks every few steps.
-        super().__init__(f"the training loss is {loss} {at} epoch {epoch + 1}, step {step}/{steps}"
-                         ": training diverged, nothing was exported; try a smaller --lr")
+        super().__init__(f"the training loss is {loss:.4g} {at} epoch {epoch + 1}, step "
+                         f"{step}/{steps}{why}: training diverged, nothing was exported; try a "
+                         "smaller --lr")
         self.epoch, self.step = epoch, step
 
 

@@ -3,7 +3,7 @@
 ``Guard`` is a Keras callback built from the pieces the epoch loop of the other paths uses
 (``tfdp.training.divergence``, ``preemption``, ``backups``). After every epoch it writes the
 backup. Every ``check_every`` steps and at every epoch's end it reads the loss, and stops the run
-once it is non-finite (``Diverged``: nothing is exported), then looks for a SIGTERM
+once it is non-finite or has exploded (``Diverged``: nothing is exported), then looks for a SIGTERM
 (``tfdp.training.preemption.Watch``): if one has come, it saves the state of the step just
 finished and raises ``Preempted``. Not after every step: reading a step's loss waits for that
 step, and doing so every step made mirrored fit 8 % slower (docs/benchmarks.md).
@@ -34,6 +34,7 @@ class Guard(keras.callbacks.Callback):
         self.check_every = check_every
         self._agree = _flag_all_reduce(distribution) if distribution.num_workers > 1 else None
         self._step = None
+        self._divergence = divergence.Divergence()
 
     def on_train_begin(self, logs=None):
         # Counted here: reading the optimizer's counter after every step waits for the step.
@@ -53,7 +54,7 @@ class Guard(keras.callbacks.Callback):
     def _check(self, logs):
         """Every few steps: a loss that has become non-finite (it is the epoch's running mean,
         so it stays so), then a SIGTERM anywhere."""
-        divergence.check(float(logs["loss"]), self._step, self.steps, exact=False)
+        self._divergence.check(float(logs["loss"]), self._step, self.steps, exact=False)
         self.watch.reached(self._step)
         if self._preempted():
             self.watch.stop(self._step, self.backups, self.model.get_weights)

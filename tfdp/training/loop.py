@@ -89,6 +89,7 @@ class _Loop:
         self.run, self.steps = run, steps
         self.done = self.issued = run.first_step  # Global steps finished; issued.
         self.in_flight = collections.deque()
+        self.divergence = divergence.Divergence()
 
     def epoch(self, epoch: int, first: int, batches) -> None:
         run, plan = self.run, self.run.plan
@@ -121,7 +122,7 @@ class _Loop:
         pending, i, examples = self.in_flight.popleft()
         with watching(self.run.stall, f"training step {self.done + 1}"):
             loss, correct = self.steps.collect(pending)
-        divergence.check(loss, self.done + 1, self.run.plan.steps_per_epoch)
+        self.divergence.check(loss, self.done + 1, self.run.plan.steps_per_epoch)
         self.done += 1
         self.run.watch.reached(self.done)
         running.add(loss, correct, examples, i + 1)
