@@ -5,10 +5,17 @@ interpreter lock, until every worker of ``TF_CONFIG`` has registered: a peer tha
 means waiting forever, and no thread of the waiting process (a ``threading.Timer``) nor a
 Python signal handler can run meanwhile. So a separate process keeps the deadline: ``start``
 spawns ``python -m tfdp.cluster.watchdog``; if the worker does not ``cancel`` it within ``seconds``,
-it prints one line naming the peers that never answered and kills the worker. It exits on its
+it prints one line naming the peers that never answered and ends the worker. It exits on its
 own when the worker dies (its stdin, a pipe from the worker, closes).
+
+Ending the worker: SIGKILL would make its exit status 137, which supervisors (Kubernetes among
+them) read as "killed, probably out of memory". A Python handler cannot run while TensorFlow
+holds the interpreter lock, but a C one can: while the deadline runs, the worker's SIGHUP
+handler is libc's ``_exit`` itself, which a signal calls with the signal's number, so SIGHUP
+ends the worker with exit status 1 (SIGHUP is 1), the status of every one-line error.
 """
 
+import ctypes
 import json
 import os
 import select
@@ -17,22 +24,40 @@ import subprocess
 import sys
 
 
+# The signal that ends the worker; its number is the worker's exit status.
+END_SIGNAL = signal.SIGHUP
+
+
 class Watchdog:
-    def __init__(self, proc):
-        self._proc = proc
+    def __init__(self, proc, previous_handler):
+        self._proc, self._previous = proc, previous_handler
 
     def cancel(self) -> None:
         if self._proc.poll() is None:
             self._proc.stdin.close()  # EOF: the watchdog exits quietly.
             self._proc.wait()
+        if self._previous is not None:
+            _set_c_handler(END_SIGNAL, self._previous)
+            self._previous = None
 
 
 def start(seconds: float, peers: list, flag: str = "--collective_timeout") -> Watchdog:
-    """Kill this process after ``seconds`` unless cancelled; ``peers``: [(name, "host:port")]."""
+    """End this process (exit status 1) after ``seconds`` unless cancelled; ``peers``:
+    [(name, "host:port")]."""
+    libc = ctypes.CDLL(None)
+    previous = _set_c_handler(END_SIGNAL, ctypes.cast(libc._exit, ctypes.c_void_p).value)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tfdp.cluster.watchdog", str(os.getpid()), str(seconds), flag,
          json.dumps(peers)], stdin=subprocess.PIPE, close_fds=True)
-    return Watchdog(proc)
+    return Watchdog(proc, previous)
+
+
+def _set_c_handler(signum: int, handler: int) -> int:
+    """Make the C function at address ``handler`` ``signum``'s handler; return the previous."""
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    return libc.signal(signum, handler) or 0
 
 
 def main(argv) -> int:
@@ -45,7 +70,7 @@ def main(argv) -> int:
     sys.stderr.write(f"tfdp.train: error: {did_not_start(seconds, peers, flag=flag)}\n")
     sys.stderr.flush()
     try:
-        os.kill(parent, signal.SIGKILL)  # It waits inside TensorFlow: nothing else stops it.
+        os.kill(parent, END_SIGNAL)  # It waits inside TensorFlow: only a C handler can run.
     except ProcessLookupError:
         pass
     return 1
