@@ -95,11 +95,18 @@ def tf_value(event):
     return tf.make_ndarray(event.tensor_proto)
 
 
-def test_help_lists_tfdp_flags():
-    result = run_module("tfdp.train", "--help")
+@pytest.mark.parametrize("module, flags", [
+    ("tfdp.train", ("--strategy", "--num_gpus", "--batch_size", "--precision", "--workdir")),
+    ("tfdp.launch", ("--num_workers", "--num_ps", "--hosts", "--link")),
+    ("tfdp.server", ("--num_gpus", "--data_dir", "--manual_dir")),
+    ("tfdp.bench", ("--configs", "--steps", "--rounds", "--allreduce", "--hosts")),
+])
+def test_every_entry_points_help_lists_its_own_flags(module, flags):
+    result = run_module(module, "--help")
     assert result.returncode == 0, result.stderr[-2000:]
-    for flag in ("--strategy", "--num_gpus", "--batch_size", "--precision", "--workdir"):
-        assert flag in result.stdout, flag
+    assert "helpfull" not in result.stdout, result.stdout[-2000:]
+    for flag in flags:
+        assert f"  {flag}" in result.stdout or f"  --[no]{flag[2:]}" in result.stdout, flag
 
 
 def test_help_into_a_closed_pipe_exits_quietly():

@@ -10,9 +10,11 @@ checks that the committed page is current).
 """
 
 import dataclasses
+import os
+import sys
 import typing
 
-from absl import flags
+from absl import app, flags
 
 from tfdp.config import Config
 
@@ -31,6 +33,33 @@ def define_flags() -> None:
         if typing.get_origin(kind) is typing.Union:  # Optional[X]: X, with None as default.
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
         _DEFINE[kind](field.name, field.default, field.metadata["help"])
+
+
+HELP_ARGS = ("-h", "--help", "-help", "--helpshort")
+
+
+def help_parser(doc: str, modules: list = None, parse=app.parse_flags_with_usage):
+    """A ``flags_parser`` for ``absl.app.run``: ``--help`` prints ``doc`` and the flags the
+    named ``modules`` define (default: the ``__main__`` module's), and exits 0; anything else
+    goes to ``parse``. absl's own ``--help`` exits 1 and lists only ``__main__``'s flags (tfdp's
+    live in other modules: "Try --helpfull"); ``--helpfull`` still shows absl's too."""
+
+    def parser(argv):
+        own = argv[1:argv.index("--")] if "--" in argv else argv[1:]  # After it: another's.
+        if not any(arg in HELP_ARGS for arg in own):
+            return parse(argv)
+        try:
+            print(doc.strip().replace("``", ""))
+            print()
+            for text in ([FLAGS.module_help(m) for m in modules] if modules
+                         else [FLAGS.main_module_help()]):
+                print(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `--help | head`: the reader has all it wants.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+
+    return parser
 
 
 def config_from_flags() -> Config:

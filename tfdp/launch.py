@@ -35,6 +35,7 @@ import sys
 from absl import app, flags
 
 from tfdp.cluster.launcher import launch
+from tfdp.flags import help_parser
 
 flags.DEFINE_integer("num_workers", 2, "Workers to start on this machine: tfdp.train processes "
                      "(multi_worker), or tfdp.server processes for one tfdp.train client (manual, "
@@ -59,7 +60,7 @@ def main(argv):
 
 def run():
     # Everything after "--" goes to the workers untouched.
-    app.run(main, flags_parser=_parse)
+    app.run(main, flags_parser=help_parser(__doc__, parse=_parse))
 
 
 def _parse(argv):

@@ -29,6 +29,7 @@ from tfdp import logs
 from tfdp.cluster import tf_config
 from tfdp.cluster.tf_server import JOBS, serve
 from tfdp.errors import UserError
+from tfdp.flags import help_parser
 
 flags.DEFINE_integer("num_gpus", 1, "Devices this worker serves (as tfdp.train's --num_gpus: "
                      "logical devices where there are fewer).")
@@ -63,7 +64,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    app.run(main, flags_parser=help_parser(__doc__))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker   # 2 local workers
 """
 
-import os
 import sys
 
 from absl import app
@@ -36,22 +35,9 @@ def main(argv):
         sys.exit(INTERRUPTED_EXIT_CODE)
 
 
-def parse_flags(argv):
-    flags.define_flags()
-    if any(arg in ("-h", "--help", "-help", "--helpshort") for arg in argv[1:]):
-        # absl's --help lists the main module's flags only (tfdp's live in tfdp.flags) and
-        # exits 1; --helpfull still shows absl's own too.
-        try:
-            print(__doc__.strip().replace("``", ""))
-            print(flags.FLAGS.module_help(flags.__name__), flush=True)
-        except BrokenPipeError:  # `--help | head`: the reader has all it wants.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
-    return app.parse_flags_with_usage(argv)
-
-
 def run():
-    app.run(main, flags_parser=parse_flags)
+    flags.define_flags()
+    app.run(main, flags_parser=flags.help_parser(__doc__, [flags.__name__]))
 
 
 if __name__ == "__main__":

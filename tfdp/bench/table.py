@@ -36,6 +36,7 @@ from absl import app, flags
 from tfdp.bench.configs import (matmul_gflops, parse_config, run_once,
                                 training_flops_per_example)
 from tfdp.bench.host_allreduce import PIECES
+from tfdp.flags import help_parser
 from tfdp.bench.results import format_allreduce, format_table, plot, summarise
 
 # With --hosts, unless given: shorter runs than on one machine (a 10 Mbit/s link makes a step
@@ -182,7 +183,7 @@ def _write(base: str, rows: list, table: str) -> None:
 
 
 def run():
-    app.run(main)
+    app.run(main, flags_parser=help_parser(__doc__, [__name__]))
 
 
 if __name__ == "__main__":
