@@ -89,7 +89,7 @@ def test_the_readme_python_runs(tmp_path, data_dir):
     done = subprocess.run([sys.executable, "-c", short], cwd=tmp_path, capture_output=True,
                           text=True, env=child_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    accuracy, seconds, export = done.stdout.split()
+    accuracy, seconds, export = done.stdout.splitlines()[-1].split()  # The print, after the run.s
     assert 0 <= float(accuracy) <= 1 and float(seconds) > 0 and export.endswith("export/1")
 
 

@@ -2,6 +2,7 @@
 train and serve the same contract, the parameters stay float32, and bfloat16 agrees with float32
 to bfloat16's rounding (speed is the bench's to measure, not the suite's)."""
 
+import json
 import os
 import re
 
@@ -96,7 +97,33 @@ def test_short_names_are_accepted():
     assert Config(precision="fp32").precision == "float32"
 
 
-def test_native_bfloat16_is_read_from_the_cpu_flags():
-    assert devices.native_bfloat16("flags\t: fpu sse avx512f avx512_bf16 amx_tile")
-    assert devices.native_bfloat16("Features\t: fp asimd bf16 i8mm")  # Arm
-    assert not devices.native_bfloat16("flags\t: fpu sse avx2 avx512f")
+def test_bfloat16_speed_is_measured_once_per_machine_and_a_damaged_cache_measured_again(
+        tmp_path, caplog):
+    speed = devices.bfloat16_speed(str(tmp_path))
+    assert 0.05 < speed < 20
+    cache = tmp_path / "bfloat16-speed.json"
+    kept = json.loads(cache.read_text())
+    cache.write_text(json.dumps(dict(kept, ratio=0.54)))  # Another machine's figure, this key.
+    assert devices.bfloat16_speed(str(tmp_path)) == 0.54  # Read, not measured again.
+    cache.write_text(json.dumps(dict(kept, machine="another machine", ratio=0.54)))
+    assert devices.bfloat16_speed(str(tmp_path)) != 0.54  # Another machine's: measured.
+    cache.write_text('{"machine": ')  # Damaged.
+    assert 0.05 < devices.bfloat16_speed(str(tmp_path)) < 20
+    assert "measuring bfloat16's speed again" in caplog.text
+    assert json.loads(cache.read_text())["machine"] == kept["machine"]
+
+
+def test_a_machine_slower_in_bfloat16_is_warned_with_its_measured_ratio(tmp_path, data_dir):
+    """The cache says 0.54 for this machine (an Intel Xeon's avx512_bf16 without AMX): a bf16
+    run warns with that figure, and trains."""
+    devices.bfloat16_speed(str(tmp_path / "tfdp"))
+    cache = tmp_path / "tfdp" / "bfloat16-speed.json"
+    cache.write_text(json.dumps(dict(json.loads(cache.read_text()), ratio=0.54)))
+    result = run_module("tfdp.train", "--precision=bf16", "--epochs=1", "--steps_per_epoch=2",
+                        "--eval_steps=1", f"--data_dir={data_dir}",
+                        f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'export'}",
+                        env={"XDG_CACHE_HOME": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert ("warning: this machine multiplies matrices in bfloat16 at 0.54x float32's speed "
+            "(measured once, cached): bfloat16 will be slower than float32 here, not wrong"
+            in result.stderr), result.stderr[-2000:]

@@ -7,6 +7,7 @@ the devices already configured are reused (tests configure four logical CPUs onc
 """
 
 import os
+import time
 
 import tensorflow as tf
 
@@ -82,22 +83,60 @@ def _threads_from_env(name: str, default: int) -> int:
     return int(value)
 
 
-# /proc/cpuinfo flags of CPUs with bfloat16 arithmetic: AVX512-BF16 and AMX (x86), BF16 (Arm).
-_BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+def matmul_gflops(dtype: str = "float32", n: int = 2048, repeats: int = 10) -> float:
+    """The machine's practical ceiling in ``dtype``: the best of ``repeats`` n x n matmuls on
+    the default device (all cores on a CPU), in GFLOP/s."""
+    a = tf.cast(tf.random.normal([n, n]), dtype)
+    tf.linalg.matmul(a, a).numpy()  # Warm-up: kernels chosen, memory allocated.
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tf.linalg.matmul(a, a).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
 
 
-def native_bfloat16(cpuinfo: str = None) -> bool:
-    """Whether this machine computes in bfloat16 natively: a GPU of compute capability 8.0 or
-    more, or a CPU with one of ``_BF16_CPU_FLAGS`` (``cpuinfo``: /proc/cpuinfo's text)."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        capability = tf.config.experimental.get_device_details(gpus[0]).get(
-            "compute_capability", (0, 0))
-        return tuple(capability) >= (8, 0)
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            cpuinfo = ""
-    return bool(_BF16_CPU_FLAGS.intersection(cpuinfo.split()))
+def bfloat16_speed(cache_dir: str = None) -> float:
+    """How fast this machine multiplies matrices in bfloat16, as a fraction of float32
+    (measured: CPU flags promise more than some machines keep, e.g. avx512_bf16 without AMX ran
+    at 0.54x). Measured once per machine and TensorFlow version, and cached in ``cache_dir``
+    (default ``$XDG_CACHE_HOME/tfdp`` or ``~/.cache/tfdp``); a damaged cache is measured anew."""
+    import json
+
+    from tfdp.training import workdir
+
+    folder = cache_dir or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tfdp")
+    path = os.path.join(folder, "bfloat16-speed.json")
+    machine = _machine()
+    try:
+        with open(path) as f:
+            cached = json.load(f)
+        if cached.get("machine") == machine:
+            return float(cached["ratio"])
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        logger.warning("measuring bfloat16's speed again: %s is damaged (%s)", path, e)
+    ratio = (matmul_gflops("bfloat16", n=1024, repeats=20)
+             / matmul_gflops("float32", n=1024, repeats=20))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        workdir.write_atomic(path, lambda f: json.dump({"machine": machine, "ratio": ratio}, f))
+    except OSError:
+        pass  # A cache it cannot keep: measured again next time.
+    return ratio
+
+
+def _machine() -> str:
+    """What the bfloat16 measurement depends on: the processor, the GPUs, TensorFlow."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith(("model name", "flags", "Features"))), "")
+    except OSError:
+        pass
+    gpus = [tf.config.experimental.get_device_details(g).get("device_name", "GPU")
+            for g in tf.config.list_physical_devices("GPU")]
+    return f"{model}; {available_cores()} cores; GPUs {gpus}; TensorFlow {tf.__version__}"

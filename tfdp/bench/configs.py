@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 PATHS = ("manual", "mirrored", "multi_worker", "plain", "stock")
 
@@ -81,20 +80,6 @@ def run_once(config: dict, settings) -> list:
         return [e["examples_per_sec"] for e in epochs[1:]]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def matmul_gflops(dtype="float32", n=2048, repeats=10) -> float:
-    """The machine's practical ceiling in ``dtype``: a large matmul on all cores."""
-    import tensorflow as tf
-
-    a = tf.cast(tf.random.normal([n, n]), dtype)
-    tf.linalg.matmul(a, a).numpy()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tf.linalg.matmul(a, a).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best / 1e9
 
 
 def training_flops_per_example(model_name: str) -> float:

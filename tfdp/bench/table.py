@@ -33,11 +33,10 @@ import sys
 
 from absl import app, flags
 
-from tfdp.bench.configs import (matmul_gflops, parse_config, run_once,
-                                training_flops_per_example)
+from tfdp.bench.configs import parse_config, run_once, training_flops_per_example
 from tfdp.bench.host_allreduce import PIECES
-from tfdp.flags import help_parser
 from tfdp.bench.results import format_allreduce, format_table, plot, summarise
+from tfdp.flags import help_parser
 
 # With --hosts, unless given: shorter runs than on one machine (a 10 Mbit/s link makes a step
 # of add_n on 4 hosts last seconds).
@@ -99,6 +98,8 @@ def main(argv):
                     samples[config["name"]] += run_once(config, FLAGS)
                 except RuntimeError as e:
                     sys.exit(f"tfdp.bench: error: {e}")
+        from tfdp.devices import matmul_gflops
+
         ceilings = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
         flops = training_flops_per_example(FLAGS.model)
         rows = summarise(configs, samples, ceilings, flops)

@@ -97,7 +97,7 @@ def start(config: Config, path, first_step: int = 0, backups: Backups = None,
     workers), make and state the plan, open the reporter (with the epochs an interrupted run
     already finished, when resuming from ``first_step``)."""
     from tfdp import data
-    from tfdp.devices import native_bfloat16
+    from tfdp.devices import bfloat16_speed
     from tfdp.plan import make_plan
     from tfdp.training import export, report
 
@@ -111,10 +111,12 @@ def start(config: Config, path, first_step: int = 0, backups: Backups = None,
         examples = len(train_split.labels), len(test_split.labels)
     plan = make_plan(config, path.replicas, *examples)
     logger.info("%s", plan.describe(path.engine))
-    if "bfloat16" in (config.precision, config.allreduce_dtype) and not native_bfloat16():
-        logger.warning("this machine has no native bfloat16 arithmetic (no avx512_bf16, "
-                       "amx_bf16 or a GPU of compute capability 8.0+): bfloat16 will be slower "
-                       "than float32 here, not wrong")
+    if "bfloat16" in (config.precision, config.allreduce_dtype):
+        speed = bfloat16_speed()
+        if speed < 1:
+            logger.warning("this machine multiplies matrices in bfloat16 at %.2fx float32's "
+                           "speed (measured once, cached): bfloat16 will be slower than "
+                           "float32 here, not wrong", speed)
     first_epoch, offset = divmod(first_step, plan.steps_per_epoch)
     if first_step and path.is_chief:
         print(f"resuming at epoch {first_epoch + 1}/{config.epochs}, step "
