@@ -6,6 +6,7 @@ everywhere. This must happen before TensorFlow runs its first op; once the runti
 the devices already configured are reused (tests configure four logical CPUs once per process).
 """
 
+import hashlib
 import os
 import time
 
@@ -130,13 +131,17 @@ def bfloat16_speed(cache_dir: str = None) -> float:
 
 def _machine() -> str:
     """What the bfloat16 measurement depends on: the processor, the GPUs, TensorFlow."""
-    model = ""
+    cpu = {}
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith(("model name", "flags", "Features"))), "")
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "flags", "Features"):
+                    cpu.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    flags = cpu.get("flags") or cpu.get("Features", "")
+    model = f"{cpu.get('model name', '')} ({hashlib.sha1(flags.encode()).hexdigest()[:12]})"
     gpus = [tf.config.experimental.get_device_details(g).get("device_name", "GPU")
             for g in tf.config.list_physical_devices("GPU")]
     return f"{model}; {available_cores()} cores; GPUs {gpus}; TensorFlow {tf.__version__}"
