@@ -97,3 +97,44 @@ def test_without_files_or_internet_the_error_comes_in_seconds(tmp_path, monkeypa
     else:
         pytest.skip("this machine reached the download server and downloaded the data")
     assert time.monotonic() - start < 30
+
+
+def prepared_copy(data_dir, tmp_path):
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    version = next((copy / fashion_mnist.DATASET).iterdir())
+    return copy, version
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not an array", "wrong shape"])
+def test_a_damaged_array_cache_is_rebuilt_with_a_warning(data_dir, tmp_path, caplog, damage):
+    copy, version = prepared_copy(data_dir, tmp_path)
+    images = version / "tfdp-arrays" / "test-images.npy"
+    if damage == "truncated":
+        os.truncate(images, 1000)
+    elif damage == "not an array":
+        images.write_bytes(os.urandom(300))
+    else:
+        np.save(images, np.zeros((10, 28, 28), np.uint8))
+    split = data.load_split("test", str(copy))
+    assert "the cached test arrays in" in caplog.text and "are damaged" in caplog.text
+    intact = data.load_split("test", data_dir)
+    assert np.array_equal(split.images, intact.images)
+    assert np.array_equal(np.load(images), intact.images)  # The cache, rebuilt.
+
+
+@pytest.mark.parametrize("damage", ["records", "dataset_info.json"])
+def test_a_damaged_prepared_dataset_is_named_with_what_to_delete(data_dir, tmp_path, damage):
+    copy, version = prepared_copy(data_dir, tmp_path)
+    shutil.rmtree(version / "tfdp-arrays")
+    if damage == "records":
+        records = next(version.glob("fashion_mnist-test.tfrecord-*"))
+        os.truncate(records, records.stat().st_size // 2)
+        folder = version
+    else:
+        (version / "dataset_info.json").write_text("{garbage")
+        folder = copy / fashion_mnist.DATASET
+    with pytest.raises(UserError, match=rf"^the prepared fashion_mnist in {folder} is damaged "
+                                        rf"\(.*\): delete {folder} and run again to prepare it "
+                                        "anew$"):
+        data.load_split("test", str(copy))

@@ -383,11 +383,16 @@ def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, d
     newest = backups.save(10, weights)
     with open(newest, "r+b") as f:  # Truncated, as by a crash of the disk or the copy.
         f.truncate(os.path.getsize(newest) // 2)
+    metrics = os.path.join(config.run_dir, "metrics.json")
+    with open(metrics, "w") as f:  # The earlier epochs' record, damaged too.
+        f.write('{"epochs": [{"epo')
     result = skeleton.run(config)
     out = capsys.readouterr().out
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warnings == [f"the backup {newest} is damaged (BadZipFile: File is not a zip file); "
-                        "the backup of step 5 is intact"]
+    assert warnings[0] == (f"the backup {newest} is damaged (BadZipFile: File is not a zip "
+                           "file); the backup of step 5 is intact")
+    assert warnings[1].startswith(f"cannot read the earlier epochs from {metrics} (")
+    assert len(warnings) == 2, warnings
     assert "resuming at epoch 2/3, step 0/5 (global step 5)" in out
     assert [r["epoch"] for r in result.history] == [2, 3]  # No metrics.json of epoch 1 here.
 
@@ -478,6 +483,24 @@ def test_a_read_only_prepared_data_dir_trains_and_a_missing_one_says_so(tmp_path
     finally:
         for folder in (copy, empty):
             subprocess.run(["umount", str(folder)], check=False)
+
+
+@needs_root
+def test_a_read_only_run_folder_is_one_line_naming_the_flag(tmp_path, data_dir):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+    try:
+        for workdir in (folder, folder / "new"):  # The folder itself, or one to create in it.
+            config = Config(data_dir=data_dir, workdir=str(workdir),
+                            export_dir=str(tmp_path / "export"))
+            with pytest.raises(UserError, match=rf"^--workdir={workdir} is not writable "
+                                                r"\(Read-only file system\): give a --workdir you "
+                                                "can write to$"):
+                skeleton.run(config)
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
 
 
 # --- Bad input -----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp import logs
-from tfdp.fashion_mnist import DATASET, prepare
+from tfdp.fashion_mnist import DATASET, damaged_preparation, prepare
 from tfdp.logs import logger
 from tfdp.plan import steps_per_epoch
 from tfdp.training import workdir
@@ -49,10 +49,14 @@ def load_split(split: str, data_dir: Optional[str] = None,
     builder = prepare(data_dir, manual_dir)
     paths = array_paths(builder.data_dir, split)
     cache = os.path.dirname(paths[0])
-    if all(os.path.exists(p) for p in paths):
-        images, labels = (np.load(p) for p in paths)
+    cached = _cached_arrays(paths, split)
+    if cached:
+        images, labels = cached
     else:
-        arrays = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+        try:
+            arrays = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+        except (tf.errors.OpError, ValueError, OSError) as e:
+            raise damaged_preparation(builder.data_dir, e) from None
         images, labels = arrays["image"], arrays["label"].astype(np.int64)
         try:  # A cache only: a read-only data dir (a shared mount) still trains.
             os.makedirs(cache, exist_ok=True)
@@ -64,6 +68,24 @@ def load_split(split: str, data_dir: Optional[str] = None,
     images.setflags(write=False)
     labels.setflags(write=False)
     return Split(images, labels)
+
+
+def _cached_arrays(paths: list, split: str):
+    """(images, labels) from ``load_split``'s cache, or None where there is none or it is
+    damaged (then it is rebuilt: a warning says so)."""
+    if not all(os.path.exists(p) for p in paths):
+        return None
+    try:
+        images, labels = (np.load(p, allow_pickle=False) for p in paths)
+        if (images.dtype != np.uint8 or images.shape[1:] != (28, 28, 1)
+                or labels.dtype != np.int64 or labels.shape != images.shape[:1]):
+            raise ValueError(f"arrays of {images.dtype} {images.shape} and {labels.dtype} "
+                             f"{labels.shape}")
+    except (OSError, ValueError, EOFError) as e:
+        logger.warning("the cached %s arrays in %s are damaged (%s): decoding the prepared data "
+                       "again", split, os.path.dirname(paths[0]), str(e).splitlines()[0])
+        return None
+    return images, labels
 
 
 def array_paths(prepared_dir: str, split: str) -> list:

@@ -10,6 +10,7 @@
 import hashlib
 import logging
 import os
+import re
 import socket
 import threading
 import urllib.parse
@@ -62,8 +63,28 @@ def prepare(data_dir: Optional[str], manual_dir: Optional[str]):
         return _prepare_once(tfds, data_dir, manual_dir)
 
 
+def damaged_preparation(folder: str, error: Exception) -> UserError:
+    """The error for a prepared dataset that cannot be read, naming what to delete."""
+    text = re.sub(r"\{\{.*?\}\}\s*", "", str(getattr(error, "message", error)))  # TF's op name.
+    reason = text.strip().splitlines()
+    return UserError(f"the prepared {DATASET} in {folder} is damaged ({type(error).__name__}: "
+                     f"{reason[-1][:200] if reason else ''}): delete {folder} and run again to "
+                     "prepare it anew")
+
+
+def _builder(tfds, data_dir):
+    """TFDS' builder, which reads the prepared dataset's description if there is one."""
+    from google.protobuf import json_format
+
+    try:
+        return tfds.builder(DATASET, data_dir=data_dir)
+    except (json_format.Error, ValueError, OSError) as e:
+        folder = os.path.join(data_dir or os.path.expanduser("~/tensorflow_datasets"), DATASET)
+        raise damaged_preparation(folder, e) from None
+
+
 def _prepare_once(tfds, data_dir, manual_dir):
-    builder = tfds.builder(DATASET, data_dir=data_dir)
+    builder = _builder(tfds, data_dir)
     if builder.is_prepared():
         return builder
     try:
@@ -74,7 +95,7 @@ def _prepare_once(tfds, data_dir, manual_dir):
                         f"prepared there ({e.strerror or e}): give a --data_dir you can write "
                         "to, or one where it is prepared") from None
     try:
-        builder = tfds.builder(DATASET, data_dir=data_dir)
+        builder = _builder(tfds, data_dir)
         if builder.is_prepared():  # Another worker prepared it while we waited.
             return builder
         manual = find_manual_dir(manual_dir)

@@ -21,16 +21,17 @@ _HELD = {}  # path -> fd, for the claims of this process
 @contextlib.contextmanager
 def claim(run_dir: str, worker_index: int = 0):
     """Hold ``run_dir`` for this run (worker ``worker_index``) until the block ends."""
-    os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, f".lock-worker-{worker_index}")
     try:
+        os.makedirs(run_dir, exist_ok=True)
         fd = locked(path, wait=False)
     except BlockingIOError:
         holder = _read(path).strip() or "?"
         raise UserError(f"--workdir={run_dir} is in use by another run (pid {holder}): wait for "
                         "it to end, or give this run its own --workdir") from None
     except OSError as e:
-        raise UserError(f"--workdir={run_dir}: cannot create its lock file ({e.strerror})") from None
+        raise UserError(f"--workdir={run_dir} is not writable ({e.strerror or e}): give a "
+                        "--workdir you can write to") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _HELD[path] = fd
