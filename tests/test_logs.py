@@ -1,6 +1,8 @@
 """What a run prints on stderr (tfdp.logs): tfdp's lines, warnings, errors and tracebacks, not
 the libraries' INFO nor TensorFlow's C++ start-up banners; all of it with --verbose."""
 
+import io
+import os
 import re
 import subprocess
 import sys
@@ -62,3 +64,29 @@ def test_only_the_banners_and_library_info_are_hidden():
     assert "a tfdp line" in lines and "warning: a tfdp warning" in lines
     assert "a library's warning" in err and "a library's info" not in err
     assert not [l for l in lines if re.match(r"[IE]\d{4} ", l)], err
+
+
+# What a parameter-server chief printed while a killed worker was being restarted (TF 2.21).
+GRPC_REPEATS = """\
+E0000 00:00:1795596382.212924    7599 context.cc:873] Failed to register function remotely due to failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:60069: Failed to connect to remote host: Connection refused
+Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling /tensorflow.eager.EagerService/Enqueue:
+:UNKNOWN:Error received from peer  {grpc_message:"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:60069: Failed to connect to remote host: Connection refused", grpc_status:14}
+This could happen if the remote target has been disconnected from the client.
+"""
+
+
+def test_the_launcher_shows_a_repeated_grpc_error_once_and_every_other_line():
+    from tfdp.cluster import output
+
+    head = GRPC_REPEATS.replace("register", "remove")
+    own = "Traceback (most recent call last):\nThis could happen if the remote target has been " \
+          "disconnected from the client.\ntfdp.train: error: lost contact\n"
+    raw = "epoch 1/3\n" + GRPC_REPEATS * 3 + head + "epoch 2/3\r" + GRPC_REPEATS + own
+    read, write = os.pipe()
+    os.write(write, raw.encode())
+    os.close(write)
+    out = io.StringIO()
+    with os.fdopen(read, "rb") as stream:
+        output.pump(stream, "[chief] ", out)
+    expected = "epoch 1/3\n" + GRPC_REPEATS + "epoch 2/3\r" + own
+    assert out.getvalue() == "".join("[chief] " + line for line in expected.splitlines(True))

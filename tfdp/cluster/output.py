@@ -1,12 +1,43 @@
 """The launcher's output: its own lines, and every process's lines copied with a prefix
-(``[0]``, ``[chief]``), whole lines at a time, so two processes' lines never mix."""
+(``[0]``, ``[chief]``), whole lines at a time, so two processes' lines never mix.
+
+A worker that dies leaves its peers' TensorFlow runtimes logging the same four-line gRPC error
+each time they try to reach it (dozens of times while the launcher restarts it), which buries
+tfdp's own lines. ``Repeats`` lets the first such block through and drops the ones after it;
+nothing else is filtered, tracebacks never.
+"""
 
 import codecs
 import os
+import re
 import sys
 import threading
 
 _OUTPUT = threading.Lock()
+
+# TensorFlow 2.21's C++ runtime, when a remote worker cannot be reached: a head line, then
+# gRPC's detail on lines of their own.
+_REPEATED_HEAD = re.compile(r"[EW]\d{4} [\d:.]+ +\d+ context\.cc:\d+\] Failed to (register|remove) "
+                            r"function remotely due to ")
+_CONTINUATION = re.compile(r"Additional GRPC error information from remote target |:UNKNOWN:"
+                           r"Error received from peer |This could happen if the remote target "
+                           r"has been disconnected from the client\.")
+
+
+class Repeats:
+    """Drops every block of ``_REPEATED_HEAD`` (with its continuation lines) after the first."""
+
+    def __init__(self):
+        self.seen, self.dropping = False, False
+
+    def keep(self, line: str) -> bool:
+        if _REPEATED_HEAD.match(line):
+            self.dropping, self.seen = self.seen, True
+            return not self.dropping
+        if self.dropping and _CONTINUATION.match(line):
+            return False
+        self.dropping = False
+        return True
 
 
 def say(line: str) -> None:
@@ -22,12 +53,14 @@ def pump(stream, prefix, out):
     every carriage return (a progress bar redraws without a newline). Only whole lines (or
     redraws) go out, each under the output lock, so the lines of two workers never mix."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    pending = ""
+    pending, repeats = "", Repeats()
     for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):
         pending += decoder.decode(chunk)
         cut = max(pending.rfind("\n"), pending.rfind("\r")) + 1
         if cut:
-            emit(pending[:cut], prefix, out)
+            kept = "".join(line for line in pending[:cut].splitlines(True) if repeats.keep(line))
+            if kept:
+                emit(kept, prefix, out)
             pending = pending[cut:]
     pending += decoder.decode(b"", final=True)
     if pending:  # A last line without a newline.
