@@ -171,15 +171,17 @@ def served_disagreement(version, trained, start, images) -> float:
     return np.linalg.norm(served - logits(trained)) / moved
 
 
-def wait_for_first_backup(run, tmp_path, timeout=180):
-    """Until the run in ``tmp_path / "run"`` has saved its first backup (an epoch's end)."""
+def wait_for_first_backup(run, tmp_path, timeout=180, step=1):
+    """Until the run in ``tmp_path / "run"`` has saved its first backup (an epoch's end), or
+    one of global step ``step`` or later."""
     from tfdp.training.backups import Backups
 
     backups = Backups(str(tmp_path / "run"), 0, {})
     deadline = time.time() + timeout
-    while not backups.steps() and run.poll() is None and time.time() < deadline:
+    while (max(backups.steps(), default=0) < step and run.poll() is None
+           and time.time() < deadline):
         time.sleep(0.05)
-    assert backups.steps(), "no epoch finished in time"
+    assert max(backups.steps(), default=0) >= step, "no epoch finished in time"
 
 
 def cut_off(launcher: int, host: int) -> tuple:

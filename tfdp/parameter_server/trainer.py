@@ -23,15 +23,23 @@ ParameterServerStrategy"). The cluster comes from ``TF_CONFIG``: this process is
    staleness, and a backup of the parameters written by the chief; the same command resumes
    from it.
 
-Faults: the coordinator retries a step whose worker failed on another worker, and a worker
-that comes back (the launcher restarts it) rejoins. A parameter server that fails ends the run
-in one line naming it.
+Faults: a worker's death never ends the run. The coordinator retries a step whose worker
+failed on another worker, and a worker that comes back (the launcher restarts it) rejoins; but
+when the failure reaches the chief itself (a step's result, an evaluation), the coordinator
+cancels every step in flight and raises. ``ScheduledSteps`` then schedules again the steps
+whose results were lost (at least once: a step whose update reached the servers before its
+worker died is applied twice, one more asynchronous update) and evaluates again. A failure is
+a worker's by TensorFlow's own rule (``_is_worker_failure``, which the coordinator applies to
+its closures); a parameter server that fails ends the run in one line naming it.
 """
 
 import os
 
 import numpy as np
 import tensorflow as tf
+# TensorFlow's rule for "this error is a worker's failure" (private; tfdp pins TensorFlow's
+# minor version, and tests/test_parameter_server.py kills workers at many moments).
+from tensorflow.python.distribute.coordinator.cluster_coordinator import _is_worker_failure
 
 from tfdp import data
 from tfdp.cluster import tf_config
@@ -183,6 +191,13 @@ def make_eval_step(store: Store):
     return tf.function(step)
 
 
+class _Step:
+    """A step on the cluster: what it trains on, and its result once collected."""
+
+    def __init__(self, batch, lr):
+        self.batch, self.lr, self.remote, self.result = batch, lr, None, None
+
+
 class ScheduledSteps(loop.Steps):
     """The loop's steps scheduled on whichever worker is free, at most two in flight per
     worker; the staleness of each step goes into its epoch's record."""
@@ -193,6 +208,7 @@ class ScheduledSteps(loop.Steps):
         self.train_step, self.eval_step = make_train_step(store), make_eval_step(store)
         self.train_arrays, self.test_arrays = iter(arrays["train"]), iter(arrays["test"])
         self.staleness = []
+        self.in_flight = []  # Issued, not yet collected.
 
     def batches(self, first_epoch, offset):
         config, plan = self.run.config, self.run.plan
@@ -201,19 +217,65 @@ class ScheduledSteps(loop.Steps):
                     .skip(offset).map(lambda i: (i,)))
 
     def issue(self, batch, lr):
-        return self.coordinator.schedule(self.train_step, args=(
-            self.train_arrays, batch[0], tf.constant(lr, tf.float32)))
+        step = _Step(batch[0], tf.constant(lr, tf.float32))
+        self._schedule(step)
+        self.in_flight.append(step)
+        return step
 
-    def collect(self, pending):
-        loss, correct, stale = (np.asarray(v) for v in pending.fetch())
+    def _schedule(self, step: _Step) -> None:
+        step.remote = self._surviving(lambda: self.coordinator.schedule(
+            self.train_step, args=(self.train_arrays, step.batch, step.lr)))
+
+    def collect(self, step):
+        while step.result is None:
+            try:
+                step.result = step.remote.fetch()
+            except (tf.errors.OpError, RuntimeError) as e:
+                self._worker_lost(e)
+        self.in_flight.remove(step)
+        loss, correct, stale = (np.asarray(v) for v in step.result)
         self.staleness.append(int(stale))
         return float(loss), int(correct)
 
+    def _worker_lost(self, error) -> None:
+        """A worker's failure reached the chief: once the coordinator has cancelled every step
+        in flight, keep the results that came and schedule the others again."""
+        _raise_unless_a_worker_failed(error)
+        logger.warning("a worker was lost (%s): scheduling its steps again on the workers "
+                       "left", _first_line(error))
+        self._surviving(self.coordinator.done)  # Raises the failure, cancelling what is queued.
+        for step in self.in_flight:
+            if step.result is None:
+                try:
+                    step.result = step.remote.fetch()  # Finished, or cancelled: no waiting.
+                except (tf.errors.OpError, RuntimeError) as e:
+                    _raise_unless_a_worker_failed(e)
+                    self._schedule(step)
+
+    def _surviving(self, call):
+        """``call()``, once more after each worker failure it raises (the coordinator raises
+        a failure once, then carries on)."""
+        while True:
+            try:
+                return call()
+            except (tf.errors.OpError, RuntimeError) as e:
+                _raise_unless_a_worker_failed(e)
+
     def evaluate(self):
-        results = [self.coordinator.schedule(self.eval_step, args=(self.test_arrays, indices))
-                   for indices in data.eval_indices(self.examples[1], self.run.plan.global_batch,
-                                                    self.run.plan.eval_steps)]
-        return loop.mean_over((value.fetch() for value in results), self.run.plan.eval_examples)
+        while True:
+            results = [self._surviving(lambda i=indices: self.coordinator.schedule(
+                self.eval_step, args=(self.test_arrays, i)))
+                for indices in data.eval_indices(self.examples[1], self.run.plan.global_batch,
+                                                 self.run.plan.eval_steps)]
+            try:
+                sums = [value.fetch() for value in results]
+            except (tf.errors.OpError, RuntimeError) as e:
+                _raise_unless_a_worker_failed(e)
+                logger.warning("a worker was lost while evaluating (%s): evaluating again",
+                               _first_line(e))
+                self._surviving(self.coordinator.done)
+                continue
+            return loop.mean_over(sums, self.run.plan.eval_examples)
 
     def weights(self) -> list:
         with watching(self.run.stall, READING):
@@ -224,3 +286,15 @@ class ScheduledSteps(loop.Steps):
         self.staleness = []
         return ({"staleness_mean": mean, "staleness_max": most},
                 f", staleness mean {mean:.2f} max {most}")
+
+
+def _raise_unless_a_worker_failed(error) -> None:
+    """Re-raise ``error`` unless it is one worker's failure, or a step cancelled because of
+    one: anything else (a parameter server lost, a bug) ends the run."""
+    if not (_is_worker_failure(error) or isinstance(error, tf.errors.CancelledError)):
+        raise error
+
+
+def _first_line(error) -> str:
+    text = str(getattr(error, "message", error)).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:160] if text else ''}"
