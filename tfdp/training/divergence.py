@@ -10,7 +10,7 @@ among Fashion-MNIST's ten classes, and the first loss this run read (unless that
 already exploded). A mean cross-entropy of 230
 means the batch's true classes were given probabilities near e^-230 on average: no run that is
 still learning goes there (too large a learning rate blows up in a few steps, to 1e29 and
-beyond), while a healthy run's loss stays below its first (measured in docs/faults.md).
+beyond), while a healthy run's loss stays near its first (measured in docs/faults.md).
 """
 
 import math
