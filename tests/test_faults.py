@@ -337,13 +337,14 @@ def test_init_files_that_cannot_be_lenet_are_refused_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_run_folder_belongs_to_one_run_at_a_time(tmp_path, data_dir):
     first = subprocess.Popen(train_command(data_dir, tmp_path, "--epochs=5"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                             cwd=REPO)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=child_env(), cwd=REPO)
     try:
         wait_for(lambda: (tmp_path / "run" / ".lock-worker-0").exists(), 120, "the first run")
         time.sleep(0.5)
         second = subprocess.run(train_command(data_dir, tmp_path, "--epochs=5"),
-                                capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=120)
+                                capture_output=True, text=True, env=child_env(), cwd=REPO,
+                                timeout=120)
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)

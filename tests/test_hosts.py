@@ -24,7 +24,8 @@ def root_network():
 
 
 def ours(pid):
-    return [n for n in emulated_hosts.namespaces() if n.startswith(f"{emulated_hosts.PREFIX}{pid}-")]
+    return [n for n in emulated_hosts.namespaces()
+            if n.startswith(f"{emulated_hosts.PREFIX}{pid}-")]
 
 
 def launch(data_dir, tmp_path, *launcher_flags, train=()):

@@ -157,7 +157,8 @@ def test_a_parameter_server_cut_off_ends_the_run_within_the_timeout_naming_it(tm
                      r"for 3 s \(a link down, or its machine gone\); stopping$", err + out,
                      re.M), (out + err)[-3000:]
     assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
-    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-") for n in emulated_hosts.namespaces())
+    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-")
+                   for n in emulated_hosts.namespaces())
 
 
 def test_the_launcher_refuses_parameter_servers_for_another_strategy(tmp_path):

@@ -216,4 +216,5 @@ def test_a_worker_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, da
                      r"for 10 s while training step \d+, --collective_timeout\): unreachable "
                      rf"now: worker 1 \({re.escape(address)}:2222\)", err, re.M), err[-3000:]
     assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
-    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-") for n in emulated_hosts.namespaces())
+    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-")
+                   for n in emulated_hosts.namespaces())

@@ -30,7 +30,8 @@ def main(argv):
         print(f"tfdp.train: {e}", file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT_CODE)
     except KeyboardInterrupt as e:  # A second Ctrl-C, or one before the run took the signal.
-        why = e if isinstance(e, Interrupted) else "interrupted (Ctrl-C) outside training: nothing to save"
+        why = (e if isinstance(e, Interrupted)
+               else "interrupted (Ctrl-C) outside training: nothing to save")
         print(f"\ntfdp.train: {why}", file=sys.stderr, flush=True)
         sys.exit(INTERRUPTED_EXIT_CODE)
 

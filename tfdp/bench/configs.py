@@ -42,7 +42,8 @@ def train_command(config: dict, workdir: str, settings) -> list:
     if config["path"] == "stock":
         return [sys.executable, "-m", "tfdp.bench.stock", f"--workdir={workdir}",
                 f"--batch_size={settings.batch_size}", f"--epochs={settings.epochs}",
-                f"--steps={settings.steps}", *(["--synthetic"] if settings.data == "synthetic" else []),
+                f"--steps={settings.steps}",
+                *(["--synthetic"] if settings.data == "synthetic" else []),
                 *([f"--data_dir={settings.data_dir}"] if settings.data_dir else [])]
     args = [f"--model={settings.model}", f"--batch_size={settings.batch_size}",
             f"--epochs={settings.epochs}", f"--steps_per_epoch={settings.steps}", "--eval_steps=1",
@@ -70,8 +71,8 @@ def run_once(config: dict, settings) -> list:
         threads = {name: str(config[key]) for key, name in (
             ("intra", "TF_NUM_INTRAOP_THREADS"), ("inter", "TF_NUM_INTEROP_THREADS"))
             if config[key]}
-        result = subprocess.run(train_command(config, workdir, settings), capture_output=True, text=True,
-                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **threads))
+        result = subprocess.run(train_command(config, workdir, settings), capture_output=True,
+                                text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **threads))
         if result.returncode != 0:
             tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
             raise RuntimeError(f"{config['name']} failed: {tail[0]}")
