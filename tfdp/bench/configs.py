@@ -72,7 +72,8 @@ def run_once(config: dict, settings) -> list:
             ("intra", "TF_NUM_INTRAOP_THREADS"), ("inter", "TF_NUM_INTEROP_THREADS"))
             if config[key]}
         result = subprocess.run(train_command(config, workdir, settings), capture_output=True,
-                                text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **threads))
+                                text=True,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **threads))
         if result.returncode != 0:
             tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
             raise RuntimeError(f"{config['name']} failed: {tail[0]}")
