@@ -571,18 +571,32 @@ def test_files_written_through_a_temporary_name_never_follow_a_planted_symlink(t
 @pytest.mark.parametrize("moment", ["starting", "training", "twice"])
 def test_ctrl_c_in_a_terminal_saves_like_sigterm_and_a_second_stops_at_once(
         tmp_path, data_dir, strategy, moment):
-    """Typed into a real pseudo-terminal at three moments: while TensorFlow starts (nothing to
-    save), mid-epoch (the step under way finishes and is saved; the same command resumes), and
-    twice mid-step (steps of a large batch: the second stops at once, one line, exit 130)."""
+    """Typed into a real pseudo-terminal: at four moments of the start (nothing to save, or the
+    first steps), mid-epoch (the step under way finishes and is saved; the same command
+    resumes), and twice mid-step (steps of a large batch: the second stops at once, one line,
+    exit 130)."""
     batch = 4096 if moment == "twice" else 64  # Steps long enough to type twice during one.
     command = train_command(data_dir, tmp_path, f"--strategy={strategy}", "--num_gpus=2",
                             "--epochs=2", "--steps_per_epoch=400", f"--batch_size={batch}",
                             "--eval_steps=1")
-    run = Terminal(command)
     if moment == "starting":
-        time.sleep(1.0)  # Inside Python's start or TensorFlow's import: no run folder yet.
-    else:
-        run.wait_for(lambda t: re.search(r"\repoch 1/2 +\d+/\d+ ", t.text), 120, "training")
+        # Python's start, TensorFlow's import, TFDS' import, the data, the replicas: whatever
+        # was running, one line. (TFDS' __init__ swallows any Exception: a Ctrl-C there once
+        # left it half-imported, and a traceback followed.)
+        for delay in (0.3, 1.2, 2.1, 3.0):
+            run = Terminal(command)
+            time.sleep(delay)
+            run.type(b"\x03")
+            returncode = run.finish(60)
+            assert "Traceback" not in run.text and "KeyboardInterrupt" not in run.text, run.text
+            endings = re.findall(r"(?m)^tfdp\.train: .*", run.text)
+            assert len(endings) == 1 and re.match(
+                r"tfdp\.train: preempted \(Ctrl-C\) at step (0: nothing new to save|\d+: state of "
+                r"step \d+ saved in )", endings[0]), (delay, run.text[-3000:])
+            assert returncode == PREEMPTED_EXIT_CODE, (delay, run.text[-3000:])
+        return
+    run = Terminal(command)
+    run.wait_for(lambda t: re.search(r"\repoch 1/2 +\d+/\d+ ", t.text), 120, "training")
     run.type(b"\x03")
     if moment == "twice":
         time.sleep(0.2)
@@ -592,11 +606,6 @@ def test_ctrl_c_in_a_terminal_saves_like_sigterm_and_a_second_stops_at_once(
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     endings = re.findall(r"(?m)^tfdp\.train: .*", text)
     assert len(endings) == 1, text[-3000:]
-    if moment == "starting":
-        assert returncode in (130, PREEMPTED_EXIT_CODE), text[-3000:]
-        assert re.match(r"tfdp\.train: (interrupted \(Ctrl-C\) outside training: nothing to save"
-                        r"|preempted \(Ctrl-C\) at step 0: nothing new to save)", endings[0])
-        return
     if moment == "twice":
         assert returncode == 130, text[-3000:]
         assert endings[0].startswith("tfdp.train: stopped at once (a second Ctrl-C): the steps "

@@ -31,9 +31,14 @@ class Diverged(UserError):
 INTERRUPTED_EXIT_CODE = 130
 
 
-class Preempted(Exception):
+class Preempted(BaseException):
     """A SIGTERM (or a first Ctrl-C: ``by``) stopped the run; ``saved`` says where its state
-    is (None: nothing to save)."""
+    is (None: nothing to save).
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: a signal's handler raises it wherever the
+    program happens to be, and libraries catch ``Exception`` broadly there (TFDS' own
+    ``__init__`` does, and was left half-imported by a Ctrl-C: an AttributeError followed).
+    Catch it by name: ``except tfdp.Preempted``."""
 
     def __init__(self, step: int, saved: str = None, by: str = None):
         by = by or "SIGTERM"

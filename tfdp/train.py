@@ -19,19 +19,21 @@ def main(argv):
     if len(argv) > 1:
         sys.exit(f"tfdp.train: error: unexpected arguments {argv[1:]}; flags look like --name=value")
     try:
-        config = flags.config_from_flags()
-        logs.configure(config.verbose)
-        logs.import_tensorflow()
-        with preemption.exit_on_second_ctrl_c("tfdp.train"):
-            skeleton.run(config)
+        with preemption.preempt_on_ctrl_c():  # Until the run's Watch takes Ctrl-C over.
+            config = flags.config_from_flags()
+            logs.configure(config.verbose)
+            logs.import_tensorflow()
+            with preemption.exit_on_second_ctrl_c("tfdp.train"):
+                skeleton.run(config)
     except UserError as e:
         sys.exit(f"tfdp.train: error: {e}")
     except Preempted as e:
-        print(f"tfdp.train: {e}", file=sys.stderr, flush=True)
+        # After a terminal's "^C" echo, the line of its own.
+        start = "\n" if e.by == "Ctrl-C" and sys.stderr.isatty() else ""
+        print(f"{start}tfdp.train: {e}", file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT_CODE)
-    except KeyboardInterrupt as e:  # A second Ctrl-C, or one before the run took the signal.
-        why = (e if isinstance(e, Interrupted)
-               else "interrupted (Ctrl-C) outside training: nothing to save")
+    except KeyboardInterrupt as e:  # A second Ctrl-C (Interrupted), or one after the run.
+        why = e if isinstance(e, Interrupted) else "interrupted (Ctrl-C): nothing to save"
         print(f"\ntfdp.train: {why}", file=sys.stderr, flush=True)
         sys.exit(INTERRUPTED_EXIT_CODE)
 

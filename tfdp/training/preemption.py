@@ -94,6 +94,26 @@ class Watch:
 
 
 @contextlib.contextmanager
+def preempt_on_ctrl_c():
+    """Until a run's ``Watch`` takes Ctrl-C over: raise ``Preempted`` (nothing to save) rather
+    than ``KeyboardInterrupt``. A KeyboardInterrupt raised inside code that a C extension runs
+    (TensorFlow's import does) makes CPython kill itself with SIGINT at exit, whatever the
+    program exits with (seen: exit status -2 after tfdp's own one line)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_ctrl_c(signum, frame):
+        raise Preempted(0, by="Ctrl-C")
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def exit_on_second_ctrl_c(program: str):
     """While entered (from the main thread), a second SIGINT ends the process at once with one
     line and ``INTERRUPTED_EXIT_CODE``. Python runs a signal handler only between bytecodes, so
