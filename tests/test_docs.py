@@ -74,15 +74,25 @@ def shortened(command: str, data_dir: str, folder) -> list:
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
     commands = [c for c in readme_commands() if c.startswith("python -m tfdp.")]
     assert len(commands) >= 8, commands
-    for i, command in enumerate(commands):
-        if "--hosts" in command and not ROOT:
-            continue  # Emulated hosts need root: tests/test_hosts.py runs them as root.
-        done = subprocess.run(shortened(command, data_dir, tmp_path / str(i)), cwd=tmp_path,
-                              capture_output=True, text=True, env=child_env(), timeout=600)
-        assert done.returncode == 0, (command, done.stderr[-3000:])
-        assert "exported " in done.stdout or "bench" in command, (command, done.stdout[-2000:])
+    # Emulated hosts need root: tests/test_hosts.py runs them as root.
+    runnable = [(i, c) for i, c in enumerate(commands) if ROOT or "--hosts" not in c]
+
+    def run(numbered):
+        i, command = numbered
+        return command, subprocess.run(shortened(command, data_dir, tmp_path / str(i)),
+                                       cwd=tmp_path, capture_output=True, text=True,
+                                       env=child_env(), timeout=600)
+
+    # Two at a time: much of a short run is one core importing TensorFlow.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for command, done in pool.map(run, runnable):
+            assert done.returncode == 0, (command, done.stderr[-3000:])
+            assert "exported " in done.stdout or "bench" in command, (command,
+                                                                      done.stdout[-2000:])
 
 
 @pytest.mark.slow
