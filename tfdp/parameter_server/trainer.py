@@ -23,23 +23,22 @@ ParameterServerStrategy"). The cluster comes from ``TF_CONFIG``: this process is
    staleness, and a backup of the parameters written by the chief; the same command resumes
    from it.
 
-Faults: a worker's death never ends the run. The coordinator retries a step whose worker
-failed on another worker, and a worker that comes back (the launcher restarts it) rejoins; but
-when the failure reaches the chief itself (a step's result, an evaluation), the coordinator
-cancels every step in flight and raises. ``ScheduledSteps`` then schedules again the steps
-whose results were lost (at least once: a step whose update reached the servers before its
-worker died is applied twice, one more asynchronous update) and evaluates again. A failure is
-a worker's by TensorFlow's own rule (``_is_worker_failure``, which the coordinator applies to
-its closures); a parameter server that fails ends the run in one line naming it.
+Faults: a worker's death never ends the run. The coordinator retries a failed worker's step on
+another, and a worker that comes back (the launcher restarts it) rejoins; but when the failure
+reaches the chief itself (a step's result, an evaluation), the coordinator cancels every step
+in flight and raises. ``ScheduledSteps`` then schedules again the steps whose results were lost
+(at least once: an update that reached the servers before its worker died lands twice) and
+evaluates again. A failure is a worker's by TensorFlow's own rule (``_is_worker_failure``); a
+parameter server that fails ends the run in one line naming it.
 """
 
 import os
 
 import numpy as np
 import tensorflow as tf
-# TensorFlow's rule for "this error is a worker's failure" (private; tfdp pins TensorFlow's
-# minor version, and tests/test_parameter_server.py kills workers at many moments).
-from tensorflow.python.distribute.coordinator.cluster_coordinator import _is_worker_failure
+# Private: "a worker's failure", and a step's lost input (TensorFlow's minor version is pinned).
+from tensorflow.python.distribute.coordinator.cluster_coordinator import (
+    ClosureAbortedError, ClosureInputError, _is_worker_failure)
 
 from tfdp import data
 from tfdp.cluster import tf_config
@@ -53,6 +52,7 @@ from tfdp.training import export, loop
 PROGRAM = ("tfdp.train --strategy=parameter_server (the coordinator; its workers and "
            "parameter servers run python -m tfdp.server)")
 READING = "reading the parameters from the servers"
+_CLUSTER_ERRORS = (tf.errors.OpError, ClosureInputError, ClosureAbortedError)  # Step failures.
 
 
 def task_of(config) -> tf_config.Task:
@@ -230,7 +230,7 @@ class ScheduledSteps(loop.Steps):
         while step.result is None:
             try:
                 step.result = step.remote.fetch()
-            except (tf.errors.OpError, RuntimeError) as e:
+            except _CLUSTER_ERRORS as e:
                 self._worker_lost(e)
         self.in_flight.remove(step)
         loss, correct, stale = (np.asarray(v) for v in step.result)
@@ -248,7 +248,7 @@ class ScheduledSteps(loop.Steps):
             if step.result is None:
                 try:
                     step.result = step.remote.fetch()  # Finished, or cancelled: no waiting.
-                except (tf.errors.OpError, RuntimeError) as e:
+                except _CLUSTER_ERRORS as e:
                     _raise_unless_a_worker_failed(e)
                     self._schedule(step)
 
@@ -258,7 +258,7 @@ class ScheduledSteps(loop.Steps):
         while True:
             try:
                 return call()
-            except (tf.errors.OpError, RuntimeError) as e:
+            except _CLUSTER_ERRORS as e:
                 _raise_unless_a_worker_failed(e)
 
     def evaluate(self):
@@ -269,7 +269,7 @@ class ScheduledSteps(loop.Steps):
                                                  self.run.plan.eval_steps)]
             try:
                 sums = [value.fetch() for value in results]
-            except (tf.errors.OpError, RuntimeError) as e:
+            except _CLUSTER_ERRORS as e:
                 _raise_unless_a_worker_failed(e)
                 logger.warning("a worker was lost while evaluating (%s): evaluating again",
                                _first_line(e))
