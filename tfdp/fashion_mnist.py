@@ -79,7 +79,7 @@ def _builder(tfds, data_dir):
     try:
         return tfds.builder(DATASET, data_dir=data_dir)
     except (json_format.Error, ValueError, OSError) as e:
-        folder = os.path.join(data_dir or os.path.expanduser("~/tensorflow_datasets"), DATASET)
+        folder = os.path.join(data_dir or tfds.core.constants.DATA_DIR, DATASET)
         raise damaged_preparation(folder, e) from None
 
 

@@ -26,6 +26,9 @@ import sys
 
 # The signal that ends the worker; its number is the worker's exit status.
 END_SIGNAL = signal.SIGHUP
+_LIBC = ctypes.CDLL(None)  # This process's C library: its signal() and _exit().
+_LIBC.signal.restype = ctypes.c_void_p
+_LIBC.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
 
 
 class Watchdog:
@@ -44,8 +47,7 @@ class Watchdog:
 def start(seconds: float, peers: list, flag: str = "--collective_timeout") -> Watchdog:
     """End this process (exit status 1) after ``seconds`` unless cancelled; ``peers``:
     [(name, "host:port")]."""
-    libc = ctypes.CDLL(None)
-    previous = _set_c_handler(END_SIGNAL, ctypes.cast(libc._exit, ctypes.c_void_p).value)
+    previous = _set_c_handler(END_SIGNAL, ctypes.cast(_LIBC._exit, ctypes.c_void_p).value)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tfdp.cluster.watchdog", str(os.getpid()), str(seconds), flag,
          json.dumps(peers)], stdin=subprocess.PIPE, close_fds=True)
@@ -54,10 +56,7 @@ def start(seconds: float, peers: list, flag: str = "--collective_timeout") -> Wa
 
 def _set_c_handler(signum: int, handler: int) -> int:
     """Make the C function at address ``handler`` ``signum``'s handler; return the previous."""
-    libc = ctypes.CDLL(None)
-    libc.signal.restype = ctypes.c_void_p
-    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    return libc.signal(signum, handler) or 0
+    return _LIBC.signal(signum, handler) or 0
 
 
 def main(argv) -> int:

@@ -20,7 +20,6 @@ step or the next (a worker left waiting in a collective is stopped by the launch
 import keras
 import tensorflow as tf
 
-from tfdp.errors import Preempted
 from tfdp.training import divergence
 
 CHECK_EVERY = 5  # steps between two checks (under multi_worker: SIGTERM all-reduces)
@@ -49,7 +48,7 @@ class Guard(keras.callbacks.Callback):
         self._check(logs)
         saved = self.backups.save(self._step, self.model.get_weights())
         if self._preempted():
-            raise Preempted(self._step, saved, by=self.watch.signal)
+            raise self.watch.preempted(self._step, saved)
 
     def _check(self, logs):
         """Every few steps: a loss that has become non-finite (it is the epoch's running mean,

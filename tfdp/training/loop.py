@@ -14,7 +14,6 @@ import time
 
 from tfdp.cluster.stall import watching
 from tfdp.training import divergence
-from tfdp.errors import Preempted
 
 
 class Steps:
@@ -116,7 +115,7 @@ class _Loop:
                                examples=running.seen, resumed_at=first, extra=extra, note=note)
         saved = run.backups.save(self.done, self.steps.weights()) if run.backups else None
         if run.watch.requested:
-            raise Preempted(self.done, saved, by=run.watch.signal)
+            raise run.watch.preempted(self.done, saved)
 
     def _collect(self, running: _Running) -> None:
         pending, i, examples = self.in_flight.popleft()

@@ -85,12 +85,16 @@ class Watch:
             raise Interrupted()
         self.requested, self.signal = True, self.signal or NAMES[signum]
         if not self._training:
-            raise Preempted(self.step, by=self.signal)
+            raise self.preempted(self.step)
+
+    def preempted(self, step: int, saved: str = None) -> Preempted:
+        """The ``Preempted`` of ``step``, saved in ``saved``, naming the signal that asked."""
+        return Preempted(step, saved, by=self.signal)
 
     def stop(self, step: int, backups, weights):
         """Raise ``Preempted`` after saving ``step`` (``weights()``: the weights in Keras
         order; nothing is saved without ``backups``)."""
-        raise Preempted(step, backups.save(step, weights()) if backups else None, by=self.signal)
+        raise self.preempted(step, backups.save(step, weights()) if backups else None)
 
 
 @contextlib.contextmanager
