@@ -114,14 +114,21 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
     # multi_worker:2 rows are computed as manual:2:ring's (TensorFlow's ring), and tfdp.launch
     # --hosts runs multi_worker in test_hosts: left out for the suite's time (28 s).
     result = run_module("tfdp.bench", "--hosts",
-                        "--configs=manual:1,manual:2:ring,parameter_server:2:ps=2",
-                        "--links=1gbit", "--steps=3", "--batch_size=64", f"--data_dir={data_dir}",
+                        "--configs=manual:1,manual:2:ring,manual:2:ring:acc=2,"
+                        "parameter_server:2:ps=2",
+                        "--links=1gbit", "--steps=4", "--batch_size=64", f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "training_hosts.json").read_text())
     assert [(r["name"], r["link"]) for r in rows] == [
-        (name, link) for name in ("manual:1", "manual:2:ring", "parameter_server:2:ps=2")
+        (name, link) for name in ("manual:1", "manual:2:ring", "manual:2:ring:acc=2",
+                                  "parameter_server:2:ps=2")
         for link in ("unshaped", "1gbit")]
+    sent = {(r["name"], r["link"]): r["sent_bytes_per_epoch"] for r in rows}
+    for link in ("unshaped", "1gbit"):
+        # The same examples an epoch in half the updates: half the allreduces' bytes, and the
+        # same start-up (what a worker sends besides gradients) in both.
+        assert sent[("manual:2:ring:acc=2", link)] < 0.8 * sent[("manual:2:ring", link)]
     servers = [r for r in rows if r["path"] == "parameter_server"]
     for row in servers:
         rows.remove(row)
@@ -158,9 +165,34 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
      "--dtypes entry 'int8': give float32 or bfloat16"),
     (["--hosts", "--allreduce", "--configs=", "--pieces=0"],
      "--pieces must be a positive integer, got 0"),
-    (["--configs=stock:1:bf16"], "--configs entry 'stock:1:bf16': stock is Keras' defaults")])
+    (["--configs=stock:1:bf16"], "--configs entry 'stock:1:bf16': stock is Keras' defaults"),
+    (["--hosts", "--configs=multi_worker:2:acc=2"], "--configs entry 'multi_worker:2:acc=2': "
+                                                    "with --hosts, expected manual:k"),
+    (["--configs=", "--cadence", "--cadence_configs=loop:1"],
+     "--cadence_configs entry 'loop:1': expected mode:batch"),
+    (["--configs=", "--cadence", "--cadence_configs=bare:32:sync=4"],
+     "--cadence_configs entry 'bare:32:sync=4': sync=N is the loop's")])
 def test_the_allreduce_across_hosts_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     result = run_module("tfdp.bench", *flags, f"--workdir={tmp_path}")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(f"tfdp.bench: error: {message}"), \
         result.stderr
+
+
+def test_the_cadence_table_measures_the_bare_step_the_loop_and_no_barrier(tmp_path, data_dir):
+    result = run_module("tfdp.bench", "--configs=", "--cadence",
+                        "--cadence_configs=bare:8,loop:8:sync=1,loop:8:sync=3,ahead:8,"
+                        "bare:8:acc=2", "--steps=4", "--epochs=2", "--rounds=1",
+                        f"--data_dir={data_dir}", f"--workdir={tmp_path}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "cadence.json").read_text())
+    assert [r["name"] for r in rows] == ["bare:8", "loop:8:sync=1", "loop:8:sync=3", "ahead:8",
+                                         "bare:8:acc=2"]
+    for row in rows:
+        assert row["step_seconds"] > 0 and row["peak_mb"] > 0, row
+        assert len(row["samples"][0]["step_seconds"]) == 1  # The first epoch is not timed.
+    bare = rows[0]["step_seconds"]
+    assert rows[1]["of_bare"] == pytest.approx(bare / rows[1]["step_seconds"])
+    assert rows[4]["of_bare"] == 1.0  # A bare row is its own reference.
+    table = (tmp_path / "cadence.md").read_text()
+    assert "\n| loop:8:sync=3 | loop | 8 | 3 | 1 | " in table, table

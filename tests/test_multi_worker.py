@@ -28,11 +28,12 @@ def launch(tmp_path, *train_args, **how):
 @pytest.mark.cluster
 def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_dir, train_split,
                                                                test_split):
-    # Float64, so the comparison is exact on any CPU; an odd batch, so the shards are uneven.
+    # Float64, so the comparison is exact on any CPU; an odd batch, so the micro-batches of the
+    # accumulated updates are uneven (48 + 47).
     start = comparable_start(5, np.float64)
     np.savez(tmp_path / "start.npz", **start)
     settings = dict(batch_size=95, lr=0.1, epochs=1, steps_per_epoch=10, eval_steps=2, seed=2,
-                    data_dir=data_dir, precision="float64")
+                    data_dir=data_dir, precision="float64", accumulate_steps=2)
     result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}",
                     *[f"--{k}={v}" for k, v in settings.items()])
     assert result.returncode == 0, result.stderr[-4000:]
@@ -41,7 +42,8 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     assert not any(l.startswith("[1] epoch") or l.startswith("[1] test acc") for l in out)
     assert any(l.startswith("[0] test acc (first 190 of 10000 test examples):") for l in out)
     assert "MultiWorkerMirroredStrategy, 2 replica(s) in sync on 2 workers" in result.stderr
-    assert "global batch 95 = 48 + 47 per replica;" in result.stderr
+    assert ("global batch 190 = 95 + 95 per replica, accumulated from 2 micro-batches of 95 "
+            "(steps below are updates)") in result.stderr
     assert "; lr 0.1; float64;" in result.stderr
     # The workers print tfdp's lines, not TF's start-up banners or saver INFO.
     assert not re.search(r"^\[\d\] ([IE]\d{4} |WARNING: All log)", result.stderr, re.M), \

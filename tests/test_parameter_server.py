@@ -246,17 +246,17 @@ def test_a_worker_failure_reaching_the_chief_reschedules_the_lost_steps_only():
     steps = trainer.ScheduledSteps.__new__(trainer.ScheduledSteps)
     steps.coordinator, steps.staleness, steps.train_step = _Coordinator(worker), [], None
     steps.train_arrays = None
-    first, finished, lost = (trainer._Step(i, 0.1) for i in ("a", "b", "c"))
+    first, finished, lost = (trainer._Step(np.zeros([n]), 0.1) for n in (2, 3, 4))
     first.remote, finished.remote = _Remote(error=worker), _Remote(value=(1.0, 7, 0))
     lost.remote = _Remote(error=cancelled)
     steps.in_flight = [first, finished, lost]
-    assert steps.collect(first) == (0.5, 3)
-    assert steps.coordinator.scheduled == ["a", "c"]
-    assert steps.collect(finished) == (1.0, 7) and steps.collect(lost) == (0.5, 3)
+    assert steps.collect(first) == [(0.5, 3, 2)]  # (loss, correct, examples) of the one step.
+    assert [len(batch) for batch in steps.coordinator.scheduled] == [2, 4]
+    assert steps.collect(finished) == [(1.0, 7, 3)] and steps.collect(lost) == [(0.5, 3, 4)]
 
     ps = tf.errors.UnavailableError(None, None, "Socket closed\nGRPC error information from "
                                     "remote target /job:ps/replica:0/task:0")
-    step = trainer._Step("d", 0.1)
+    step = trainer._Step(np.zeros([5]), 0.1)
     step.remote = _Remote(error=ps)
     steps.in_flight = [step]
     with pytest.raises(tf.errors.UnavailableError, match="/job:ps"):

@@ -30,18 +30,21 @@ def launch(tmp_path, *train_args, **how):
 
 def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir, train_split,
                                                              test_split):
-    # Float64, so the comparison is exact on any CPU; an odd batch, so the shards are uneven.
+    # Float64, so the comparison is exact on any CPU; an odd batch, so the micro-batches of the
+    # accumulated updates are uneven (48 + 47); windows of 4 steps and a short one of 2.
     start = comparable_start(4, np.float64)
     np.savez(tmp_path / "start.npz", **start)
     settings = dict(batch_size=95, lr=0.1, epochs=2, steps_per_epoch=6, eval_steps=2, seed=3,
-                    data_dir=data_dir, precision="float64", allreduce="ring")
+                    data_dir=data_dir, precision="float64", accumulate_steps=2, sync_every=4,
+                    allreduce="ring")
     result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}",
                     *[f"--{k}={v}" for k, v in settings.items()])
     assert result.returncode == 0, result.stderr[-4000:]
     out, err = result.stdout, result.stderr
     remote = [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in (0, 1)]
     assert "2 remote device(s) on worker 0 (127.0.0.1:" in err and str(remote) in err, err
-    assert "global batch 95 = 48 + 47 per replica;" in err
+    assert ("global batch 190 = 95 + 95 per replica, accumulated from 2 micro-batches of 95 "
+            "(steps below are updates)") in err
     assert re.search(r"^\[chief\] data: 60000 training and 10000 test examples, read by each of "
                      r"the 2 workers from its own ", err, re.M), err
     for i in (0, 1):

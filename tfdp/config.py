@@ -21,6 +21,9 @@ PRECISIONS = ("float32", "float64", "bfloat16")
 # Short names accepted for --precision (the issue tracker and other libraries use them).
 PRECISION_ALIASES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}
 DEFAULT_BATCH_SIZE = 256
+# The manual path's default --sync_every: the smallest that reached the plateau of the loop's
+# rate against its bare compiled step (docs/section-12.2.md).
+DEFAULT_SYNC_EVERY = 16
 # Set by the launcher: for all its workers, so they share one default run folder; for its
 # chief, when the launcher runs in a terminal, so that the chief draws its progress bar.
 RUN_STAMP_ENV = "TFDP_RUN_STAMP"
@@ -28,7 +31,8 @@ RUN_STAMP_ENV = "TFDP_RUN_STAMP"
 # under the same ones (--epochs may grow: the steps before are the same).
 RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batch_size", "lr",
                 "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
-                "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm", "ps_shards")
+                "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm", "ps_shards",
+                "accumulate_steps")
 LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 
 
@@ -95,6 +99,16 @@ class Config:
     steps_per_execution: int = _flag(
         1, "plain only: training steps per compiled Keras call (fewer Python round trips; "
         "progress and callbacks then update every N steps).")
+    sync_every: Optional[int] = _flag(
+        None, f"manual path: training steps per compiled call; the host reads their losses, "
+        f"accuracy and finiteness together, once per call (section 12.2: each read is a "
+        f"barrier). Default {DEFAULT_SYNC_EVERY}, measured in docs/section-12.2.md; 1 reads "
+        f"every step. Progress moves, and a SIGTERM is honoured, between calls.")
+    accumulate_steps: int = _flag(
+        1, "Gradient accumulation: each update sums the gradients of this many micro-batches "
+        "of --batch_size, locally on each replica, and allreduces once. The update's global "
+        "batch is K x --batch_size; steps, epochs, lr scaling and warmup count updates. "
+        "Batch normalization's statistics are per micro-batch.")
     synthetic_data: bool = _flag(
         False, "Random images of the real shapes, made in memory: takes the input pipeline out "
         "of benchmarks (accuracy is then meaningless).")
@@ -153,13 +167,17 @@ class Config:
                             f"--num_gpus={self.num_gpus} use --strategy=mirrored")
         _positive("epochs", self.epochs)
         if self.steps_per_execution > 1 and self.strategy in ("mirrored", "multi_worker"):
-            # Keras 3.15's multi-step loop over a distributed iterator fails in graph execution
-            # ("You must feed a value for placeholder ... while/cond"), seen with TF 2.21.
+            # Keras 3.15's multi-step loop (multi_step_on_iterator in its backend/tensorflow/
+            # trainer.py) calls get_next_as_optional() on the distributed iterator inside a
+            # tf.cond inside its tf.while_loop; TF 2.21 then leaves a placeholder of that cond
+            # unfed: "You must feed a value for placeholder tensor 'while/body/_1/while/cond/
+            # then/_171/while/cond/Placeholder'" (docs/section-12.2.md).
             raise UserError(f"--steps_per_execution={self.steps_per_execution} works with "
                             "--strategy=plain only: Keras fails with it under tf.distribute")
         if self.strategy == "manual" and self.steps_per_execution > 1:
             raise UserError("--steps_per_execution is a Keras option: the manual path runs "
                             "one compiled step per call")
+        self._check_cadence()
         if self.batch_size is not None and self.per_replica_batch_size is not None:
             raise UserError("give --batch_size (global) or --per_replica_batch_size, not both")
         for name in ("batch_size", "per_replica_batch_size", "steps_per_epoch", "eval_steps",
@@ -173,6 +191,26 @@ class Config:
         if self.manual_dir is not None and not os.path.isdir(self.manual_dir):
             raise UserError(f"--manual_dir={self.manual_dir} is not a folder: point it at the "
                             "folder holding the four Fashion-MNIST .gz files")
+
+    def _check_cadence(self):
+        if self.sync_every is not None:
+            _positive("sync_every", self.sync_every)
+            if self.sync_every > 1 and self.strategy != "manual":
+                raise UserError(f"--sync_every={self.sync_every} is the manual path's: "
+                                + _NO_SYNC_EVERY[self.strategy])
+        _positive("accumulate_steps", self.accumulate_steps)
+        if self.accumulate_steps > 1 and self.strategy == "parameter_server":
+            raise UserError(f"--accumulate_steps={self.accumulate_steps} saves the allreduces "
+                            "of synchronous training; parameter servers take each worker's "
+                            "gradients as they come, and accumulating them on a worker would "
+                            "only make its updates staler: raise --batch_size instead")
+
+    @property
+    def steps_between_syncs(self) -> int:
+        """``--sync_every`` as resolved: the default on the manual path, 1 elsewhere."""
+        if self.sync_every is not None:
+            return self.sync_every
+        return DEFAULT_SYNC_EVERY if self.strategy == "manual" else 1
 
     def _check_parameter_server(self):
         _positive("ps_shards", self.ps_shards)
@@ -238,6 +276,16 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+_NO_SYNC_EVERY = {
+    "plain": "Keras fit's own is --steps_per_execution",
+    # See the --steps_per_execution refusal in Config.__post_init__.
+    "mirrored": "under tf.distribute Keras' multi-step loop (--steps_per_execution) fails",
+    "multi_worker": "under tf.distribute Keras' multi-step loop (--steps_per_execution) fails",
+    "parameter_server": "the coordinator already runs up to two steps per worker ahead and "
+                        "reads each step's result as it arrives",
+}
 
 
 def with_run_dir(config: Config) -> Config:

@@ -22,8 +22,10 @@ from typing import Optional
 class Plan:
     strategy: str
     replicas: int
-    global_batch: int
-    per_replica_batch: tuple   # shard sizes, first replica first
+    global_batch: int          # examples per update: accumulate_steps micro-batches
+    per_replica_batch: tuple   # shard sizes of an update, first replica first
+    accumulate_steps: int      # micro-batches per update; every step counted is an update
+    micro_batch: int           # the global batch of one micro-batch, and of evaluation
     steps_per_epoch: int
     epochs: int
     base_lr: float
@@ -52,8 +54,11 @@ class Plan:
         strategy, compiled or eager)."""
         lr = (f"lr {self.peak_lr:g} after {self.warmup_steps} warmup steps from "
               f"{self.base_lr:g}" if self.warmup_steps else f"lr {self.peak_lr:g}")
+        accumulated = (f", accumulated from {self.accumulate_steps} micro-batches of "
+                       f"{self.micro_batch} (steps below are updates)"
+                       if self.accumulate_steps > 1 else "")
         return (f"{self.strategy}: {engine}; global batch {self.global_batch} = "
-                f"{' + '.join(map(str, self.per_replica_batch))} per replica; "
+                f"{' + '.join(map(str, self.per_replica_batch))} per replica{accumulated}; "
                 f"{self.steps_per_epoch} steps/epoch; {lr}; {self.precision}; "
                 f"evaluating {self.eval_examples} of {self.test_examples} test examples")
 
@@ -61,6 +66,7 @@ class Plan:
         """What the run used, for ``metrics.json`` (beside the configuration as given)."""
         return {"config": config.to_dict(), "global_batch": self.global_batch,
                 "per_replica_batch": list(self.per_replica_batch), "replicas": self.replicas,
+                "accumulate_steps": self.accumulate_steps, "micro_batch": self.micro_batch,
                 "steps_per_epoch": self.steps_per_epoch, "warmup_steps": self.warmup_steps,
                 "peak_lr": self.peak_lr, "eval_examples": self.eval_examples,
                 "init": self.init, "precision": self.precision}
@@ -68,15 +74,17 @@ class Plan:
 
 def make_plan(config, replicas: int, train_examples: int, test_examples: int) -> Plan:
     """The plan of ``config`` on ``replicas`` replicas (refuses a batch too small to split)."""
-    batch = config.global_batch_size(replicas)
+    micro = config.global_batch_size(replicas)
+    batch = micro * config.accumulate_steps
     steps = steps_per_epoch(train_examples, batch, config.steps_per_epoch)
     return Plan(
         strategy=config.strategy, replicas=replicas, global_batch=batch,
-        per_replica_batch=tuple(shard_sizes(batch, replicas)), steps_per_epoch=steps,
+        per_replica_batch=tuple(shard_sizes(batch, replicas)),
+        accumulate_steps=config.accumulate_steps, micro_batch=micro, steps_per_epoch=steps,
         epochs=config.epochs, base_lr=config.lr, peak_lr=config.peak_lr(replicas),
         warmup_steps=warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0,
         train_examples=train_examples,
-        eval_examples=eval_examples(test_examples, batch, config.eval_steps),
+        eval_examples=eval_examples(test_examples, micro, config.eval_steps),
         test_examples=test_examples, eval_steps=config.eval_steps, init=config.initializer,
         precision=config.precision)
 

@@ -32,6 +32,7 @@ of compute and that communication, not their sum.
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -43,6 +44,7 @@ from tfdp.bench.host_allreduce import predict
 from tfdp.errors import UserError
 
 PATHS = ("manual", "multi_worker", "parameter_server")
+_SENT = re.compile(r"^tfdp\.launch: host \d+ \((?:worker|ps)[^)]*\) sent ([\d.]+) MB", re.M)
 
 
 def gradient_bytes() -> int:
@@ -57,21 +59,24 @@ def gradient_bytes() -> int:
 
 def parse(text: str) -> dict:
     parts = text.strip().split(":")
-    option = parts[2] if len(parts) == 3 else None
-    servers = (option[3:] if option and option.startswith("ps=") else "1")
-    if (len(parts) not in (2, 3) or parts[0] not in PATHS or not parts[1].isdigit()
-            or int(parts[1]) < 1 or (option is not None and not (
-                (parts[0] == "manual" and option in ("add_n", "sharded", "ring"))
-                or (parts[0] == "parameter_server" and servers.isdigit()
-                    and int(servers) > 0)))):
+    options = parts[2:]
+    accumulate = [o[4:] for o in options if o.startswith("acc=")]
+    allreduce = [o for o in options if o in ("add_n", "sharded", "ring")]
+    servers = [o[3:] for o in options if o.startswith("ps=")]
+    if (len(parts) < 2 or parts[0] not in PATHS or not parts[1].isdigit() or int(parts[1]) < 1
+            or len(options) != len(accumulate) + len(allreduce) + len(servers)
+            or (parts[0] != "manual" and (accumulate or allreduce))
+            or (parts[0] != "parameter_server" and servers)
+            or max(len(accumulate), len(allreduce), len(servers)) > 1
+            or not all(n.isdigit() and int(n) > 0 for n in accumulate + servers)):
         raise UserError(f"--configs entry {text!r}: with --hosts, expected manual:k[:add_n|"
-                        "sharded|ring], multi_worker:k or parameter_server:k[:ps=n] (k hosts, "
-                        "and n more for the servers)")
-    allreduce = option if parts[0] == "manual" and option else (
-        "add_n" if parts[0] == "manual" else "-")
+                        "sharded|ring][:acc=K], multi_worker:k or parameter_server:k[:ps=n] (k "
+                        "hosts, and n more for the servers; K micro-batches per update)")
     return {"name": text.strip(), "path": parts[0], "workers": int(parts[1]),
-            "allreduce": allreduce,
-            "servers": int(servers) if parts[0] == "parameter_server" else 0}
+            "allreduce": allreduce[0] if allreduce else (
+                "add_n" if parts[0] == "manual" else "-"),
+            "accumulate": int(accumulate[0]) if accumulate else 1,
+            "servers": int(servers[0] if servers else 1) if parts[0] == "parameter_server" else 0}
 
 
 def predict_parameter_server(workers: int, gradient: int, busiest_server: int,
@@ -90,26 +95,30 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
         raise UserError("--epochs must be 2 or more with --hosts: the first epoch (tracing) is "
                         "not timed")
     size = gradient_bytes()
-    samples, held = {}, {}
+    samples, held, sent = {}, {}, {}
     for round_ in range(rounds):
         for config in configs:
             for link in [None, *links]:
                 say(f"round {round_ + 1}/{rounds}: {config['name']} on "
                     f"{link or 'unshaped'} links ...")
-                rates_, facts = _run(config, link, batch_size, steps, epochs, data_dir,
-                                     manual_dir)
+                rates_, facts, sent_ = _run(config, link, batch_size, steps, epochs, data_dir,
+                                            manual_dir)
                 samples.setdefault((config["name"], link), []).extend(rates_)
+                sent.setdefault((config["name"], link), []).append(sent_)
                 held[config["name"]] = facts.get("parameter_server_bytes")
     rows = []
     for config in configs:
         k = config["workers"]
-        compute = batch_size / statistics.median(samples[(config["name"], None)])
+        # A step is an update: --accumulate_steps micro-batches of batch_size.
+        update = batch_size * config.get("accumulate", 1)
+        compute = update / statistics.median(samples[(config["name"], None)])
         alone = next((c for c in configs if c["path"] == config["path"] and c["workers"] == 1),
                      None)
         compute_one = (batch_size / statistics.median(samples[(alone["name"], None)])
                        if alone else None)
         for link in [None, *links]:
-            step = batch_size / statistics.median(samples[(config["name"], link)])
+            step = update / statistics.median(samples[(config["name"], link)])
+            sent_per_epoch = statistics.median(sent[(config["name"], link)])
             communication = step - compute
             if config["path"] == "parameter_server":
                 busiest = max(held[config["name"]])
@@ -123,7 +132,7 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
                     "predicted_communication_seconds": predicted,
                     "predicted_step_seconds": max(compute, predicted),
                     "ratio": step / max(compute, predicted),
-                    "k_machines_step_seconds": None,
+                    "k_machines_step_seconds": None, "sent_bytes_per_epoch": sent_per_epoch,
                     "samples": samples[(config["name"], link)]})
                 continue
             like = "ring" if config["path"] == "multi_worker" else config["allreduce"]
@@ -138,18 +147,22 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
                 "ratio": step / (compute + predicted),
                 "k_machines_step_seconds": (compute_one / k + communication
                                             if compute_one else None),
+                "sent_bytes_per_epoch": sent_per_epoch,
                 "samples": samples[(config["name"], link)]})
     return rows
 
 
 def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> tuple:
-    """(examples/s of each timed epoch, the run's metrics.json) of one launch."""
+    """(examples/s of each timed epoch, the run's metrics.json, the bytes the busiest worker
+    host sent per epoch) of one launch. With --accumulate_steps=K an epoch has steps / K
+    updates: the same examples as K=1's."""
     workdir = tempfile.mkdtemp(prefix="tfdp-bench-hosts-")
+    accumulate = config.get("accumulate", 1)
     train = [f"--strategy={config['path']}", f"--batch_size={batch_size}", f"--epochs={epochs}",
-             f"--steps_per_epoch={steps}", "--eval_steps=1", "--init=glorot",
-             f"--workdir={workdir}", f"--export_dir={workdir}/export"]
+             f"--steps_per_epoch={max(1, steps // accumulate)}", "--eval_steps=1",
+             "--init=glorot", f"--workdir={workdir}", f"--export_dir={workdir}/export"]
     if config["path"] == "manual":
-        train.append(f"--allreduce={config['allreduce']}")
+        train += [f"--allreduce={config['allreduce']}", f"--accumulate_steps={accumulate}"]
     servers = []
     if config["path"] == "parameter_server":
         servers = [f"--num_ps={config['servers']}"]
@@ -166,7 +179,10 @@ def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> tuple
             raise UserError(f"{config['name']} on {link or 'unshaped'} links failed: {tail}")
         with open(os.path.join(workdir, "metrics.json")) as f:
             metrics = json.load(f)
-        return [e["examples_per_sec"] for e in metrics["epochs"][1:]], metrics
+        # The launcher's count of each host's link (tfdp.cluster.emulated_hosts.traffic).
+        sent = [float(mb) * 1e6 for mb in _SENT.findall(result.stderr)]
+        return ([e["examples_per_sec"] for e in metrics["epochs"][1:]], metrics,
+                max(sent) / epochs if sent else None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -175,14 +191,19 @@ def format_rows(rows: list) -> str:
     def ms(value):
         return "-" if value is None else f"{value * 1e3:.1f} ms"
 
+    def mb(value):
+        return "-" if value is None else f"{value / 1e6:.2f} MB"
+
     size = rows[0]["gradient_bytes"] / 1e6 if rows else 0
     lines = [f"training LeNet across emulated hosts: batch {rows[0]['batch_size'] if rows else 0}"
-             f", gradient {size:.2f} MB; compute = the step on unshaped links; predicted = compute"
+             f", gradient {size:.2f} MB; a step is an update (acc=K: K micro-batches of the batch, "
+             "one allreduce); compute = the step on unshaped links; predicted = compute"
              " + the allreduce arithmetic; k machines = one host's compute / k + the "
-             "communication measured",
+             "communication measured; sent per epoch = the bytes the busiest worker host's link "
+             "sent in all / epochs (headers and start-up included)",
              "| config | link | step | compute | communication | predicted communication | "
-             "predicted step | measured / predicted | k real machines |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "predicted step | measured / predicted | k real machines | sent per epoch |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r["path"] == "parameter_server":
             continue
@@ -190,7 +211,7 @@ def format_rows(rows: list) -> str:
                      f"{ms(r['compute_seconds'])} | {ms(r['communication_seconds'])} | "
                      f"{ms(r['predicted_communication_seconds'])} | "
                      f"{ms(r['predicted_step_seconds'])} | {r['ratio']:.2f} | "
-                     f"{ms(r['k_machines_step_seconds'])} |")
+                     f"{ms(r['k_machines_step_seconds'])} | {mb(r['sent_bytes_per_epoch'])} |")
     servers = [r for r in rows if r["path"] == "parameter_server"]
     if servers:
         lines += ["", "parameter servers: steps a second of all workers together; predicted: "

@@ -8,6 +8,7 @@ over all of them alike. Throughput comes from the per-epoch timings the run itse
   python -m tfdp.bench                                   # the default table, real data
   python -m tfdp.bench --data=synthetic --configs=manual:1,manual:2,manual:2:ring
   python -m tfdp.bench --configs= --allreduce            # the allreduce table only
+  python -m tfdp.bench --configs= --cadence              # section 12.2: tfdp.bench.cadence
   python -m tfdp.bench --hosts --allreduce --workers=2,3,4 --sizes=4MB --links=100mbit
                                                          # across emulated hosts (root)
 
@@ -55,6 +56,11 @@ flags.DEFINE_integer("epochs", 3, "Epochs per run; the first is warm-up and not 
 flags.DEFINE_integer("rounds", 2, "Interleaved rounds over all configurations.")
 flags.DEFINE_boolean("allreduce", False, "Also run the allreduce micro-benchmark.")
 flags.DEFINE_list("allreduce_sizes", None, "Allreduce sizes in bytes (default 4K..64M).")
+flags.DEFINE_boolean("cadence", False, "Also run section 12.2's experiment on 2 devices: the "
+                     "bare step, tfdp's loop at each --sync_every, no barrier at all, and "
+                     "gradient accumulation's memory (tfdp.bench.cadence; cadence.md, .json).")
+flags.DEFINE_list("cadence_configs", None, "--cadence: mode:batch[:sync=N][:acc=K] entries "
+                  "(default: tfdp.bench.cadence.DEFAULT_CONFIGS).")
 flags.DEFINE_boolean("hosts", False, "Across emulated hosts (Linux, root) instead of one "
                      "machine: the training table (configs manual:k[:allreduce], multi_worker:k, "
                      "parameter_server:k[:ps=n]; "
@@ -107,6 +113,8 @@ def main(argv):
                       training_flops_per_example=flops, rows=rows, samples=samples)
         text.append(format_table(rows, ceilings, flops, FLAGS))
         plot(rows, os.path.join(FLAGS.workdir, "bench.png"), FLAGS)
+    if FLAGS.cadence:
+        text.append(_cadence())
     if FLAGS.allreduce:
         sizes = [f"--sizes={','.join(FLAGS.allreduce_sizes)}"] if FLAGS.allreduce_sizes else []
         out = subprocess.run([sys.executable, "-m", "tfdp.bench.allreduce", *sizes],
@@ -174,6 +182,24 @@ def main_hosts():
     print(f"\nwritten in {FLAGS.workdir}: "
           + ", ".join(["training_hosts.md, .json"] * bool(configs)
                       + ["allreduce_hosts.md, .json, .png"] * FLAGS.allreduce))
+
+
+def _cadence() -> str:
+    """``--cadence``: ``tfdp.bench.cadence``'s table, written as cadence.md and .json."""
+    from tfdp.bench import cadence
+    from tfdp.errors import UserError
+
+    try:
+        configs = [cadence.parse(c) for c in
+                   (FLAGS.cadence_configs or cadence.DEFAULT_CONFIGS.split(",")) if c.strip()]
+        rows = cadence.measure(configs, FLAGS.steps, FLAGS.epochs, FLAGS.rounds, FLAGS.data_dir,
+                               FLAGS.manual_dir,
+                               say=lambda line: print(f"tfdp.bench: {line}", flush=True))
+    except UserError as e:
+        sys.exit(f"tfdp.bench: error: {e}")
+    table = cadence.format_rows(rows)
+    _write(os.path.join(FLAGS.workdir, "cadence"), rows, table)
+    return table
 
 
 def _write(base: str, rows: list, table: str) -> None:

@@ -16,6 +16,13 @@ normalization all-reduces inside the forward pass, and TF allows no synchronisat
 a conditional (``merge_call`` raises). In a model with batch normalization that padding example does enter the empty
 replica's batch statistics (with ``--sync_batch_norm``, the global ones) in that one step.
 
+Gradient accumulation (``--accumulate_steps``, K): the replica's shard is cut into K
+micro-batches, run one after the other (each once the previous one's gradients exist, so one
+micro-batch's activations live at a time), their gradients summed here and applied once, so the
+strategy allreduces once per update. Keras' own ``gradient_accumulation_steps`` fails under a
+``tf.distribute`` strategy (keras-team/keras#20582); the test that notices its fix is in
+``tests/test_accumulation.py``. Batch normalization's statistics are each micro-batch's.
+
 This overrides ``train_step``, the documented way to change what ``fit`` does in one step; the
 rest of ``fit`` (the loop, callbacks, distribution, the optimizer) is Keras'.
 """
@@ -23,26 +30,43 @@ rest of ``fit`` (the loop, callbacks, distribution, the optimizer) is Keras'.
 import keras
 import tensorflow as tf
 
+from tfdp.plan import shard_sizes
+
 
 class GlobalBatchModel(keras.Model):
-    """A functional model whose ``fit`` steps take ``(images, labels, example_weights)``."""
+    """A functional model whose ``fit`` steps take ``(images, labels, example_weights)``,
+    each update summing the gradients of ``accumulate_steps`` micro-batches."""
+
+    accumulate_steps = 1
 
     def train_step(self, data):
         images, labels, weights = data
         real = tf.shape(labels)[0]
-        images, labels, weights = _pad_empty_shard(images, labels, weights, real)
-        with tf.GradientTape() as tape:
-            logits = self(images, training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(labels, logits,
-                                                                       from_logits=True)
-            loss = tf.reduce_sum(per_example * tf.cast(weights, per_example.dtype))
+        k = self.accumulate_steps
+        sizes = shard_sizes(real, k)
         variables = self.trainable_variables
-        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        grads, per_example, logits = None, [], []
+        for x, y, w, size in zip(*(tf.split(t, tf.stack(sizes), num=k)
+                                   for t in (images, labels, weights)), sizes):
+            if grads is not None:
+                with tf.control_dependencies(grads):  # One micro-batch at a time.
+                    x = tf.identity(x)
+            x, y, w = _pad_empty_shard(x, y, w, size)
+            with tf.GradientTape() as tape:
+                out = self(x, training=True)
+                losses = keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True)
+                loss = tf.reduce_sum(losses * tf.cast(w, losses.dtype))
+            part = tape.gradient(loss, variables)
+            grads = part if grads is None else [a + b for a, b in zip(grads, part)]
+            per_example.append(losses[:size])
+            logits.append(out[:size])
+        self.optimizer.apply_gradients(zip(grads, variables))
+        per_example, logits = tf.concat(per_example, 0), tf.concat(logits, 0)
         # The shard's mean loss weighted by its size: the tracker then holds the global mean.
         shard = tf.cast(real, per_example.dtype)
         self._loss_tracker.update_state(
-            tf.math.divide_no_nan(tf.reduce_sum(per_example[:real]), shard), sample_weight=shard)
-        return self.compute_metrics(images[:real], labels[:real], logits[:real])
+            tf.math.divide_no_nan(tf.reduce_sum(per_example), shard), sample_weight=shard)
+        return self.compute_metrics(images, labels, logits)
 
 
 def _pad_empty_shard(images, labels, weights, real):
@@ -52,6 +76,8 @@ def _pad_empty_shard(images, labels, weights, real):
             tf.pad(labels, [[0, missing]]), tf.pad(weights, [[0, missing]]))
 
 
-def global_batch_model(model: keras.Model) -> GlobalBatchModel:
+def global_batch_model(model: keras.Model, accumulate_steps: int = 1) -> GlobalBatchModel:
     """The same layers and variables as ``model``, trained with tfdp's step."""
-    return GlobalBatchModel(inputs=model.inputs, outputs=model.outputs, name=model.name)
+    trained = GlobalBatchModel(inputs=model.inputs, outputs=model.outputs, name=model.name)
+    trained.accumulate_steps = accumulate_steps
+    return trained

@@ -38,8 +38,10 @@ def build_model(config):
     """The Keras model in ``--precision``, trained with tfdp's step (``train_step.py``)."""
     if config.model == "resnet18":
         return global_batch_model(resnet.resnet(sync_batch_norm=config.sync_batch_norm,
-                                                precision=config.precision))
-    model = global_batch_model(lenet.keras_model(precision=config.precision))
+                                                precision=config.precision),
+                                  config.accumulate_steps)
+    model = global_batch_model(lenet.keras_model(precision=config.precision),
+                               config.accumulate_steps)
     # The same starting weights as the manual path for the same --init and --seed.
     model.set_weights(lenet.to_keras_weights(lenet.start_params(config.initializer, config.seed)))
     return model
@@ -130,10 +132,11 @@ class Path:
         first_epoch, offset = divmod(run.first_step, plan.steps_per_epoch)
         if first_epoch < config.epochs:
             # Evaluated by EpochReport with one iterator for the run, not by fit (evaluation.py).
-            test = data.eval_batches(run.test_split, plan.global_batch, config.eval_steps)
+            test = data.eval_batches(run.test_split, plan.micro_batch, config.eval_steps)
             evaluator = evaluation.Evaluator(
                 model, strategy,
-                distribute(strategy, test, replicas, input_dtype(config.precision)), steps=steps_per_epoch(plan.eval_examples, plan.global_batch))
+                distribute(strategy, test, replicas, input_dtype(config.precision)),
+                steps=steps_per_epoch(plan.eval_examples, plan.micro_batch))
             callbacks = [EpochReport(run.reporter, evaluator, plan, first_step=offset),
                          Guard(run.watch, run.backups, self.distribution, plan.steps_per_epoch)]
             # fit's epochs all have steps_per_epoch steps: a resume within an epoch first fits

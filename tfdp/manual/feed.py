@@ -32,7 +32,7 @@ def local_feed(config, plan, devices: list, train_split: data.Split,
                                        config.epochs, config.steps_per_epoch).skip(offset))
 
     return Feed([IMAGES, LABELS], train_batches,
-                lambda: data.eval_batches(test_split, plan.global_batch, plan.eval_steps),
+                lambda: data.eval_batches(test_split, plan.micro_batch, plan.eval_steps),
                 images_feed(devices).shards)
 
 

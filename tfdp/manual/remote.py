@@ -77,7 +77,7 @@ class Cluster:
                 config.epochs, config.steps_per_epoch).skip(offset).map(lambda i: (i,)))
 
         return Feed([INDICES], train_batches,
-                    lambda: data.eval_indices(self.examples["test"], plan.global_batch,
+                    lambda: data.eval_indices(self.examples["test"], plan.micro_batch,
                                               plan.eval_steps).map(lambda i: (i,)),
                     self.shards)
 

@@ -5,6 +5,18 @@ pass of its own replica under its own ``GradientTape``, with the loss summed ove
 divided by the *global* batch size (so the per-device gradients add up to the gradient of the
 mean loss); an allreduce sums the gradients; every replica applies the same SGD update and so
 stays identical to the others. The step is compiled with ``tf.function`` unless ``eager``.
+
+Gradient accumulation (``accumulate``, K): each device cuts its shard into K micro-batches and
+runs them one after the other, summing their gradients locally; the allreduce runs once per
+update, on the sum (the K-1 micro-steps before it send nothing: DDP's ``no_sync``). Since every
+loss is divided by the whole update's batch, the sum is the gradient of the mean loss over it:
+K micro-batches of B train the model one batch of K x B would, to rounding, with the memory of
+one micro-batch (each waits for the previous one's gradients).
+
+A window of steps (``make_train_window``) runs ``count`` steps in one compiled call, a loop in
+the graph that takes each batch from the input iterator and each step's learning rate from the
+plan: the host issues one call per ``--sync_every`` steps and reads their losses together
+(section 12.2).
 """
 
 import tensorflow as tf
@@ -13,15 +25,17 @@ from tfdp.manual.allreduce import ALLREDUCE
 from tfdp.manual.feed import Feed, images_feed
 from tfdp.models import lenet
 from tfdp.models.loss import count_correct, summed_cross_entropy
+from tfdp.plan import shard_sizes
 
 
 def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool = False,
-                    feed: Feed = None, compute_dtype=None, allreduce_dtype=None):
+                    feed: Feed = None, compute_dtype=None, allreduce_dtype=None,
+                    accumulate: int = 1):
     """``step(*batch, lr) -> (loss, correct)`` over the global batch, updating replicas. The
     batch is ``(images, labels)`` unless a ``feed`` says otherwise. ``compute_dtype``
     (default: the parameters') is what the forward and backward passes compute in;
     ``allreduce_dtype`` (default: the gradients') is what the gradients travel and are summed
-    in, cast back before the update."""
+    in, cast back before the update; ``accumulate`` micro-batches per device make one update."""
     reduce = ALLREDUCE[allreduce]
     dtype = replicas[0]["W1"].dtype
     compute = tf.as_dtype(compute_dtype or dtype)
@@ -36,9 +50,8 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
         for device, params, (x, y) in zip(devices, replicas, placed):
             with tf.device(device):
                 loss, right, *g = _unless_empty(
-                    y, lambda: _shard_gradients(params, x, y, n, compute),
-                    lambda: [tf.zeros([], dtype), tf.zeros([], tf.int64),
-                             *[tf.zeros_like(v) for v in params.values()]])
+                    y, lambda: _accumulated_gradients(params, x, y, n, compute, accumulate),
+                    lambda: _no_gradients(params))
                 grads.append(g)
                 losses.append(loss)
                 correct.append(right)
@@ -59,6 +72,52 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
 def _cast_on(device, tensors, dtype) -> list:
     with tf.device(device):
         return [tf.cast(t, dtype) for t in tensors]
+
+
+def make_train_window(step, plan, eager: bool = False):
+    """``window(batches, first_step, count) -> (losses, correct, examples)``: ``count`` calls
+    of ``step`` on the next batches of the iterator ``batches``, global step ``first_step + i``
+    at the plan's learning rate of that step; one entry per step in each result."""
+    def window(batches, first_step, count):
+        losses = tf.TensorArray(tf.float64, size=count)  # Exact for float32 and float64.
+        right = tf.TensorArray(tf.int64, size=count)
+        examples = tf.TensorArray(tf.int32, size=count)
+        for i in tf.range(count):
+            batch = next(batches)
+            lr = tf.cast(plan.learning_rate(first_step + tf.cast(i, tf.int64)), tf.float32)
+            loss, correct = step(*batch, lr)
+            losses = losses.write(i, tf.cast(loss, tf.float64))
+            right = right.write(i, correct)
+            examples = examples.write(i, tf.shape(batch[-1])[0])
+        return losses.stack(), right.stack(), examples.stack()
+
+    return window if eager else tf.function(window)
+
+
+def _no_gradients(params: dict) -> list:
+    """An empty shard's (loss share, correct, gradients): zeros."""
+    dtype = params["W1"].dtype
+    return [tf.zeros([], dtype), tf.zeros([], tf.int64),
+            *[tf.zeros_like(v) for v in params.values()]]
+
+
+def _accumulated_gradients(params: dict, x, y, global_batch, compute, accumulate: int):
+    """One device's shard in ``accumulate`` micro-batches, one after the other (each starts
+    once the previous one's gradients exist, so only one micro-batch's activations live at a
+    time): (summed loss share, correct, summed gradients)."""
+    if accumulate == 1:
+        return _shard_gradients(params, x, y, global_batch, compute)
+    sizes = tf.stack(shard_sizes(tf.shape(y)[0], accumulate))
+    total = None
+    for micro_x, micro_y in zip(tf.split(x, sizes, num=accumulate),
+                                tf.split(y, sizes, num=accumulate)):
+        with tf.control_dependencies(total or []):
+            micro_x = tf.identity(micro_x)
+        part = _unless_empty(micro_y, lambda: _shard_gradients(params, micro_x, micro_y,
+                                                               global_batch, compute),
+                             lambda: _no_gradients(params))
+        total = part if total is None else [a + b for a, b in zip(total, part)]
+    return total
 
 
 def _shard_gradients(params: dict, x, y, global_batch, compute):

@@ -8,13 +8,14 @@ step (``tfdp.manual.step``) and runs the shared epoch loop (``tfdp.training.loop
 """
 
 import numpy as np
+import tensorflow as tf
 
 from tfdp.cluster.stall import watching
 from tfdp.devices import configure_devices
 from tfdp.manual import remote
 from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import replicate
-from tfdp.manual.step import make_eval_step, make_train_step
+from tfdp.manual.step import make_eval_step, make_train_step, make_train_window
 from tfdp.models import lenet
 from tfdp.training import export, loop
 
@@ -37,8 +38,10 @@ class Path:
             where = f"{len(self.devices)} device(s) {self.devices}"
             self.stall, self.peers, self.examples = None, [], None
         self.replicas, self.is_chief, self.gather_steps = len(self.devices), True, None
+        every = config.steps_between_syncs
         self.engine = (f"{where}, allreduce {config.allreduce}, "
-                       f"{'eager' if config.eager else 'compiled'} step")
+                       f"{'eager' if config.eager else 'compiled'} step, host reads every "
+                       + (f"{every} steps" if every > 1 else "step"))
         self.params = None
 
     def started(self) -> None:
@@ -72,28 +75,30 @@ def train(run, params: dict = None, feed: Feed = None) -> dict:
 
 
 class ReplicaSteps(loop.Steps):
-    """The loop's steps on replicas: each step's result is read before the next is issued."""
+    """The loop's steps on replicas: ``--sync_every`` steps a call (one compiled window), each
+    call's results read before the next is issued."""
 
     def __init__(self, config, run, replicas: list, feed: Feed):
         # --allreduce_dtype=float32 is the gradients' own dtype (float64 under float64).
         travel = config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None
         self.run, self.replicas, self.feed = run, replicas, feed
+        self.sync_every = config.steps_between_syncs
         self.train_step = make_train_step(replicas, run.devices, config.allreduce, config.eager,
-                                          feed, config.precision, travel)
+                                          feed, config.precision, travel,
+                                          config.accumulate_steps)
+        self.train_window = make_train_window(self.train_step, run.plan, config.eager)
         self.eval_step = make_eval_step(replicas, run.devices, config.eager, feed,
                                         config.precision)
 
     def batches(self, first_epoch, offset):
         return self.feed.train_batches(first_epoch, offset)
 
-    def issue(self, batch, lr):
-        import tensorflow as tf
-
-        return self.train_step(*batch, tf.constant(lr, tf.float32))
+    def issue(self, batches, first_step, count):
+        return self.train_window(batches, tf.constant(first_step, tf.int64),
+                                 tf.constant(count, tf.int32))
 
     def collect(self, pending):
-        loss, correct = pending
-        return float(loss), int(correct)
+        return list(zip(*(t.numpy().tolist() for t in pending)))
 
     def evaluate(self):
         return loop.mean_over((self.eval_step(*batch) for batch in self.feed.eval_batches()),

@@ -216,8 +216,9 @@ class ScheduledSteps(loop.Steps):
                                        first_epoch, config.epochs, config.steps_per_epoch)
                     .skip(offset).map(lambda i: (i,)))
 
-    def issue(self, batch, lr):
-        step = _Step(batch[0], tf.constant(lr, tf.float32))
+    def issue(self, batches, first_step, count):  # count is 1: --sync_every is manual's.
+        step = _Step(next(batches)[0], tf.constant(self.run.plan.learning_rate(first_step),
+                                                   tf.float32))
         self._schedule(step)
         self.in_flight.append(step)
         return step
@@ -235,7 +236,7 @@ class ScheduledSteps(loop.Steps):
         self.in_flight.remove(step)
         loss, correct, stale = (np.asarray(v) for v in step.result)
         self.staleness.append(int(stale))
-        return float(loss), int(correct)
+        return [(float(loss), int(correct), int(step.batch.shape[0]))]
 
     def _worker_lost(self, error) -> None:
         """A worker's failure reached the chief: once the coordinator has cancelled every step
@@ -265,7 +266,7 @@ class ScheduledSteps(loop.Steps):
         while True:
             results = [self._surviving(lambda i=indices: self.coordinator.schedule(
                 self.eval_step, args=(self.test_arrays, i)))
-                for indices in data.eval_indices(self.examples[1], self.run.plan.global_batch,
+                for indices in data.eval_indices(self.examples[1], self.run.plan.micro_batch,
                                                  self.run.plan.eval_steps)]
             try:
                 sums = [value.fetch() for value in results]

@@ -3,10 +3,15 @@ machines) and the parameter-server path. Written once, it owns what every step a
 share: resuming within an epoch, the learning rate of each step, the progress line, the running
 loss and accuracy, divergence, evaluation, the epoch's record, backups and preemption.
 
-A path supplies its ``Steps``: how a step is issued (``issue``) and how its result is collected
-(``collect``, which waits for it), how many steps may be in flight (``window``: 1 reads each
-step's result before issuing the next; the parameter-server path keeps several workers busy),
-where the batches come from, how evaluation runs, and the weights to back up.
+A path supplies its ``Steps``: how a call of ``count`` steps is issued (``issue``) and how its
+results are collected (``collect``, which waits for them), how many steps one call may run
+(``sync_every``: section 12.2's cadence of synchronisation; the host reads losses, accuracy and
+finiteness once per call), how many calls may be in flight (``window``: 1 reads each call's
+results before issuing the next; the parameter-server path keeps several workers busy), where
+the batches come from, how evaluation runs, and the weights to back up.
+
+Preemption is honoured between calls, so the step saved is one every replica finished; a
+divergence is found when its call's losses are read, and named by its own step.
 """
 
 import collections
@@ -17,22 +22,25 @@ from tfdp.training import divergence
 
 
 class Steps:
-    """What a path gives the loop. ``batches(first_epoch, offset)`` yields tuples of tensors
-    whose last one has an entry per example (labels, or example indices); ``issue(batch, lr)``
-    returns something ``collect`` turns into ``(loss, correct)``, waiting for the step;
-    ``evaluate()`` returns (test loss, test accuracy); ``weights()`` the trained weights in
-    Keras order; ``epoch_figures()`` a path's own figures of the epoch just trained (for the
-    record, and words for the epoch's line)."""
+    """What a path gives the loop. ``batches(first_epoch, offset)`` returns an iterator over
+    tuples of tensors whose last one has an entry per example (labels, or example indices);
+    ``issue(batches, first_step, count)`` starts global steps ``first_step`` (counted from 0)
+    to ``first_step + count - 1`` on the next ``count`` batches, each at the plan's learning
+    rate of its step, and returns something ``collect`` turns into one ``(loss, correct,
+    examples)`` per step, waiting for them; ``evaluate()`` returns (test loss, test accuracy);
+    ``weights()`` the trained weights in Keras order; ``epoch_figures()`` a path's own figures
+    of the epoch just trained (for the record, and words for the epoch's line)."""
 
     window = 1
+    sync_every = 1
 
     def batches(self, first_epoch: int, offset: int):
         raise NotImplementedError
 
-    def issue(self, batch: tuple, lr: float):
+    def issue(self, batches, first_step: int, count: int):
         raise NotImplementedError
 
-    def collect(self, pending) -> tuple:
+    def collect(self, pending) -> list:
         raise NotImplementedError
 
     def evaluate(self) -> tuple:
@@ -94,15 +102,17 @@ class _Loop:
         run, plan = self.run, self.run.plan
         running = _Running(run.reporter.progress(epoch, plan.steps_per_epoch))
         start = time.perf_counter()
-        for i in range(first, plan.steps_per_epoch):
+        i = first
+        while i < plan.steps_per_epoch:
             if run.watch.requested:
                 self._drain(running)
                 run.watch.stop(self.done, run.backups, self.steps.weights)
-            batch = next(batches)
-            with watching(run.stall, f"training step {self.issued + 1}"):
-                pending = self.steps.issue(batch, plan.learning_rate(self.issued))
-            self.in_flight.append((pending, i, int(batch[-1].shape[0])))
-            self.issued += 1
+            count = min(self.steps.sync_every, plan.steps_per_epoch - i)  # Short at the end.
+            with watching(run.stall, _training(self.issued, count)):
+                pending = self.steps.issue(batches, self.issued, count)
+            self.in_flight.append((pending, i, count))
+            self.issued += count
+            i += count
             while len(self.in_flight) >= self.steps.window:
                 self._collect(running)
         self._drain(running)
@@ -118,17 +128,24 @@ class _Loop:
             raise run.watch.preempted(self.done, saved)
 
     def _collect(self, running: _Running) -> None:
-        pending, i, examples = self.in_flight.popleft()
-        with watching(self.run.stall, f"training step {self.done + 1}"):
-            loss, correct = self.steps.collect(pending)
-        self.divergence.check(loss, self.done + 1, self.run.plan.steps_per_epoch)
-        self.done += 1
-        self.run.watch.reached(self.done)
-        running.add(loss, correct, examples, i + 1)
+        pending, i, count = self.in_flight.popleft()
+        with watching(self.run.stall, _training(self.done, count)):
+            results = self.steps.collect(pending)
+        for position, (loss, correct, examples) in enumerate(results, start=i + 1):
+            self.divergence.check(loss, self.done + 1, self.run.plan.steps_per_epoch)
+            self.done += 1
+            self.run.watch.reached(self.done)
+            running.add(loss, correct, examples, position)
 
     def _drain(self, running: _Running) -> None:
         while self.in_flight:
             self._collect(running)
+
+
+def _training(done: int, count: int) -> str:
+    """What a call of ``count`` steps after global step ``done`` is, for the stall watchdog."""
+    first = done + 1
+    return f"training step {first}" if count == 1 else f"training steps {first}-{done + count}"
 
 
 def mean_over(batch_sums, examples: int) -> tuple:
