@@ -2,6 +2,7 @@
 manual path, end with identical weights, export once, survive a killed worker by resuming, and
 still need the Keras workaround."""
 
+import json
 import os
 import re
 import signal
@@ -12,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (DEVICES, REPO, children, comparable_start, served_disagreement,
-                      train_manual)
+from conftest import (DEVICES, REPO, children, comparable_start, lanes_by_step,
+                      served_disagreement, train_manual)
 from conftest import launch as launch_cluster
 from tfdp.training.backups import Backups
 from tfdp.training import report
@@ -34,10 +35,15 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     np.savez(tmp_path / "start.npz", **start)
     settings = dict(batch_size=95, lr=0.1, epochs=1, steps_per_epoch=10, eval_steps=2, seed=2,
                     data_dir=data_dir, precision="float64", accumulate_steps=2)
-    result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}",
+    result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}", "--trace_steps=3:4",
                     *[f"--{k}={v}" for k, v in settings.items()])
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout.splitlines()
+    # Each worker traced itself; the chief merged both on one clock.
+    found = lanes_by_step(json.loads((tmp_path / "run" / "timeline.json").read_text()))
+    for worker in ("worker 0", "worker 1"):
+        for step in (3, 4):
+            assert {"forward", "backward"} <= found[(worker, "replica 0", step)], found.keys()
     assert sum(l.startswith("[0] epoch 1/1: loss") for l in out) == 1
     assert not any(l.startswith("[1] epoch") or l.startswith("[1] test acc") for l in out)
     assert any(l.startswith("[0] test acc (first 190 of 10000 test examples):") for l in out)

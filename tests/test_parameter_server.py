@@ -28,8 +28,12 @@ def launch(tmp_path, *train_args, workers=2, ps=1, on_hosts=False, **how):
 @pytest.mark.cluster
 def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, data_dir):
     result = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=2", "--steps_per_epoch=8",
-                    "--eval_steps=2", "--ps_shards=2", ps=2)
+                    "--eval_steps=2", "--ps_shards=2", "--trace_steps=3:4", ps=2)
     assert result.returncode == 0, result.stderr[-4000:]
+    # The coordinator traces itself: its host lane, the two traced steps one after the other.
+    trace = json.loads((tmp_path / "run" / "timeline.json").read_text())
+    assert [e["name"] for e in trace["traceEvents"] if e.get("cat") == "step"] == ["step 3",
+                                                                                   "step 4"]
     out, err = result.stdout, result.stderr
     assert "2 tfdp.server workers at 127.0.0.1:" in err
     assert "2 parameter server(s) at 127.0.0.1:" in err

@@ -12,6 +12,7 @@ from typing import Optional
 
 from tfdp.cluster import tf_config
 from tfdp.errors import UserError
+from tfdp.training.trace import parse_steps
 
 STRATEGIES = ("manual", "mirrored", "multi_worker", "plain", "parameter_server")
 MODELS = ("lenet", "resnet18")
@@ -109,6 +110,11 @@ class Config:
         "of --batch_size, locally on each replica, and allreduces once. The update's global "
         "batch is K x --batch_size; steps, epochs, lr scaling and warmup count updates. "
         "Batch normalization's statistics are per micro-batch.")
+    trace_steps: Optional[str] = _flag(
+        None, "Record global steps A:B (counted from 1; A alone for one step) with TensorFlow's "
+        "profiler, one step per call: the profile (TensorBoard's profile tab), timeline.json "
+        "(Perfetto, chrome://tracing: a lane per replica, worker and host, every event "
+        "classed) and timeline.png in the run folder (docs/section-12.3.md).")
     synthetic_data: bool = _flag(
         False, "Random images of the real shapes, made in memory: takes the input pipeline out "
         "of benchmarks (accuracy is then meaningless).")
@@ -178,6 +184,12 @@ class Config:
             raise UserError("--steps_per_execution is a Keras option: the manual path runs "
                             "one compiled step per call")
         self._check_cadence()
+        if self.trace_steps is not None:
+            try:
+                parse_steps(str(self.trace_steps))
+            except ValueError:
+                raise UserError(f"--trace_steps={self.trace_steps}: give A:B, the first and "
+                                "last global step to trace (1 <= A <= B), or one step A") from None
         if self.batch_size is not None and self.per_replica_batch_size is not None:
             raise UserError("give --batch_size (global) or --per_replica_batch_size, not both")
         for name in ("batch_size", "per_replica_batch_size", "steps_per_epoch", "eval_steps",
@@ -204,6 +216,11 @@ class Config:
                             "of synchronous training; parameter servers take each worker's "
                             "gradients as they come, and accumulating them on a worker would "
                             "only make its updates staler: raise --batch_size instead")
+
+    @property
+    def traced_steps(self) -> Optional[tuple]:
+        """``--trace_steps`` as (first, last), or None."""
+        return parse_steps(str(self.trace_steps)) if self.trace_steps is not None else None
 
     @property
     def steps_between_syncs(self) -> int:

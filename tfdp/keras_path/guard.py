@@ -64,6 +64,24 @@ class Guard(keras.callbacks.Callback):
         return bool(self._agree(tf.constant(int(self.watch.requested), tf.int32)).numpy() > 0)
 
 
+class TraceSteps(keras.callbacks.Callback):
+    """``--trace_steps`` under ``fit``: the run's ``Tracer`` marks each traced step (a call of
+    ``--steps_per_execution`` steps under ``plain``), from ``first_step``, the global step the
+    run starts after."""
+
+    def __init__(self, tracer, first_step: int):
+        super().__init__()
+        self.tracer, self._step, self._marker = tracer, first_step, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step += 1
+        self._marker = self.tracer.step(self._step)
+        self._marker.__enter__()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._marker.__exit__(None, None, None)
+
+
 def _flag_all_reduce(distribution):
     strategy = distribution.strategy
 

@@ -23,7 +23,7 @@ from tfdp import data
 from tfdp.cluster import tf_config
 from tfdp.keras_path import evaluation, keras_mwms_fix
 from tfdp.keras_path.distributed_input import distribute
-from tfdp.keras_path.guard import Guard
+from tfdp.keras_path.guard import Guard, TraceSteps
 from tfdp.keras_path.strategy import make_distribution
 from tfdp.keras_path.train_step import global_batch_model
 from tfdp.logs import logger
@@ -112,6 +112,14 @@ class Path:
         self.gather_steps = _gather_steps(d) if d.num_workers > 1 else None
         self.stall, self.examples, self.model = None, None, None
 
+    @property
+    def worker_index(self) -> int:
+        return self.distribution.worker_index
+
+    @property
+    def num_workers(self) -> int:
+        return self.distribution.num_workers
+
     def started(self) -> None:
         self.distribution.started()
 
@@ -139,6 +147,8 @@ class Path:
                 steps=steps_per_epoch(plan.eval_examples, plan.micro_batch))
             callbacks = [EpochReport(run.reporter, evaluator, plan, first_step=offset),
                          Guard(run.watch, run.backups, self.distribution, plan.steps_per_epoch)]
+            if run.tracer.on:
+                callbacks.append(TraceSteps(run.tracer, run.first_step))
             # fit's epochs all have steps_per_epoch steps: a resume within an epoch first fits
             # the rest of that epoch alone, then the epochs after it.
             parts = ([(first_epoch, first_epoch + 1, offset)] if offset else []) + [
@@ -154,6 +164,7 @@ class Path:
                               steps_per_epoch=plan.steps_per_epoch - skip, shuffle=False,
                               verbose=0,  # Shuffled already; tfdp's reporter draws progress.
                               callbacks=callbacks)
+        run.tracer.finish()  # A traced range past the last step ends with the run.
         weights = model.get_weights()
         if self.distribution.num_workers > 1:
             # Every worker logs this: equal digests show the replicas really ended identical.

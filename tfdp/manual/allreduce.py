@@ -5,16 +5,26 @@ devices of gradient i, placed on device d. Placing an op with ``tf.device`` is w
 an op on device A that reads a tensor from device B copies it across.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from tfdp.plan import shard_sizes
+
+
+@contextlib.contextmanager
+def on_replica(devices: list, d: int):
+    """Ops on device ``d``, named ``replica_<d>/...``: how a timeline of a step
+    (``tfdp.training.timeline``) knows whose lane an op is in, even where devices share threads."""
+    with tf.device(devices[d]), tf.name_scope(f"replica_{d}"):
+        yield
 
 
 def add_n_allreduce(grads: list, devices: list) -> list:
     """The textbook's: every gradient travels to the first device, is summed there, and the sum
     is broadcast back. Device 0 receives (k-1) copies of everything and sends (k-1): it is the
     bottleneck as k grows."""
-    with tf.device(devices[0]):
+    with on_replica(devices, 0):
         sums = [tf.add_n(list(per_param)) for per_param in zip(*grads)]
     return _broadcast(sums, devices)
 
@@ -24,7 +34,7 @@ def sharded_allreduce(grads: list, devices: list) -> list:
     reduction work and traffic are spread over the devices instead of all landing on one."""
     sums = []
     for i, per_param in enumerate(zip(*grads)):
-        with tf.device(devices[i % len(devices)]):
+        with on_replica(devices, i % len(devices)):
             sums.append(tf.add_n(list(per_param)))
     return _broadcast(sums, devices)
 
@@ -42,28 +52,28 @@ def ring_allreduce(grads: list, devices: list) -> list:
         return [list(grads[0])]
     shapes = [g.shape for g in grads[0]]
     flat, chunks = [], []
-    for d, device in enumerate(devices):
-        with tf.device(device):
+    for d in range(k):
+        with on_replica(devices, d):
             flat.append(tf.concat([tf.reshape(g, [-1]) for g in grads[d]], axis=0))
     sizes = shard_sizes(int(flat[0].shape[0]), k)
-    for d, device in enumerate(devices):
-        with tf.device(device):
+    for d in range(k):
+        with on_replica(devices, d):
             chunks.append(tf.split(flat[d], sizes))
     for step in range(k - 1):  # reduce-scatter: device d sends chunk (d - step) to d + 1
         sent = [chunks[d][(d - step) % k] for d in range(k)]
         for d in range(k):
             src, c = (d - 1) % k, (d - 1 - step) % k
-            with tf.device(devices[d]):
+            with on_replica(devices, d):
                 chunks[d][c] = chunks[d][c] + sent[src]
     for step in range(k - 1):  # all-gather: device d sends its finished chunk (d + 1 - step)
         sent = [chunks[d][(d + 1 - step) % k] for d in range(k)]
         for d in range(k):
             src, c = (d - 1) % k, (d - step) % k
-            with tf.device(devices[d]):
+            with on_replica(devices, d):
                 chunks[d][c] = tf.identity(sent[src])
     out = []
-    for d, device in enumerate(devices):
-        with tf.device(device):
+    for d in range(k):
+        with on_replica(devices, d):
             total = tf.concat(chunks[d], axis=0)
             pieces = tf.split(total, [s.num_elements() for s in shapes])
             out.append([tf.reshape(p, s) for p, s in zip(pieces, shapes)])
@@ -75,7 +85,7 @@ ALLREDUCE = {"add_n": add_n_allreduce, "sharded": sharded_allreduce, "ring": rin
 
 def _broadcast(sums: list, devices: list) -> list:
     out = []
-    for device in devices:
-        with tf.device(device):
+    for d in range(len(devices)):
+        with on_replica(devices, d):
             out.append([tf.identity(s) for s in sums])
     return out

@@ -21,7 +21,7 @@ plan: the host issues one call per ``--sync_every`` steps and reads their losses
 
 import tensorflow as tf
 
-from tfdp.manual.allreduce import ALLREDUCE
+from tfdp.manual.allreduce import ALLREDUCE, on_replica
 from tfdp.manual.feed import Feed, images_feed
 from tfdp.models import lenet
 from tfdp.models.loss import count_correct, summed_cross_entropy
@@ -44,24 +44,26 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
 
     def step(*batch_and_lr):
         *batch, lr = batch_and_lr
-        placed = feed.shards("train", *batch)
+        with tf.name_scope("input"):
+            placed = feed.shards("train", *batch)
         n = tf.cast(tf.shape(batch[-1])[0], dtype)  # Labels, or indices: both one per example.
         grads, losses, correct = [], [], []
-        for device, params, (x, y) in zip(devices, replicas, placed):
-            with tf.device(device):
+        for d, (params, (x, y)) in enumerate(zip(replicas, placed)):
+            with on_replica(devices, d):
                 loss, right, *g = _unless_empty(
                     y, lambda: _accumulated_gradients(params, x, y, n, compute, accumulate),
                     lambda: _no_gradients(params))
                 grads.append(g)
                 losses.append(loss)
                 correct.append(right)
-        if travel != dtype:
-            grads = [_cast_on(device, g, travel) for device, g in zip(devices, grads)]
-        summed = reduce(grads, devices)
-        for device, params, g in zip(devices, replicas, summed):
-            with tf.device(device):
-                for var, grad in zip(params.values(), g):
-                    var.assign_sub(tf.cast(lr, dtype) * tf.cast(grad, dtype))
+        with tf.name_scope("allreduce"):
+            if travel != dtype:
+                grads = [_cast_on(devices, d, g, travel) for d, g in enumerate(grads)]
+            summed = reduce(grads, devices)
+        for d, (params, g) in enumerate(zip(replicas, summed)):
+            with on_replica(devices, d), tf.name_scope("update"):
+                for (name, var), grad in zip(params.items(), g):
+                    var.assign_sub(tf.cast(lr, dtype) * tf.cast(grad, dtype), name=name)
         return tf.add_n(losses), tf.add_n(correct)
 
     if eager:
@@ -69,8 +71,8 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
     return tf.function(step, input_signature=[*feed.signature, tf.TensorSpec([], tf.float32)])
 
 
-def _cast_on(device, tensors, dtype) -> list:
-    with tf.device(device):
+def _cast_on(devices, d, tensors, dtype) -> list:
+    with on_replica(devices, d):
         return [tf.cast(t, dtype) for t in tensors]
 
 
@@ -122,10 +124,12 @@ def _accumulated_gradients(params: dict, x, y, global_batch, compute, accumulate
 
 def _shard_gradients(params: dict, x, y, global_batch, compute):
     """One device's forward and backward pass: (loss share, correct, gradients)."""
-    with tf.GradientTape() as tape:
+    with tf.GradientTape() as tape, tf.name_scope("forward"):
         logits = lenet.logits(params, x, compute)
         loss = summed_cross_entropy(logits, y) / global_batch  # / global batch: grads add up
-    return [loss, count_correct(logits, y), *tape.gradient(loss, list(params.values()))]
+    with tf.name_scope("backward"):
+        grads = tape.gradient(loss, list(params.values()))
+    return [loss, count_correct(logits, y), *grads]
 
 
 def make_eval_step(replicas: list, devices: list, eager: bool = False, feed: Feed = None,

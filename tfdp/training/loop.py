@@ -66,6 +66,7 @@ def train(run, steps: Steps) -> int:
     with run.watch.training(run.first_step):
         for epoch in range(first_epoch, plan.epochs):
             loop.epoch(epoch, offset if epoch == first_epoch else 0, batches)
+    run.tracer.finish()  # A traced range past the last step ends with the run.
     return loop.done
 
 
@@ -107,14 +108,19 @@ class _Loop:
             if run.watch.requested:
                 self._drain(running)
                 run.watch.stop(self.done, run.backups, self.steps.weights)
-            count = min(self.steps.sync_every, plan.steps_per_epoch - i)  # Short at the end.
-            with watching(run.stall, _training(self.issued, count)):
-                pending = self.steps.issue(batches, self.issued, count)
-            self.in_flight.append((pending, i, count))
-            self.issued += count
-            i += count
-            while len(self.in_flight) >= self.steps.window:
-                self._collect(running)
+            # Short at the end of an epoch, and one step a call through a traced range.
+            count = min(self.steps.sync_every, plan.steps_per_epoch - i,
+                        run.tracer.room(self.issued))
+            step = self.issued + 1
+            with run.tracer.step(step):  # A traced step is collected inside its marker.
+                with watching(run.stall, _training(self.issued, count)):
+                    pending = self.steps.issue(batches, self.issued, count)
+                self.in_flight.append((pending, i, count))
+                self.issued += count
+                i += count
+                traced = run.tracer.covers(step)
+                while self.in_flight and (traced or len(self.in_flight) >= self.steps.window):
+                    self._collect(running)
         self._drain(running)
         seconds = time.perf_counter() - start  # Training only: evaluation comes next.
         with watching(run.stall, f"evaluating epoch {epoch + 1}"):

@@ -31,6 +31,7 @@ from tfdp.logs import logger
 from tfdp.training import preemption, workdir
 from tfdp.training.backups import Backups, resume_step
 from tfdp.training.result import Result
+from tfdp.training.trace import Tracer
 
 PATHS = {
     "manual": "tfdp.manual.trainer",
@@ -54,6 +55,7 @@ class Run:
     stall: object = None
     train_split: object = None   # None where the data lives on a cluster's workers
     test_split: object = None
+    tracer: Tracer = dataclasses.field(default_factory=lambda: Tracer(None, ""))
 
 
 def run(config: Config, start_weights=None) -> Result:
@@ -128,8 +130,10 @@ def start(config: Config, path, first_step: int = 0, backups: Backups = None,
                if path.is_chief and first_epoch else ())
     reporter = report.Reporter(config.run_dir, plan.facts(config), path.devices, path.is_chief,
                                history=history, eval_note=plan.eval_note)
+    tracer = Tracer(config.traced_steps, config.run_dir, getattr(path, "worker_index", 0),
+                    getattr(path, "num_workers", 1))
     return Run(config, plan, reporter, list(path.devices), first_step, backups,
-               watch or preemption.Watch(), path.stall, train_split, test_split)
+               watch or preemption.Watch(), path.stall, train_split, test_split, tracer)
 
 
 def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:

@@ -1,0 +1,82 @@
+"""--trace_steps (section 12.3): the traced steps' timeline, a lane per replica with forward,
+backward and communication events in every traced step, as trace-event JSON, a PNG, and the
+profiler's own data, which xprof's converter reads in a process that never imports tfdp."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import child_env, lanes_by_step
+from tfdp.config import Config
+from tfdp.errors import UserError
+from tfdp.training import skeleton, timeline
+from tfdp.training.trace import Tracer
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def traced(tmp_path, data_dir, strategy, **flags):
+    settings = dict(strategy=strategy, num_gpus=2, batch_size=64, epochs=1, steps_per_epoch=6,
+                    eval_steps=1, data_dir=data_dir, workdir=str(tmp_path / "run"),
+                    export_dir=str(tmp_path / "exports"), trace_steps="3:4")
+    settings.update(flags)
+    skeleton.run(Config(**settings))
+    return json.loads((tmp_path / "run" / "timeline.json").read_text())
+
+
+@pytest.mark.parametrize("strategy, allreduce", [("manual", "ring"), ("mirrored", "add_n")])
+def test_traced_steps_have_a_lane_per_replica_with_every_phase(tmp_path, data_dir, strategy,
+                                                                allreduce):
+    trace = traced(tmp_path, data_dir, strategy, allreduce=allreduce)
+    found = lanes_by_step(trace)
+    for step in (3, 4):
+        for replica in (0, 1):
+            classes = found[("chief", f"replica {replica}", step)]
+            assert {"forward", "backward"} <= classes, (step, replica, classes)
+        communication = set.union(*(found.get(("chief", lane, step), set())
+                                    for lane in ("replica 0", "replica 1", "host")))
+        assert "communication" in communication and "update" in communication
+    assert {k[2] for k in found} == {3, 4}  # The traced steps only.
+    steps = [e for e in trace["traceEvents"] if e.get("cat") == "step"]
+    assert [e["name"] for e in steps] == ["step 3", "step 4"]
+    assert (tmp_path / "run" / "timeline.png").read_bytes().startswith(PNG)
+    if strategy == "manual":  # Named by the parameter it updates, where there is one.
+        assert {e["args"].get("parameter") for e in trace["traceEvents"]
+                if e.get("cat") == "update"} >= {"W1", "b4"}
+
+
+def test_the_profile_opens_with_xprof_in_a_process_without_tfdp(tmp_path, data_dir):
+    traced(tmp_path, data_dir, "manual")
+    profile = timeline.newest_profile(str(tmp_path / "run" / "tensorboard"))
+    assert "/tensorboard/plugins/profile/" in profile  # Where TensorBoard's profile tab looks.
+    reader = ("import json, sys\n"
+              "from xprof.convert import raw_to_tool_data\n"
+              "data, _ = raw_to_tool_data.xspace_to_tool_data([sys.argv[1]], 'trace_viewer', {})\n"
+              "events = json.loads(data)['traceEvents']\n"
+              "assert 'tfdp' not in sys.modules\n"
+              "print(sum(1 for e in events if e.get('name') == 'train'))\n")
+    done = subprocess.run([sys.executable, "-c", reader, profile], capture_output=True,
+                          text=True, env=child_env(), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "2"  # The two traced steps' markers.
+
+
+def test_tracing_off_records_nothing_and_never_shortens_a_window(tmp_path, data_dir):
+    skeleton.run(Config(num_gpus=2, batch_size=64, epochs=1, steps_per_epoch=3, eval_steps=1,
+                        data_dir=data_dir, workdir=str(tmp_path / "run"),
+                        export_dir=str(tmp_path / "exports")))
+    run = tmp_path / "run"
+    assert not (run / "timeline.json").exists() and not (run / "trace").exists()
+    assert not (run / "tensorboard" / "plugins").exists()
+    off, on = Tracer(None, str(run)), Tracer((5, 6), str(run))
+    assert not off.on and off.room(0) >= 1 << 62
+    assert [on.room(done) for done in (0, 3, 4, 5, 6)] == [4, 1, 1, 1, 1 << 62]
+
+
+@pytest.mark.parametrize("value", ["0:3", "5:2", "x", "3:"])
+def test_a_bad_trace_range_is_one_line(value):
+    with pytest.raises(UserError, match=rf"^--trace_steps={value}: give A:B, the first and last "
+                                        r"global step to trace"):
+        Config(trace_steps=value)

@@ -1,0 +1,249 @@
+"""A timeline of chosen steps (``--trace_steps=A:B``, section 12.3): TensorFlow's profiler records
+them, and tfdp turns what it recorded into one picture of the step across replicas and workers.
+
+Written into the run folder:
+
+* ``tensorboard/plugins/profile/<time>/<host>.xplane.pb`` (``tensorboard/worker-<i>/...``
+  with several workers): the profiler's own data, which TensorBoard's profile tab (the
+  ``xprof`` package) opens: ``tensorboard --logdir runs``.
+* ``trace/worker-<i>.json``: each worker's events in the Chrome trace-event format, and
+  ``timeline.json``, every worker's merged on one clock (the chief merges what the others
+  wrote): it opens in Perfetto's UI (ui.perfetto.dev) and ``chrome://tracing``. A process per
+  worker, a lane per replica (device) and one for the host; every event classed (its ``cat``)
+  as input, forward, backward, communication, update or host wait, with the parameter it
+  concerns in its ``args`` where there is one.
+* ``timeline.png``: the traced steps drawn by tfdp, lanes against time, coloured by class, with
+  the step boundaries and each step's communication share.
+
+Lanes and classes come from the names of TensorFlow's ops, not from threads: logical devices on
+one CPU share one thread pool, so a thread says nothing about a replica. The from-scratch step
+names its ops ``replica_<d>/{forward,backward,update}`` and ``allreduce/replica_<d>``
+(``tfdp.manual.allreduce.on_replica``); Keras' ops under ``MirroredStrategy`` carry
+``replica_<d>/`` for every replica but the first, and ``gradient_tape/`` when they belong to the
+backward pass.
+
+The clock: each worker's profile is normalised to its own start, which the profile records in
+Unix nanoseconds (``profile_start_time``); events are placed at that start plus their offset.
+Workers on one machine (``tfdp.launch``, emulated hosts) therefore share one clock exactly;
+across real machines the merge is as good as their clocks' agreement (NTP: typically within a
+millisecond on a LAN, which is the size of a LeNet step's communication: read cross-machine
+gaps of less than that as unknown).
+"""
+
+import glob
+import json
+import os
+import re
+
+CLASSES = ("input", "forward", "backward", "communication", "update", "host wait")
+COLOURS = {"input": "#8c8c8c", "forward": "#4c72b0", "backward": "#dd8452",
+           "communication": "#c44e52", "update": "#55a868", "host wait": "#e8d166",
+           "other": "#d0d0d0"}
+HOST = "host"
+_REPLICA = re.compile(r"(?:^|/)replica_(\d+)(?:_\d+)?(?:/|$)")
+_COMMUNICATION_OPS = ("_Send", "_Recv", "_HostSend", "_HostRecv", "NcclAllReduce")
+# What the host's thread does while it waits for TensorFlow: runs a compiled call (the CPU's
+# eager calls return when the call is done) or reads a result.
+_HOST_WAITS = ("TFE_Py_ExecuteCancelable", "TFE_Py_Execute", "TFE_Py_TensorShapeSlice",
+               "TFE_TensorHandleResolve")
+_PARAMETER = re.compile(r"/update/(\w+?)(?:_\d+)?$")
+_UPDATE = re.compile(r"(?:^|/)(?:update|sgd|SGD)(?:_\d+)?(?:/|$)")
+_MODEL = re.compile(r"(?:^|/)(?:lenet|resnet)")  # Keras' layers, inside the model's scope
+_INPUT = re.compile(r"(?:^|/)input(?:_\d+)?/")
+
+
+def classify(node: str, op_type: str) -> tuple:
+    """(class, replica or None, parameter or None) of an op named ``node`` of type
+    ``op_type``."""
+    found = _REPLICA.search(node)
+    replica = int(found.group(1)) if found else None
+    parameter = _PARAMETER.search(node)
+    if (op_type in _COMMUNICATION_OPS or op_type.startswith("Collective")
+            or "allreduce" in node or "CrossDeviceOps" in node):
+        kind = "communication"
+    elif "gradient_tape" in node or "/backward/" in node:
+        kind = "backward"
+    elif _UPDATE.search(node) or op_type.startswith(("AssignSub", "ResourceApply")):
+        kind = "update"
+    elif (_INPUT.search(node) or node.startswith("Iterator::")
+          or op_type in ("IteratorGetNext", "IteratorGetNextSync")):
+        kind = "input"
+    elif "/forward" in node or replica is not None or _MODEL.search(node):
+        kind = "forward"
+    else:
+        kind = "other"
+    return kind, replica, parameter.group(1) if parameter else None
+
+
+def events_of(xplane_path: str) -> list:
+    """The op and host events of one profile, each ``{"name", "class", "lane", "start_ns",
+    "end_ns", "node", "parameter"}``, and the steps ``{"step", "start_ns", "end_ns"}`` its
+    ``train`` markers delimit: ``(events, steps)``, on the Unix clock."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(xplane_path, "rb") as f:
+        space.ParseFromString(f.read())
+    origin = 0
+    for plane in space.planes:
+        if plane.name == "Task Environment":
+            for stat in plane.stats:
+                if plane.stat_metadata[stat.metadata_id].name == "profile_start_time":
+                    origin = stat.uint64_value or stat.int64_value
+    events, steps = [], []
+    for plane in space.planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        names, stat_names = plane.event_metadata, plane.stat_metadata
+        for line in plane.lines:
+            for event in line.events:
+                name = names[event.metadata_id].name
+                start = origin + line.timestamp_ns + event.offset_ps // 1000
+                end = start + event.duration_ps // 1000
+                if name == "train":
+                    stats = {stat_names[s.metadata_id].name: s.int64_value or s.uint64_value
+                             for s in event.stats}
+                    steps.append({"step": int(stats.get("step_num", 0)), "start_ns": start,
+                                  "end_ns": end})
+                elif name.startswith("Iterator::"):  # tf.data, on the host's threads
+                    events.append({"name": name.rstrip(":").rsplit("::", 1)[-1],
+                                   "class": "input", "lane": HOST, "start_ns": start,
+                                   "end_ns": end, "node": name, "parameter": None})
+                elif ":" in name and not name.endswith(":") and "::" not in name:
+                    node, op_type = name.rsplit(":", 1)
+                    kind, replica, parameter = classify(node, op_type)
+                    if replica is None and (kind in ("forward", "backward", "update")
+                                            or op_type.startswith(("Collective", "Nccl"))):
+                        replica = 0  # Keras names every replica's ops but the first's.
+                    # Other ops of no replica (the window's loop, the step's bookkeeping) run
+                    # for the host's program: its lane.
+                    events.append({"name": parameter or op_type, "class": kind,
+                                   "lane": HOST if replica is None else f"replica {replica}",
+                                   "start_ns": start, "end_ns": end, "node": node,
+                                   "parameter": parameter})
+                elif name in _HOST_WAITS:
+                    events.append({"name": name, "class": "host wait", "lane": HOST,
+                                   "start_ns": start, "end_ns": end, "node": "",
+                                   "parameter": None})
+    steps.sort(key=lambda s: s["start_ns"])
+    return _within_steps(events, steps), steps
+
+
+def _within_steps(events: list, steps: list) -> list:
+    """The events that start inside a traced step, each with its step number."""
+    kept = []
+    for event in events:
+        for step in steps:
+            if step["start_ns"] <= event["start_ns"] <= step["end_ns"]:
+                kept.append(dict(event, step=step["step"]))
+                break
+    return kept
+
+
+def newest_profile(capture_dir: str) -> str:
+    """The newest ``.xplane.pb`` the profiler wrote under ``capture_dir``."""
+    found = glob.glob(os.path.join(capture_dir, "plugins", "profile", "*", "*.xplane.pb"))
+    if not found:
+        raise FileNotFoundError(f"the profiler wrote no .xplane.pb under {capture_dir}")
+    return max(found, key=os.path.getmtime)
+
+
+def write_part(path: str, worker: str, events: list, steps: list) -> None:
+    """One worker's events (``events_of``) as a JSON part, for ``merge``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.partial-{os.getpid()}"
+    with open(temporary, "w") as f:
+        json.dump({"worker": worker, "events": events, "steps": steps}, f)
+    os.replace(temporary, path)
+
+
+def merge(parts: list) -> dict:
+    """Chrome trace-event JSON of every part: a process per worker, a thread per lane, time in
+    microseconds from the earliest event of all (``otherData`` keeps that origin in Unix
+    nanoseconds)."""
+    origin = min((e["start_ns"] for part in parts for e in part["events"]), default=0)
+    trace, processes = [], {}
+    for pid, part in enumerate(parts, start=1):
+        processes[part["worker"]] = pid
+        trace.append({"ph": "M", "name": "process_name", "pid": pid,
+                      "args": {"name": part["worker"]}})
+        lanes = sorted({e["lane"] for e in part["events"]} | {HOST}, key=_lane_order)
+        for tid, lane in enumerate(lanes, start=1):
+            trace.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                          "args": {"name": lane}})
+            trace.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                          "args": {"sort_index": tid}})
+        tids = {lane: tid for tid, lane in enumerate(lanes, start=1)}
+        for e in part["events"]:
+            args = {"node": e["node"], "step": e["step"]}
+            if e["parameter"]:
+                args["parameter"] = e["parameter"]
+            trace.append({"ph": "X", "name": e["name"], "cat": e["class"], "pid": pid,
+                          "tid": tids[e["lane"]], "ts": (e["start_ns"] - origin) / 1e3,
+                          "dur": max(e["end_ns"] - e["start_ns"], 1) / 1e3, "args": args})
+        for s in part["steps"]:
+            trace.append({"ph": "X", "name": f"step {s['step']}", "cat": "step", "pid": pid,
+                          "tid": tids[HOST], "ts": (s["start_ns"] - origin) / 1e3,
+                          "dur": (s["end_ns"] - s["start_ns"]) / 1e3, "args": {}})
+    return {"traceEvents": trace, "displayTimeUnit": "ms",
+            "otherData": {"clock_origin_unix_ns": origin, "classes": list(CLASSES),
+                          "workers": list(processes)}}
+
+
+def communication_share(part: dict) -> dict:
+    """Per step: the fraction of its wall time in which some lane was communicating."""
+    shares = {}
+    for s in part["steps"]:
+        spans = sorted((e["start_ns"], e["end_ns"]) for e in part["events"]
+                       if e["step"] == s["step"] and e["class"] == "communication")
+        busy, reach = 0, s["start_ns"]
+        for start, end in spans:
+            start, end = max(start, reach), min(end, s["end_ns"])
+            if end > start:
+                busy += end - start
+                reach = end
+        shares[s["step"]] = busy / max(s["end_ns"] - s["start_ns"], 1)
+    return shares
+
+
+def draw(parts: list, path: str) -> None:
+    """``timeline.png``: every worker's lanes against time, coloured by class."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    origin = min((e["start_ns"] for part in parts for e in part["events"]), default=0)
+    rows = [(part["worker"], lane) for part in parts
+            for lane in sorted({e["lane"] for e in part["events"]}, key=_lane_order)]
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.45 * len(rows)))
+    for y, (worker, lane) in enumerate(rows):
+        part = next(p for p in parts if p["worker"] == worker)
+        for kind in ("other", "host wait", *CLASSES[:-1]):  # Long, enclosing spans first.
+            spans = [((e["start_ns"] - origin) / 1e6, max(e["end_ns"] - e["start_ns"], 1) / 1e6)
+                     for e in part["events"] if e["lane"] == lane and e["class"] == kind]
+            if spans:
+                ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=COLOURS[kind])
+    for part in parts:
+        shares = communication_share(part)
+        top = min(y for y, (worker, _) in enumerate(rows) if worker == part["worker"])
+        for s in part["steps"]:
+            start, end = ((s["start_ns"] - origin) / 1e6, (s["end_ns"] - origin) / 1e6)
+            ax.axvline(start, color="black", linewidth=0.6)
+            ax.axvline(end, color="black", linewidth=0.6, linestyle=":")
+            ax.text(start, top - 0.42, f" step {s['step']}: communication "
+                    f"{shares[s['step']]:.0%}", fontsize=7, va="bottom")
+    ax.set_yticks(range(len(rows)), [f"{w}: {lane}" for w, lane in rows])
+    ax.set_ylim(-0.9, len(rows) - 0.4)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in (*CLASSES, "other")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=7, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _lane_order(lane: str):
+    return (lane == HOST, int(lane.split()[-1]) if lane.startswith("replica") else 0, lane)

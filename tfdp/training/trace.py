@@ -1,0 +1,120 @@
+"""``--trace_steps=A:B``: record global steps A to B (counted from 1) with TensorFlow's profiler,
+then write their timeline (``tfdp.training.timeline``) into the run folder.
+
+Every loop asks its ``Tracer`` the same three things: how many steps it may run before the
+traced range needs one step a call (``room``), to mark a step (``step``: the profiler starts
+before the first traced step and stops after the last, and each traced step is delimited by a
+``train`` marker, so its events are its own), and to finish (``finish``: also when the run ends
+before B). Off (no ``--trace_steps``) it does nothing and costs nothing: no profiler is started,
+and ``room`` never shortens a window.
+
+Each process profiles itself and writes its part, ``trace/worker-<i>.json``; the chief merges
+every part present into ``timeline.json`` and draws ``timeline.png``, waiting up to
+``MERGE_WAIT`` seconds for the other workers' parts (they finish their last traced step at
+about the same time).
+"""
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import time
+
+from tfdp.training import timeline
+
+logger = logging.getLogger("tfdp")
+MERGE_WAIT = 60
+
+
+class Tracer:
+    def __init__(self, steps, run_dir: str, worker: int = 0, workers: int = 1,
+                 name: str = None):
+        self.first, self.last = steps or (None, None)
+        self.run_dir, self.worker, self.workers = run_dir, worker, workers
+        self.name = name or (f"worker {worker}" if workers > 1 else "chief")
+        # A folder per worker: workers on one machine (or emulated hosts, which share its host
+        # name) would otherwise write one file, <host>.xplane.pb, in the same second's folder.
+        self.capture_dir = os.path.join(run_dir, "tensorboard",
+                                        *([f"worker-{worker}"] if workers > 1 else []))
+        self.started = self.finished = False
+
+    @property
+    def on(self) -> bool:
+        return self.first is not None and not self.finished
+
+    def covers(self, step: int) -> bool:
+        """Whether global step ``step`` (from 1) is traced."""
+        return self.on and self.first <= step <= self.last
+
+    def room(self, done: int) -> int:
+        """How many steps after global step ``done`` may run in one call: up to the traced
+        range, then one at a time through it; unbounded when off or past it."""
+        if not self.on or done >= self.last:
+            return 1 << 62
+        return 1 if done + 1 >= self.first else self.first - 1 - done
+
+    @contextlib.contextmanager
+    def step(self, step: int):
+        """Around everything global step ``step`` does, when it is traced."""
+        if not self.covers(step):
+            yield
+            return
+        import tensorflow as tf
+
+        if not self.started:
+            tf.profiler.experimental.start(self.capture_dir)
+            self.started = True
+        with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
+            yield
+        if step == self.last:
+            self.finish()
+
+    def finish(self) -> None:
+        """Stop the profiler and write this worker's part (and, on the chief, the timeline)."""
+        if not self.started or self.finished:
+            self.finished = True
+            return
+        import tensorflow as tf
+
+        self.finished = True
+        tf.profiler.experimental.stop()
+        events, steps = timeline.events_of(timeline.newest_profile(self.capture_dir))
+        folder = os.path.join(self.run_dir, "trace")
+        timeline.write_part(os.path.join(folder, f"worker-{self.worker}.json"), self.name,
+                            events, steps)
+        if self.worker == 0:
+            self._merge(folder)
+
+    def _merge(self, folder: str) -> None:
+        deadline = time.time() + (MERGE_WAIT if self.workers > 1 else 0)
+        while True:
+            found = sorted(glob.glob(os.path.join(folder, "worker-*.json")))
+            if len(found) >= self.workers or time.time() >= deadline:
+                break
+            time.sleep(0.5)
+        parts = []
+        for path in found:
+            with open(path) as f:
+                parts.append(json.load(f))
+        merged = os.path.join(self.run_dir, "timeline.json")
+        with open(merged + ".partial", "w") as f:
+            json.dump(timeline.merge(parts), f)
+        os.replace(merged + ".partial", merged)
+        timeline.draw(parts, os.path.join(self.run_dir, "timeline.png"))
+        missing = self.workers - len(parts)
+        logger.info("trace of steps %d-%d: %s and timeline.png (lanes of %s), the profile "
+                    "in %s (tensorboard --logdir %s, profile tab)%s", self.first, self.last,
+                    merged, ", ".join(p["worker"] for p in parts), self.capture_dir,
+                    self.capture_dir, f"; {missing} worker(s) wrote no part within "
+                    f"{MERGE_WAIT} s" if missing > 0 else "")
+
+
+def parse_steps(text: str) -> tuple:
+    """``"A:B"`` or ``"A"`` -> (A, B), global steps counted from 1; ValueError when not."""
+    first, colon, last = text.partition(":")
+    first = int(first)
+    last = int(last) if colon else first
+    if first < 1 or last < first:
+        raise ValueError(text)
+    return first, last
