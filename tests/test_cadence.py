@@ -30,8 +30,9 @@ def test_n_steps_per_call_train_the_same_bits_as_one(tmp_path, data_dir):
     seven = skeleton.run(settings(tmp_path, data_dir, "seven", sync_every=7))
     for x, y in zip(one.weights, seven.weights):
         np.testing.assert_array_equal(x, y)
-    assert one.history == [dict(r, seconds=o["seconds"], examples_per_sec=o["examples_per_sec"])
-                           for r, o in zip(seven.history, one.history)]
+    learned = ("epoch", "loss", "train_acc", "test_loss", "test_acc")  # Not the timings.
+    assert ([{k: r[k] for k in learned} for r in one.history]
+            == [{k: r[k] for k in learned} for r in seven.history])
 
 
 def test_a_divergence_inside_a_window_stops_naming_its_step_and_exports_nothing(tmp_path,

@@ -216,8 +216,59 @@ def test_a_worker_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, da
     assert time.time() - cut < 10 + 20
     address = re.search(rf"host 2 \({host}\) at ([\d.]+) ", err)[1]
     assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(no answer "
-                     r"for 10 s while training step \d+, --collective_timeout\): unreachable "
+                     r"for 10 s while training steps? [\d-]+, --collective_timeout\): unreachable "
                      rf"now: worker 1 \({re.escape(address)}:2222\)", err, re.M), err[-3000:]
     assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
     assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-")
                    for n in emulated_hosts.namespaces())
+
+
+def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
+                                                                            data_dir):
+    """Worker 1's server stopped 35 of every 40 ms (real SIGSTOP and SIGCONT from outside: a
+    host with an eighth of a CPU) through the first epoch, then stopped for good: the first
+    epoch's line names it, and the hang ends in one line naming the flight recorder's file."""
+    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=24",
+                 "--batch_size=64", "--eval_steps=1", "--collective_timeout=8", popen=True)
+    server = None
+    try:
+        deadline = time.time() + 60
+        while server is None and time.time() < deadline:
+            try:
+                server = task_pid(run.pid, "worker", 1)
+            except AssertionError:
+                time.sleep(0.1)
+        # Once the cluster has started (the chief's reporter writes its folder), not before:
+        # an eighth of a CPU takes TensorFlow's start-up past the timeout.
+        while not (tmp_path / "run" / "tensorboard").exists() and run.poll() is None:
+            time.sleep(0.05)
+        backups = Backups(str(tmp_path / "run"), 0, {})
+        while not backups.steps() and run.poll() is None and time.time() < deadline + 120:
+            os.kill(server, signal.SIGSTOP)
+            time.sleep(0.035)
+            os.kill(server, signal.SIGCONT)
+            time.sleep(0.005)
+        os.kill(server, signal.SIGSTOP)  # Hung: alive, never answering.
+        out, err = run.communicate(timeout=120)
+    finally:
+        if server:
+            try:
+                os.kill(server, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # Stopped by the launcher, with the rest of the cluster.
+    assert run.returncode == 1, err[-3000:]
+    assert re.search(r"^\[chief\] epoch 1/3: .*; straggler: worker 1 \(replica 1\) reaches the "
+                     r"allreduce \d+\.\d ms after the others on average, last in \d+% of steps$",
+                     out, re.M), out[-3000:]
+    stopped = re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(no answer "
+                        r"for 8 s while training steps? [\d-]+, --collective_timeout\): .* \(the "
+                        r"last steps' arrival times per replica: (\S+flight_recorder\.json)\)$",
+                        err, re.M)
+    assert stopped, err[-3000:]
+    record = json.loads(open(stopped[1]).read())
+    assert record["steps"] and record["steps"][-1]["step"] >= 24
+    assert [r["replica"] for r in record["steps"][-1]["replicas"]] == ["worker 0 (replica 0)",
+                                                                        "worker 1 (replica 1)"]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    late = metrics["epochs"][0]["replica_late_ms"]
+    assert late[1] > late[0]

@@ -186,7 +186,7 @@ def _bare(config, devices, train, asynchronous: bool, tf) -> dict:
         start = time.perf_counter()
         with context.execution_mode(context.ASYNC if asynchronous else context.SYNC):
             for batch in batches:
-                loss, _ = step(*batch, lr)
+                loss = step(*batch, lr)[0]
             float(loss)  # The one read: waits for every step issued.
             context.async_wait()
         seconds.append((time.perf_counter() - start) / len(batches))

@@ -31,7 +31,9 @@ from tfdp.plan import shard_sizes
 def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool = False,
                     feed: Feed = None, compute_dtype=None, allreduce_dtype=None,
                     accumulate: int = 1):
-    """``step(*batch, lr) -> (loss, correct)`` over the global batch, updating replicas. The
+    """``step(*batch, lr) -> (loss, correct, times)`` over the global batch, updating replicas;
+    ``times[d]`` is (start, gradients ready) of replica d, in Unix seconds
+    (``tfdp.manual.arrivals``). The
     batch is ``(images, labels)`` unless a ``feed`` says otherwise. ``compute_dtype``
     (default: the parameters') is what the forward and backward passes compute in;
     ``allreduce_dtype`` (default: the gradients') is what the gradients travel and are summed
@@ -47,12 +49,14 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
         with tf.name_scope("input"):
             placed = feed.shards("train", *batch)
         n = tf.cast(tf.shape(batch[-1])[0], dtype)  # Labels, or indices: both one per example.
-        grads, losses, correct = [], [], []
+        grads, losses, correct, times = [], [], [], []
         for d, (params, (x, y)) in enumerate(zip(replicas, placed)):
             with on_replica(devices, d):
-                loss, right, *g = _unless_empty(
-                    y, lambda: _accumulated_gradients(params, x, y, n, compute, accumulate),
-                    lambda: _no_gradients(params))
+                loss, right, stamps, *g = _unless_empty(
+                    y, _stamped(lambda: _accumulated_gradients(params, x, y, n, compute,
+                                                               accumulate)),
+                    _stamped(lambda: _no_gradients(params)))
+                times.append(stamps)
                 grads.append(g)
                 losses.append(loss)
                 correct.append(right)
@@ -64,7 +68,7 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
             with on_replica(devices, d), tf.name_scope("update"):
                 for (name, var), grad in zip(params.items(), g):
                     var.assign_sub(tf.cast(lr, dtype) * tf.cast(grad, dtype), name=name)
-        return tf.add_n(losses), tf.add_n(correct)
+        return tf.add_n(losses), tf.add_n(correct), tf.stack(times)
 
     if eager:
         return step
@@ -77,23 +81,43 @@ def _cast_on(devices, d, tensors, dtype) -> list:
 
 
 def make_train_window(step, plan, eager: bool = False):
-    """``window(batches, first_step, count) -> (losses, correct, examples)``: ``count`` calls
-    of ``step`` on the next batches of the iterator ``batches``, global step ``first_step + i``
-    at the plan's learning rate of that step; one entry per step in each result."""
+    """``window(batches, first_step, count) -> (losses, correct, examples, times)``:
+    ``count`` calls of ``step`` on the next batches of the iterator ``batches``, global step
+    ``first_step + i`` at the plan's learning rate of that step; one entry per step in each
+    result."""
     def window(batches, first_step, count):
         losses = tf.TensorArray(tf.float64, size=count)  # Exact for float32 and float64.
         right = tf.TensorArray(tf.int64, size=count)
         examples = tf.TensorArray(tf.int32, size=count)
+        arrivals = tf.TensorArray(tf.float64, size=count)
         for i in tf.range(count):
             batch = next(batches)
             lr = tf.cast(plan.learning_rate(first_step + tf.cast(i, tf.int64)), tf.float32)
-            loss, correct = step(*batch, lr)
+            loss, correct, times = step(*batch, lr)
             losses = losses.write(i, tf.cast(loss, tf.float64))
             right = right.write(i, correct)
             examples = examples.write(i, tf.shape(batch[-1])[0])
-        return losses.stack(), right.stack(), examples.stack()
+            arrivals = arrivals.write(i, times)
+        return losses.stack(), right.stack(), examples.stack(), arrivals.stack()
 
     return window if eager else tf.function(window)
+
+
+def _stamped(shard_gradients):
+    """``shard_gradients()``, with the times (on the device's own clock) it started and its
+    gradients were ready: (loss, correct, [start, ready], *gradients). Inside the per-replica
+    ``tf.cond``, whose inputs are the replica's variables: ``tf.function`` orders stateful ops
+    with no resource input (a ``tf.timestamp`` outside) one after the other, which would make
+    each replica wait for the previous one's gradients."""
+    def run():
+        started = tf.timestamp()
+        with tf.control_dependencies([started]):
+            loss, right, *grads = shard_gradients()
+        with tf.control_dependencies(grads):
+            ready = tf.timestamp()
+        return [loss, right, tf.stack([started, ready]), *grads]
+
+    return run
 
 
 def _no_gradients(params: dict) -> list:

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfdp.cluster.stall import watching
 from tfdp.devices import configure_devices
+from tfdp.manual.arrivals import Arrivals
 from tfdp.manual import remote
 from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import replicate
@@ -38,6 +39,10 @@ class Path:
             where = f"{len(self.devices)} device(s) {self.devices}"
             self.stall, self.peers, self.examples = None, [], None
         self.replicas, self.is_chief, self.gather_steps = len(self.devices), True, None
+        # The flight recorder: what the one-line error of a lost cluster points to.
+        self.recorder = Arrivals(self.devices, config.workdir)
+        if self.cluster:
+            self.stall.last_words = self.recorder.dump
         every = config.steps_between_syncs
         self.engine = (f"{where}, allreduce {config.allreduce}, "
                        f"{'eager' if config.eager else 'compiled'} step, host reads every "
@@ -50,7 +55,7 @@ class Path:
     def train(self, run, start_weights=None) -> list:
         feed = self.cluster.feed(self.config, run.plan) if self.cluster else None
         self.params = train(run, None if start_weights is None else
-                            lenet.from_keras_weights(start_weights), feed)
+                            lenet.from_keras_weights(start_weights), feed, self.recorder)
         return lenet.to_keras_weights(self.params)
 
     def export(self) -> str:
@@ -58,10 +63,11 @@ class Path:
                              self.config.export_root)
 
 
-def train(run, params: dict = None, feed: Feed = None) -> dict:
+def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None) -> dict:
     """Train LeNet data-parallel on ``run.devices`` by ``run.plan`` from ``run.first_step``;
     return the trained parameters (numpy). ``params`` override ``--init``; the examples come
-    from ``run``'s splits unless a ``feed`` says otherwise."""
+    from ``run``'s splits unless a ``feed`` says otherwise; ``arrivals`` keeps the replicas'
+    times (``tfdp.manual.arrivals``)."""
     config = run.config
     if params is None:
         params = lenet.start_params(config.initializer, config.seed,
@@ -69,7 +75,8 @@ def train(run, params: dict = None, feed: Feed = None) -> dict:
     feed = feed or local_feed(config, run.plan, run.devices, run.train_split, run.test_split)
     with watching(run.stall, "placing the replicas"):
         replicas = replicate(params, run.devices)
-    steps = ReplicaSteps(config, run, replicas, feed)
+    steps = ReplicaSteps(config, run, replicas, feed,
+                         arrivals or Arrivals(run.devices, config.workdir))
     loop.train(run, steps)
     return steps.trained()
 
@@ -78,11 +85,12 @@ class ReplicaSteps(loop.Steps):
     """The loop's steps on replicas: ``--sync_every`` steps a call (one compiled window), each
     call's results read before the next is issued."""
 
-    def __init__(self, config, run, replicas: list, feed: Feed):
+    def __init__(self, config, run, replicas: list, feed: Feed, arrivals: Arrivals):
         # --allreduce_dtype=float32 is the gradients' own dtype (float64 under float64).
         travel = config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None
         self.run, self.replicas, self.feed = run, replicas, feed
         self.sync_every = config.steps_between_syncs
+        self.arrivals, self.collected = arrivals, run.first_step
         self.train_step = make_train_step(replicas, run.devices, config.allreduce, config.eager,
                                           feed, config.precision, travel,
                                           config.accumulate_steps)
@@ -98,7 +106,15 @@ class ReplicaSteps(loop.Steps):
                                  tf.constant(count, tf.int32))
 
     def collect(self, pending):
-        return list(zip(*(t.numpy().tolist() for t in pending)))
+        losses, correct, examples, times = (t.numpy() for t in pending)
+        first = self.collected
+        for i, step_times in enumerate(times):
+            self.arrivals.add(first + i + 1, step_times)
+        self.collected += len(losses)
+        return list(zip(losses.tolist(), correct.tolist(), examples.tolist()))
+
+    def epoch_figures(self):
+        return self.arrivals.epoch_figures()
 
     def evaluate(self):
         return loop.mean_over((self.eval_step(*batch) for batch in self.feed.eval_batches()),

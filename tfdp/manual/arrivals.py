@@ -1,0 +1,108 @@
+"""Who reaches the gradient exchange when (section 12.3): stragglers named, and a flight recorder
+for hangs.
+
+Every from-scratch step stamps, on each replica's own device (so on its own worker across
+machines), the time it starts and the time its gradients are ready to be exchanged
+(``tf.timestamp``, Unix seconds; ``tfdp.manual.step``). From those:
+
+* per replica, each epoch: its **compute** (ready - start) and its **wait** at the exchange (the
+  last replica's ready - its own), averaged, go into the epoch's record in ``metrics.json``;
+* a **straggler**, a replica that reaches the exchange last in at least ``LAST_SHARE`` of the
+  epoch's steps, on average at least ``LATE_MS`` ms and ``LATE_SHARE`` of the median compute
+  after the others, is named in the epoch's line ("worker 1 reaches the allreduce 38.0 ms after
+  the others on average, last in 92% of steps"): two logical devices sharing two cores take
+  turns by a few milliseconds, which is not what a straggler is;
+* the **flight recorder** keeps the last ``KEPT`` steps' times; when the cluster is lost (a
+  peer dies, or a step outlasts ``--collective_timeout``), ``dump`` writes them to
+  ``flight_recorder.json`` in the run folder and the one-line error names that file.
+
+Across real machines the times come from each worker's clock: a worker whose clock runs ahead
+by d looks d late. On one machine (``tfdp.launch``, emulated hosts) the clock is one.
+"""
+
+import collections
+import json
+import os
+import re
+import statistics
+
+import numpy as np
+
+LAST_SHARE = 0.6
+LATE_MS = 2.0
+LATE_SHARE = 0.25
+KEPT = 32
+FILE = "flight_recorder.json"
+
+
+def replica_names(devices: list) -> list:
+    """"worker 1 (replica 2)" across machines, "replica 2" on one."""
+    names = []
+    for d, device in enumerate(devices):
+        task = re.search(r"/job:worker/(?:replica:\d+/)?task:(\d+)", device)
+        names.append(f"worker {task.group(1)} (replica {d})" if task else f"replica {d}")
+    return names
+
+
+class Arrivals:
+    """The per-replica times of the steps read so far: this epoch's, and the last ``KEPT``."""
+
+    def __init__(self, devices: list, run_dir: str):
+        self.devices, self.names = list(devices), replica_names(devices)
+        self.run_dir = run_dir
+        self.kept = collections.deque(maxlen=KEPT)
+        self.epoch = []
+
+    def add(self, step: int, times) -> None:
+        """``times``: [replicas, 2] of (start, ready) Unix seconds, of global step ``step``."""
+        times = np.asarray(times, np.float64)
+        self.epoch.append(times)
+        self.kept.append((step, times))
+
+    def epoch_figures(self) -> tuple:
+        """(the record's per-replica figures, the epoch line's words), and a new epoch."""
+        steps, self.epoch = np.array(self.epoch), []
+        if not len(steps):
+            return {}, ""
+        start, ready = steps[:, :, 0] * 1e3, steps[:, :, 1] * 1e3
+        compute = (ready - start).mean(0)
+        if ready.shape[1] < 2:
+            return {"replica_compute_ms": compute.round(3).tolist(), "replicas": self.names}, ""
+        wait = (ready.max(1, keepdims=True) - ready).mean(0)
+        k = ready.shape[1]
+        late = (ready - (ready.sum(1, keepdims=True) - ready) / (k - 1)).mean(0)
+        last = np.bincount(ready.argmax(1), minlength=k) / len(ready)
+        figures = {"replica_compute_ms": compute.round(3).tolist(),
+                   "replica_wait_ms": wait.round(3).tolist(),
+                   "replica_late_ms": late.round(3).tolist(), "replicas": self.names}
+        r = int(late.argmax())
+        bar = max(LATE_MS, LATE_SHARE * statistics.median(compute.tolist()))
+        if last[r] >= LAST_SHARE and late[r] >= bar:
+            return figures, (f"; straggler: {self.names[r]} reaches the allreduce "
+                             f"{late[r]:.1f} ms after the others on average, last in "
+                             f"{last[r]:.0%} of steps")
+        return figures, ""
+
+    def dump(self, why: str = "") -> str:
+        """Write the last steps' times to the flight recorder file; return its path ('' when
+        none were read)."""
+        if not self.kept or not self.run_dir:
+            return ""
+        path = os.path.join(self.run_dir, FILE)
+        steps = []
+        for step, times in self.kept:
+            ready = times[:, 1]
+            steps.append({"step": step, "replicas": [
+                {"replica": name, "device": device, "start_unix_s": float(t[0]),
+                 "ready_unix_s": float(t[1]), "after_first_ms": float((t[1] - ready.min()) * 1e3)}
+                for name, device, t in zip(self.names, self.devices, times)]})
+        record = {"why": why, "note": "per replica, the Unix times each step started and its "
+                  "gradients were ready for the allreduce, on the replica's own clock",
+                  "steps": steps}
+        try:
+            with open(path + ".partial", "w") as f:
+                json.dump(record, f, indent=1)
+            os.replace(path + ".partial", path)
+        except OSError:
+            return ""
+        return path
