@@ -1,11 +1,14 @@
 """Serve one export with TensorFlow's own clients, in a process that never imports tfdp.
 
-  python tests/serving_clients.py <export dir> <images.npy> <labels.npy>
+  python tests/serving_clients.py <export dir> <images.npy> <labels.npy> [margin]
 
 Prints one JSON object: each client's accuracy on the given examples and the signature it saw.
 Clients: the TF1 session loader (``tf.compat.v1.saved_model.loader``: the C++
 ``SavedModelBundle`` path TF Serving takes), the ``saved_model_cli run`` command, TF2's
-``tf.saved_model.load``, Keras' ``TFSMLayer``, and the TFLite converter and interpreter.
+``tf.saved_model.load``, Keras' ``TFSMLayer``; and, for the other formats the version holds,
+ONNX Runtime on ``model.onnx`` and LiteRT's interpreter (``ai-edge-litert``, not the deprecated
+``tf.lite.Interpreter``) on ``model.tflite``, each with its classes and its logits' largest
+difference from TF2's, relative to their size.
 """
 
 import json
@@ -47,15 +50,17 @@ def saved_model_cli(path, images_file):
 TIE = 1e-4
 
 
-def tf2_loader(path, images):
-    """(classes, whether every logit is finite, how many examples' top two logits tie)."""
+def tf2_loader(path, images, margin=TIE):
+    """(classes, whether every logit is finite, how many examples' top two logits tie, how many
+    are within ``margin`` of their size of each other)."""
     serve = tf.saved_model.load(path).signatures["serving_default"]
     out = serve(images=tf.constant(images))
     logits = out["logits"].numpy()
     top2 = np.sort(logits, axis=-1)[:, -2:]
     scale = np.maximum(1.0, np.abs(logits).max(axis=-1))
     ties = int(np.sum(top2[:, 1] - top2[:, 0] < TIE * scale))
-    return out["classes"].numpy(), bool(np.all(np.isfinite(logits))), ties
+    near = int(np.sum(top2[:, 1] - top2[:, 0] < 2 * margin * scale))
+    return out["classes"].numpy(), bool(np.all(np.isfinite(logits))), ties, near
 
 
 def tfsm_layer(path, images):
@@ -65,33 +70,70 @@ def tfsm_layer(path, images):
     return np.asarray(layer(tf.constant(images))["classes"])
 
 
-def tflite(path, images):
-    model = tf.lite.TFLiteConverter.from_saved_model(path).convert()
-    interpreter = tf.lite.Interpreter(model_content=model)
-    runner = interpreter.get_signature_runner("serving_default")
-    return runner(images=images)["classes"], len(model)
+def onnx_runtime(path, images):
+    """(outputs by name, the contract as ONNX Runtime sees it)."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(os.path.join(path, "model.onnx"),
+                                           providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    seen = {"inputs": {i.name: i.type for i in session.get_inputs()},
+            "outputs": {o.name: o.type for o in session.get_outputs()}}
+    return dict(zip(names, session.run(None, {"images": images}))), seen
 
 
-def main(path, images_file, labels_file):
+def litert(path, images):
+    """(outputs by name, the contract as LiteRT's signature runner sees it, the file's size)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    model = os.path.join(path, "model.tflite")
+    runner = Interpreter(model_path=model).get_signature_runner("serving_default")
+    seen = {"inputs": {k: [np.dtype(v["dtype"]).name, v["shape_signature"].tolist()]
+                       for k, v in runner.get_input_details().items()},
+            "outputs": {k: np.dtype(v["dtype"]).name
+                        for k, v in runner.get_output_details().items()}}
+    return runner(images=images), seen, os.path.getsize(model)
+
+
+def relative(logits, reference) -> float:
+    """Largest |logits - reference|, relative to the reference's largest (at least 1)."""
+    return float(np.abs(np.asarray(logits) - reference).max()
+                 / max(1.0, float(np.abs(reference).max())))
+
+
+def main(path, images_file, labels_file, margin=str(TIE)):
+    """``margin``: how far (relative) ONNX's and LiteRT's logits may be from TF2's: examples
+    whose top two TF2 logits are within twice that may change class."""
     images, labels = np.load(images_file), np.load(labels_file)
 
     def accuracy(classes):
         return float(np.mean(np.asarray(classes).reshape(-1) == labels))
 
     tf1_classes, signature = tf1_session(path, images)
-    lite_classes, lite_bytes = tflite(path, images)
-    tf2_classes, logits_finite, ties = tf2_loader(path, images)
-    print(json.dumps({
+    tf2_classes, logits_finite, ties, near = tf2_loader(path, images, float(margin))
+    reference = tf.saved_model.load(path).signatures["serving_default"](
+        images=tf.constant(images))["logits"].numpy()
+    seen = {
         "signature": signature,
         "tf1_session": accuracy(tf1_classes),
         "saved_model_cli": accuracy(saved_model_cli(path, images_file)),
         "tf2_loader": accuracy(tf2_classes),
         "logits_finite": logits_finite,
         "ties": ties,
+        "near_ties": near,
         "tfsm_layer": accuracy(tfsm_layer(path, images)),
-        "tflite": accuracy(lite_classes),
-        "tflite_bytes": lite_bytes,
-    }))
+    }
+    if os.path.exists(os.path.join(path, "model.onnx")):
+        outputs, contract = onnx_runtime(path, images)
+        seen.update(onnx_runtime=accuracy(outputs["classes"]), onnx_signature=contract,
+                    onnx_logits=relative(outputs["logits"], reference),
+                    onnx_same_classes=float(np.mean(outputs["classes"] == tf2_classes)))
+    if os.path.exists(os.path.join(path, "model.tflite")):
+        outputs, contract, size = litert(path, images)
+        seen.update(litert=accuracy(outputs["classes"]), litert_signature=contract,
+                    litert_logits=relative(outputs["logits"], reference), litert_bytes=size,
+                    litert_same_classes=float(np.mean(outputs["classes"] == tf2_classes)))
+    print(json.dumps(seen))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Every path's export loads and serves in clients nobody in this project wrote, with the
 accuracy the run reported: the TF1 session loader (what TF Serving's C++ loader does),
-``saved_model_cli run``, TF2's loader, Keras' ``TFSMLayer``, and TFLite. The clients run in
+``saved_model_cli run``, TF2's loader, Keras' ``TFSMLayer``, and, for the ONNX and LiteRT files
+beside it (``--export_formats``), ONNX Runtime and LiteRT's interpreter. The clients run in
 ``tests/serving_clients.py``, a process that never imports tfdp."""
 
 import json
@@ -19,20 +20,32 @@ CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
                         "classes": ["int64", [-1]]}}
 
 
-@pytest.mark.parametrize("strategy, model, batch, lr", [
-    ("manual", "lenet", 100, 0.2), ("mirrored", "lenet", 100, 0.2),
+# ONNX and LiteRT carry the contract's names and dtypes; LiteRT's input is [1, 28, 28, 1] with the
+# batch free (its shape signature), resized to each call's batch.
+ONNX_CONTRACT = {"inputs": {"images": "tensor(uint8)"},
+                 "outputs": {"classes": "tensor(int64)", "logits": "tensor(float)",
+                             "probabilities": "tensor(float)"}}
+LITERT_CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
+                   "outputs": {"classes": "int64", "logits": "float32",
+                               "probabilities": "float32"}}
+
+
+@pytest.mark.parametrize("strategy, model, batch, lr, precision", [
+    ("manual", "lenet", 100, 0.2, "float32"), ("mirrored", "lenet", 100, 0.2, "float32"),
+    ("manual", "lenet", 100, 0.2, "bfloat16"),
     # At lr 0.2 a 20-step ResNet diverges (test loss 2,399, logits in the thousands, in a run
     # here), and in one CI run TFLite's classes then disagreed with TF's (accuracy 0 against
     # 0.125): a diverged model is no test of a serving client.
-    ("mirrored", "resnet18", 16, 0.02)])
+    ("mirrored", "resnet18", 16, 0.02, "float32")])
 @pytest.mark.slow
 def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy, model, batch,
-                                       lr):
+                                       lr, precision):
     eval_steps = 2
     result = run_module("tfdp.train", f"--strategy={strategy}", f"--model={model}",
                         "--num_gpus=2", f"--batch_size={batch}", "--epochs=1",
                         "--steps_per_epoch=20", f"--eval_steps={eval_steps}", "--init=glorot",
-                        f"--lr={lr}",
+                        f"--lr={lr}", f"--precision={precision}",
+                        "--export_formats=saved_model,onnx,litert",
                         f"--data_dir={data_dir}", f"--workdir={tmp_path / 'work'}",
                         f"--export_dir={tmp_path / 'exp'}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -48,9 +61,12 @@ def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy,
     np.save(tmp_path / "images.npy", test_split.images[:examples])
     np.save(tmp_path / "labels.npy", test_split.labels[:examples])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # ONNX and LiteRT compute in float32; a bfloat16-trained SavedModel in bfloat16: its logits
+    # differ by bfloat16's rounding, bounded in tfdp/training/formats.py by 2^-5 of their size.
+    margin = 2.0 ** -5 if precision == "bfloat16" else 1e-4
     clients = subprocess.run(
         [sys.executable, os.path.join(REPO, "tests", "serving_clients.py"), str(export),
-         str(tmp_path / "images.npy"), str(tmp_path / "labels.npy")],
+         str(tmp_path / "images.npy"), str(tmp_path / "labels.npy"), str(margin)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
     assert clients.returncode == 0, clients.stderr[-3000:]
@@ -61,7 +77,18 @@ def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy,
     # another client's kernels). A run whose replicas evaluated with batch-norm statistics of
     # their own failed here (tfdp/models/replicated_batch_norm.py).
     allowed = seen["ties"] / examples + 1e-9
-    for client in ("tf1_session", "saved_model_cli", "tf2_loader", "tfsm_layer", "tflite"):
+    for client in ("tf1_session", "saved_model_cli", "tf2_loader", "tfsm_layer"):
         assert seen[client] == pytest.approx(reported["test_acc"], abs=allowed), (
             client, seen, reported["test_acc"])
-    assert seen["tflite_bytes"] > (100_000 if model == "lenet" else 10_000_000)  # Has weights.
+    for client in ("onnx_runtime", "litert"):
+        assert seen[client] == pytest.approx(reported["test_acc"],
+                                             abs=seen["near_ties"] / examples + 1e-9), (
+            client, seen, reported["test_acc"])
+    assert seen["onnx_signature"] == ONNX_CONTRACT and seen["litert_signature"] == LITERT_CONTRACT
+    for runtime in ("onnx", "litert"):
+        # The same classes as TF2's loader on the same images, but for examples whose top two
+        # logits are within the margin; the logits within it (float32: measured about 1e-7,
+        # kernels of another order; bfloat16: see the margin).
+        assert seen[f"{runtime}_same_classes"] >= 1 - seen["near_ties"] / examples - 1e-9, seen
+        assert seen[f"{runtime}_logits"] < margin, seen
+    assert seen["litert_bytes"] > (100_000 if model == "lenet" else 10_000_000)  # Has weights.

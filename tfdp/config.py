@@ -12,6 +12,7 @@ from typing import Optional
 
 from tfdp.cluster import tf_config
 from tfdp.errors import UserError
+from tfdp.training import formats
 from tfdp.training.trace import parse_steps
 
 STRATEGIES = ("manual", "mirrored", "multi_worker", "plain", "parameter_server")
@@ -33,7 +34,7 @@ RUN_STAMP_ENV = "TFDP_RUN_STAMP"
 RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batch_size", "lr",
                 "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
                 "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm", "ps_shards",
-                "accumulate_steps")
+                "accumulate_steps", "bucket_kb")
 LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 
 
@@ -89,6 +90,15 @@ class Config:
         "float32", "manual path: the dtype the gradients travel and are summed in, cast back "
         "before the update: float32 (the gradients' own: float64 under --precision=float64), "
         "or bfloat16 (bf16: half the bytes on every link).")
+    bucket_kb: Optional[int] = _flag(
+        None, "manual path: pack the gradients into buckets of at most this many KB, in the "
+        "order the backward pass produces them, one allreduce per bucket, so the exchange "
+        "overlaps the backward pass (the ring otherwise waits for every gradient; section "
+        "12.3). Default: no buckets.")
+    overlap: str = _flag(
+        "auto", "manual path: auto lets each allreduce start once its gradients exist; none "
+        "holds every allreduce until the whole backward pass is done (the barrier overlap is "
+        "measured against).")
     ps_shards: int = _flag(
         1, "parameter_server: split each large parameter (LeNet's W2 and W3) into up to this "
         "many shards, each on another server (at most the ps tasks); 1 keeps them whole.")
@@ -131,6 +141,11 @@ class Config:
     export_dir: Optional[str] = _flag(
         None, "SavedModel root; each run adds a version <export_dir>/<n> "
         "(default: saved_models/<model>).")
+    export_formats: str = _flag(
+        "saved_model", "What each export version holds, comma-separated: saved_model (always), "
+        "onnx (model.onnx, through tf2onnx: pip install 'tfdp[onnx]'), litert (model.tflite, "
+        "a LiteRT flatbuffer: pip install 'tfdp[litert]'); one serving contract in all "
+        "(docs/serving.md).")
     workdir: Optional[str] = _flag(
         None, "Logs, metrics.json, accuracy.png, TensorBoard and backups (default: a new folder "
         "per run, runs/<strategy>-<model>-<n>dev-<date>-<time>; give a run's folder to resume "
@@ -184,6 +199,15 @@ class Config:
             raise UserError("--steps_per_execution is a Keras option: the manual path runs "
                             "one compiled step per call")
         self._check_cadence()
+        object.__setattr__(self, "export_formats",
+                           ",".join(formats.parse(self.export_formats)))
+        _choice("overlap", self.overlap, ("auto", "none"))
+        if self.bucket_kb is not None:
+            _positive("bucket_kb", self.bucket_kb)
+        if self.strategy != "manual" and (self.bucket_kb is not None or self.overlap != "auto"):
+            raise UserError(f"--bucket_kb and --overlap are the manual path's (its own "
+                            f"allreduce); --strategy={self.strategy} exchanges gradients in "
+                            "TensorFlow's collectives")
         if self.trace_steps is not None:
             try:
                 parse_steps(str(self.trace_steps))

@@ -60,23 +60,28 @@ def gradient_bytes() -> int:
 def parse(text: str) -> dict:
     parts = text.strip().split(":")
     options = parts[2:]
-    accumulate = [o[4:] for o in options if o.startswith("acc=")]
+    settings = dict(o.partition("=")[::2] for o in options if "=" in o)
     allreduce = [o for o in options if o in ("add_n", "sharded", "ring")]
-    servers = [o[3:] for o in options if o.startswith("ps=")]
+    manual_only = {"acc", "bucket", "overlap"} & set(settings)
     if (len(parts) < 2 or parts[0] not in PATHS or not parts[1].isdigit() or int(parts[1]) < 1
-            or len(options) != len(accumulate) + len(allreduce) + len(servers)
-            or (parts[0] != "manual" and (accumulate or allreduce))
-            or (parts[0] != "parameter_server" and servers)
-            or max(len(accumulate), len(allreduce), len(servers)) > 1
-            or not all(n.isdigit() and int(n) > 0 for n in accumulate + servers)):
+            or len(options) != len(settings) + len(allreduce) or len(allreduce) > 1
+            or set(settings) - {"acc", "bucket", "overlap", "ps"}
+            or (parts[0] != "manual" and (allreduce or manual_only))
+            or (parts[0] != "parameter_server" and "ps" in settings)
+            or settings.get("overlap", "none") != "none"
+            or not all(settings[k].isdigit() and int(settings[k]) > 0
+                       for k in ("acc", "bucket", "ps") if k in settings)):
         raise UserError(f"--configs entry {text!r}: with --hosts, expected manual:k[:add_n|"
-                        "sharded|ring][:acc=K], multi_worker:k or parameter_server:k[:ps=n] (k "
-                        "hosts, and n more for the servers; K micro-batches per update)")
+                        "sharded|ring][:acc=K][:bucket=KB][:overlap=none], multi_worker:k or "
+                        "parameter_server:k[:ps=n] (k hosts, and n more for the servers; K "
+                        "micro-batches per update; gradients in buckets of KB)")
     return {"name": text.strip(), "path": parts[0], "workers": int(parts[1]),
             "allreduce": allreduce[0] if allreduce else (
                 "add_n" if parts[0] == "manual" else "-"),
-            "accumulate": int(accumulate[0]) if accumulate else 1,
-            "servers": int(servers[0] if servers else 1) if parts[0] == "parameter_server" else 0}
+            "accumulate": int(settings.get("acc", 1)),
+            "bucket_kb": int(settings["bucket"]) if "bucket" in settings else None,
+            "overlap": settings.get("overlap", "auto"),
+            "servers": int(settings.get("ps", 1)) if parts[0] == "parameter_server" else 0}
 
 
 def predict_parameter_server(workers: int, gradient: int, busiest_server: int,
@@ -162,7 +167,9 @@ def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> tuple
              f"--steps_per_epoch={max(1, steps // accumulate)}", "--eval_steps=1",
              "--init=glorot", f"--workdir={workdir}", f"--export_dir={workdir}/export"]
     if config["path"] == "manual":
-        train += [f"--allreduce={config['allreduce']}", f"--accumulate_steps={accumulate}"]
+        train += [f"--allreduce={config['allreduce']}", f"--accumulate_steps={accumulate}",
+                  f"--overlap={config.get('overlap', 'auto')}"]
+        train += [f"--bucket_kb={config['bucket_kb']}"] * bool(config.get("bucket_kb"))
     servers = []
     if config["path"] == "parameter_server":
         servers = [f"--num_ps={config['servers']}"]
@@ -226,4 +233,35 @@ def format_rows(rows: list) -> str:
                          f"{r['steps_per_second']:.2f} | {1 / r['compute_seconds']:.2f} | "
                          f"{1 / r['predicted_step_seconds']:.2f} | "
                          f"{r['predicted_step_seconds'] / r['step_seconds']:.2f} |")
+    return "\n".join(lines)
+
+
+def format_overlap(rows: list) -> str:
+    """12.3.2's table: for each manual row on a shaped link that has a twin with
+    ``overlap=none`` (the same hosts and allreduce, no buckets), the step against compute and
+    communication alone. Compute alone: the row's step on unshaped links; communication alone:
+    the barrier twin's step on that link minus its unshaped step (with the barrier nothing
+    overlaps); overlap fraction: (compute + communication - step) / min(compute,
+    communication)."""
+    lines = ["overlap of communication with the backward pass: compute = the step on unshaped "
+             "links; communication = the overlap=none twin's step on the link minus its own "
+             "compute; fraction = (sum - step) / min(compute, communication)",
+             "| config | link | compute | communication | sum (no overlap) | max (perfect "
+             "overlap) | step | step / max | overlap fraction |",
+             "|" + " --- |" * 9]
+    by_name = {(r["name"], r["link"]): r for r in rows}
+    for r in rows:
+        if r["path"] != "manual" or r["link"] == "unshaped" or r["workers"] < 2:
+            continue
+        twin = f"manual:{r['workers']}:{r['allreduce']}:overlap=none"
+        if (twin, r["link"]) not in by_name:
+            continue
+        barrier = by_name[(twin, r["link"])]
+        communication = barrier["step_seconds"] - barrier["compute_seconds"]
+        compute, step = r["compute_seconds"], r["step_seconds"]
+        total, most = compute + communication, max(compute, communication)
+        fraction = (total - step) / min(compute, communication)
+        lines.append(f"| {r['name']} | {r['link']} | {compute * 1e3:.1f} ms | "
+                     f"{communication * 1e3:.1f} ms | {total * 1e3:.1f} ms | {most * 1e3:.1f} ms"
+                     f" | {step * 1e3:.1f} ms | {step / most:.2f} | {fraction:.2f} |")
     return "\n".join(lines)

@@ -169,6 +169,9 @@ def main_hosts():
             _write(os.path.join(FLAGS.workdir, "training_hosts"), rows,
                    host_training.format_rows(rows))
             text.append(host_training.format_rows(rows))
+            overlap = host_training.format_overlap(rows)
+            if overlap.count("\n") > 2:  # Rows with an overlap=none twin.
+                text.append(overlap)
         if FLAGS.allreduce:
             rows = host_allreduce.measure(workers, sizes, FLAGS.links, FLAGS.repeats, say=say,
                                           dtypes=dtypes, pieces=FLAGS.pieces)

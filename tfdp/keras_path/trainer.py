@@ -11,6 +11,7 @@ cut into per-replica shards exactly like ``split_batch`` (``distributed_input``)
 equal starting weights the two paths train the same model.
 """
 
+import dataclasses
 import hashlib
 import tempfile
 import time
@@ -173,13 +174,20 @@ class Path:
                 self.distribution.worker_index)
         return weights
 
+    def _float32_twin(self):
+        """The trained model's layers and weights, computing in float32."""
+        twin = build_model(dataclasses.replace(self.config, precision="float32"))
+        twin.set_weights(self.model.get_weights())
+        return twin
+
     def export(self):
         """The chief writes the next version; the others save to a scratch folder they delete,
         because saving distributed variables is a collective every worker must join. Then all
         finish together: a chief exiting first upsets the others' heartbeat."""
         d = self.distribution
         if d.is_chief:
-            path = export.export(self.model, self.config.export_root)
+            path = export.export(self.model, self.config.export_root,
+                                 self.config.export_formats, self._float32_twin)
         else:
             scratch = tempfile.mkdtemp(prefix=f"tfdp-worker{d.worker_index}-")
             export.save_scratch(self.model, scratch)

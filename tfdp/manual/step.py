@@ -22,6 +22,7 @@ plan: the host issues one call per ``--sync_every`` steps and reads their losses
 import tensorflow as tf
 
 from tfdp.manual.allreduce import ALLREDUCE, on_replica
+from tfdp.manual.buckets import exchange
 from tfdp.manual.feed import Feed, images_feed
 from tfdp.models import lenet
 from tfdp.models.loss import count_correct, summed_cross_entropy
@@ -30,14 +31,15 @@ from tfdp.plan import shard_sizes
 
 def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool = False,
                     feed: Feed = None, compute_dtype=None, allreduce_dtype=None,
-                    accumulate: int = 1):
+                    accumulate: int = 1, bucket_kb: int = None, overlap: bool = True):
     """``step(*batch, lr) -> (loss, correct, times)`` over the global batch, updating replicas;
     ``times[d]`` is (start, gradients ready) of replica d, in Unix seconds
     (``tfdp.manual.arrivals``). The
     batch is ``(images, labels)`` unless a ``feed`` says otherwise. ``compute_dtype``
     (default: the parameters') is what the forward and backward passes compute in;
     ``allreduce_dtype`` (default: the gradients') is what the gradients travel and are summed
-    in, cast back before the update; ``accumulate`` micro-batches per device make one update."""
+    in, cast back before the update; ``accumulate`` micro-batches per device make one update;
+    ``bucket_kb`` and ``overlap`` say when the gradients travel (``tfdp.manual.buckets``)."""
     reduce = ALLREDUCE[allreduce]
     dtype = replicas[0]["W1"].dtype
     compute = tf.as_dtype(compute_dtype or dtype)
@@ -52,18 +54,18 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
         grads, losses, correct, times = [], [], [], []
         for d, (params, (x, y)) in enumerate(zip(replicas, placed)):
             with on_replica(devices, d):
-                loss, right, stamps, *g = _unless_empty(
+                loss, right, started, *g = _unless_empty(
                     y, _stamped(lambda: _accumulated_gradients(params, x, y, n, compute,
                                                                accumulate)),
                     _stamped(lambda: _no_gradients(params)))
-                times.append(stamps)
+                times.append(tf.stack([started, _ready(loss, g, params["b1"])]))
                 grads.append(g)
                 losses.append(loss)
                 correct.append(right)
         with tf.name_scope("allreduce"):
             if travel != dtype:
                 grads = [_cast_on(devices, d, g, travel) for d, g in enumerate(grads)]
-            summed = reduce(grads, devices)
+            summed = exchange(grads, devices, reduce, bucket_kb, overlap)
         for d, (params, g) in enumerate(zip(replicas, summed)):
             with on_replica(devices, d), tf.name_scope("update"):
                 for (name, var), grad in zip(params.items(), g):
@@ -104,20 +106,31 @@ def make_train_window(step, plan, eager: bool = False):
 
 
 def _stamped(shard_gradients):
-    """``shard_gradients()``, with the times (on the device's own clock) it started and its
-    gradients were ready: (loss, correct, [start, ready], *gradients). Inside the per-replica
-    ``tf.cond``, whose inputs are the replica's variables: ``tf.function`` orders stateful ops
-    with no resource input (a ``tf.timestamp`` outside) one after the other, which would make
-    each replica wait for the previous one's gradients."""
+    """``shard_gradients()`` and the time (on the device's own clock) it started: (loss,
+    correct, start, *gradients)."""
     def run():
         started = tf.timestamp()
         with tf.control_dependencies([started]):
             loss, right, *grads = shard_gradients()
-        with tf.control_dependencies(grads):
-            ready = tf.timestamp()
-        return [loss, right, tf.stack([started, ready]), *grads]
+        return [loss, right, started, *grads]
 
     return run
+
+
+def _ready(loss, grads: list, anchor):
+    """The time ``grads`` are all ready for the exchange, on their device's clock.
+
+    ``tf.function`` runs stateful ops that take no resource (a bare ``tf.timestamp``) one after
+    the other in program order, so replica 1's stamp would wait for replica 0's gradients; a
+    stamp inside the replica's own cond would hold back every gradient of the cond until the
+    last (a branch's outputs wait for its stateful ops), and no allreduce could start early.
+    Here the stamp is a cond of its own that reads ``anchor``, one of the replica's variables:
+    ordered by that variable only, and after the gradients only."""
+    def stamp():
+        return tf.timestamp() + 0.0 * tf.cast(tf.reduce_sum(anchor.read_value()), tf.float64)
+
+    with tf.control_dependencies(grads):
+        return tf.cond(tf.math.is_finite(loss), stamp, stamp)
 
 
 def _no_gradients(params: dict) -> list:

@@ -60,7 +60,8 @@ class Path:
 
     def export(self) -> str:
         return export.export(lenet.serving_model(self.params, self.config.precision),
-                             self.config.export_root)
+                             self.config.export_root, self.config.export_formats,
+                             lambda: lenet.serving_model(self.params, "float32"))
 
 
 def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None) -> dict:
@@ -93,7 +94,8 @@ class ReplicaSteps(loop.Steps):
         self.arrivals, self.collected = arrivals, run.first_step
         self.train_step = make_train_step(replicas, run.devices, config.allreduce, config.eager,
                                           feed, config.precision, travel,
-                                          config.accumulate_steps)
+                                          config.accumulate_steps, config.bucket_kb,
+                                          config.overlap == "auto")
         self.train_window = make_train_window(self.train_step, run.plan, config.eager)
         self.eval_step = make_eval_step(replicas, run.devices, config.eager, feed,
                                         config.precision)

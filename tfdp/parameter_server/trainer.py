@@ -120,7 +120,8 @@ class Path:
 
     def export(self) -> str:
         return export.export(self.store.serving_model(self.weights, self.config.precision),
-                             self.config.export_root)
+                             self.config.export_root, self.config.export_formats,
+                             lambda: self.store.serving_model(self.weights, "float32"))
 
 
 def _connect(config):

@@ -17,7 +17,9 @@ Each export is a new version ``<export_root>/<n>/`` (1, 2, ... as TF Serving exp
 by every user (a model server often runs as another). It is written to a hidden temporary
 folder beside it and renamed into place, so a crash never leaves a half-written version and
 never touches an earlier one; a temporary folder whose writer was killed is removed by the next
-export.
+export. The other formats a run asks for (``--export_formats``: ONNX, LiteRT) are converted
+from the SavedModel into the same temporary folder (``tfdp.training.formats``), so a version
+holds all of them or does not exist.
 """
 
 import os
@@ -31,6 +33,7 @@ import tensorflow as tf
 
 from tfdp import data
 from tfdp.errors import UserError
+from tfdp.training import formats
 from tfdp.training.workdir import process_alive
 
 SIGNATURE = "serving_default"
@@ -75,14 +78,25 @@ def existing_versions(export_root: str) -> list:
     return sorted(int(n) for n in os.listdir(export_root) if n.isdigit())
 
 
-def export(model: keras.Model, export_root: str) -> str:
-    """Save ``model`` as the next version under ``export_root``; return its path."""
+def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model",
+           float32_twin=None) -> str:
+    """Save ``model`` as the next version under ``export_root``, with the other
+    ``formats_csv`` (``tfdp.training.formats``) inside it, converted from ``float32_twin()``
+    (the same weights computing in float32) when ``model`` computes in bfloat16; return its
+    path."""
     check_export_root(export_root)
     remove_stale_partials(export_root)
     tmp = tempfile.mkdtemp(prefix=f"{_PARTIAL}{socket.gethostname()}-{os.getpid()}-",
                            dir=export_root)
+    twin = None
     try:
         serving_archive(model).write_out(tmp, verbose=False)
+        wanted = tuple(formats_csv.split(","))
+        if len(wanted) > 1 and any(layer.dtype_policy.compute_dtype == "bfloat16"
+                                   for layer in model.layers):
+            twin = tempfile.mkdtemp(prefix="tfdp-float32-twin-")
+            serving_archive(float32_twin()).write_out(twin, verbose=False)
+        formats.convert(tmp, wanted, source=twin)
         _readable_by_all(tmp)
         while True:  # Another run may take a number at the same moment: take the next.
             versions = existing_versions(export_root)
@@ -95,6 +109,8 @@ def export(model: keras.Model, export_root: str) -> str:
                     raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if twin:
+            shutil.rmtree(twin, ignore_errors=True)
 
 
 def remove_stale_partials(export_root: str) -> list:

@@ -58,16 +58,16 @@ def classify(node: str, op_type: str) -> tuple:
     found = _REPLICA.search(node)
     replica = int(found.group(1)) if found else None
     parameter = _PARAMETER.search(node)
-    if (op_type in _COMMUNICATION_OPS or op_type.startswith("Collective")
+    if _INPUT.search(node) or node.startswith(("Iterator::", "IteratorGetNext")) or op_type in (
+            "IteratorGetNext", "IteratorGetNextSync"):
+        kind = "input"  # Before communication: sending a replica its shard is input.
+    elif (op_type in _COMMUNICATION_OPS or op_type.startswith("Collective")
             or "allreduce" in node or "CrossDeviceOps" in node):
         kind = "communication"
     elif "gradient_tape" in node or "/backward/" in node:
         kind = "backward"
     elif _UPDATE.search(node) or op_type.startswith(("AssignSub", "ResourceApply")):
         kind = "update"
-    elif (_INPUT.search(node) or node.startswith("Iterator::")
-          or op_type in ("IteratorGetNext", "IteratorGetNextSync")):
-        kind = "input"
     elif "/forward" in node or replica is not None or _MODEL.search(node):
         kind = "forward"
     else:

@@ -1,0 +1,46 @@
+"""``python -m tfdp.export <version> --formats=onnx,litert``: add the other formats to a SavedModel
+version that tfdp exported before (``saved_models/lenet/1``), inside that folder, each file
+written through a temporary name (``tfdp.training.formats``)::
+
+  python -m tfdp.export saved_models/lenet/1 --formats=onnx,litert
+
+A new run writes them itself with ``--export_formats``.
+"""
+
+import os
+import sys
+
+from absl import app, flags
+
+from tfdp import logs
+from tfdp.errors import UserError
+from tfdp.flags import help_parser
+from tfdp.training import formats
+
+flags.DEFINE_string("formats", "onnx,litert", "Formats to add: onnx, litert (comma-separated).")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.exit("tfdp.export: error: give one exported version, e.g. python -m tfdp.export "
+                 "saved_models/lenet/1 --formats=onnx,litert")
+    version = argv[1]
+    try:
+        wanted = formats.parse(FLAGS.formats, "--formats")
+        if not os.path.isfile(os.path.join(version, "saved_model.pb")):
+            raise UserError(f"{version} holds no saved_model.pb: give a version folder that "
+                            "tfdp.train exported")
+        logs.configure(False)
+        for path in formats.convert(version, wanted):
+            print(f"tfdp.export: wrote {path}", flush=True)
+    except UserError as e:
+        sys.exit(f"tfdp.export: error: {e}")
+
+
+def run():
+    app.run(main, flags_parser=help_parser(__doc__))
+
+
+if __name__ == "__main__":
+    run()
