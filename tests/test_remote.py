@@ -74,7 +74,8 @@ def test_a_killed_worker_ends_the_run_naming_it_and_the_same_command_resumes(tmp
     assert time.time() - killed < 60
     assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(\w+Error\): "
                      r"unreachable now: worker 1 \(127\.0\.0\.1:\d+\); the backup of step \d+ is "
-                     r"kept: run the same command again to resume once every worker is reachable$",
+                     r"kept: run the same command again to resume once every worker is reachable "
+                     r"\(the last steps' arrival times per replica: \S+flight_recorder\.json\)$",
                      err, re.M), err[-3000:]
     assert "tfdp.launch: worker 1 exited with -9 while the chief runs" in err
     assert "Traceback" not in err
