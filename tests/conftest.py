@@ -292,3 +292,24 @@ def lanes_by_step(trace: dict) -> dict:
             key = (workers[e["pid"]], lanes[(e["pid"], e["tid"])], e["args"]["step"])
             found.setdefault(key, set()).add(e["cat"])
     return found
+
+
+def runtimes_agree(version, images, folder, margin=1e-4) -> dict:
+    """ONNX Runtime and LiteRT (``tests/serving_clients.py``, a process that never imports tfdp)
+    on the export ``version``'s model.onnx and model.tflite: the classes TF2's loader gives on
+    ``images`` (uint8), but for examples whose top two logits are within ``margin``, and logits
+    within ``margin`` of their size. Returns what the clients saw."""
+    np.save(folder / "images.npy", images)
+    np.save(folder / "labels.npy", np.zeros(len(images), np.int64))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tests", "serving_clients.py"), str(version),
+         str(folder / "images.npy"), str(folder / "labels.npy"), str(margin)],
+        capture_output=True, text=True, timeout=600, cwd=folder,
+        env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    for runtime in ("onnx", "litert"):
+        assert seen[f"{runtime}_same_classes"] >= 1 - seen["near_ties"] / len(images) - 1e-9, seen
+        assert seen[f"{runtime}_logits"] < margin, seen
+    return seen

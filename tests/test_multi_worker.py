@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import (DEVICES, REPO, children, comparable_start, lanes_by_step,
-                      served_disagreement, train_manual)
+                      runtimes_agree, served_disagreement, train_manual)
 from conftest import launch as launch_cluster
 from tfdp.training.backups import Backups
 from tfdp.training import report
@@ -36,6 +36,7 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     settings = dict(batch_size=95, lr=0.1, epochs=1, steps_per_epoch=10, eval_steps=2, seed=2,
                     data_dir=data_dir, precision="float64", accumulate_steps=2)
     result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}", "--trace_steps=3:4",
+                    "--export_formats=saved_model,onnx,litert",
                     *[f"--{k}={v}" for k, v in settings.items()])
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout.splitlines()
@@ -69,6 +70,8 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     # float32 runs that drift apart are explained in conftest.comparable_start).
     assert served_disagreement(tmp_path / "export" / "1", manual, start,
                                test_split.images[:500]) < 1e-5
+    # ONNX and LiteRT from its float32 twin: the float64 model's logits to float32's rounding.
+    runtimes_agree(tmp_path / "export" / "1", test_split.images[:200], tmp_path)
 
 
 @pytest.mark.cluster

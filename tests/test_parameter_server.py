@@ -14,8 +14,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, run_module,
-                      served_disagreement, task_pid, train_manual, wait_for_first_backup)
+                      runtimes_agree, served_disagreement, task_pid, train_manual,
+                      wait_for_first_backup)
 from conftest import launch as launch_cluster
+from tfdp import data
 from tfdp.training import report
 from tfdp.cluster import emulated_hosts
 from tfdp.config import Config
@@ -28,7 +30,8 @@ def launch(tmp_path, *train_args, workers=2, ps=1, on_hosts=False, **how):
 @pytest.mark.cluster
 def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, data_dir):
     result = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=2", "--steps_per_epoch=8",
-                    "--eval_steps=2", "--ps_shards=2", "--trace_steps=3:4", ps=2)
+                    "--eval_steps=2", "--ps_shards=2", "--trace_steps=3:4",
+                    "--export_formats=saved_model,onnx,litert", ps=2)
     assert result.returncode == 0, result.stderr[-4000:]
     # The coordinator traces itself: its host lane, the two traced steps one after the other.
     trace = json.loads((tmp_path / "run" / "timeline.json").read_text())
@@ -54,6 +57,8 @@ def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, d
     assert "[chief] test acc (first 512 of 10000 test examples):" in out
     assert not re.search(r"^\[[\w ]+\] ([IWE]\d{4} |Traceback)", err, re.M), err[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]
+    images = data.load_split("test", data_dir).images[:200]
+    runtimes_agree(tmp_path / "export" / "1", images, tmp_path)
 
 
 @pytest.mark.cluster

@@ -82,8 +82,8 @@ def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model
            float32_twin=None) -> str:
     """Save ``model`` as the next version under ``export_root``, with the other
     ``formats_csv`` (``tfdp.training.formats``) inside it, converted from ``float32_twin()``
-    (the same weights computing in float32) when ``model`` computes in bfloat16; return its
-    path."""
+    (the same weights computing in float32) when ``model`` computes in bfloat16 or float64;
+    return its path."""
     check_export_root(export_root)
     remove_stale_partials(export_root)
     tmp = tempfile.mkdtemp(prefix=f"{_PARTIAL}{socket.gethostname()}-{os.getpid()}-",
@@ -92,7 +92,7 @@ def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model
     try:
         serving_archive(model).write_out(tmp, verbose=False)
         wanted = tuple(formats_csv.split(","))
-        if len(wanted) > 1 and any(layer.dtype_policy.compute_dtype == "bfloat16"
+        if len(wanted) > 1 and any(layer.dtype_policy.compute_dtype != "float32"
                                    for layer in model.layers):
             twin = tempfile.mkdtemp(prefix="tfdp-float32-twin-")
             serving_archive(float32_twin()).write_out(twin, verbose=False)

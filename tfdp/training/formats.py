@@ -14,9 +14,11 @@ for the runtimes users serve with.
 
 A model trained in bfloat16 serves its SavedModel in bfloat16 (mixed precision, as it
 trained), which neither converter takes (LiteRT has no bfloat16 convolution; tf2onnx would
-leave casts ONNX Runtime's CPU kernels do not run). Its ONNX and LiteRT files are converted from
-a float32 twin with the same (float32) weights instead: they compute in float32, and their
-logits differ from the SavedModel's by the SavedModel's bfloat16 rounding. Rounding every
+leave casts ONNX Runtime's CPU kernels do not run); one trained in float64 computes in float64,
+which LiteRT's builtin kernels do not take either. Their ONNX and LiteRT files are converted
+from a float32 twin with the same weights instead (float64 weights rounded to float32): they
+compute in float32, and their logits differ from the SavedModel's by float32's rounding
+(float64 models) or by the SavedModel's bfloat16 rounding. Rounding every
 layer's inputs to bfloat16's 8 significant bits (unit roundoff u = 2^-8) in LeNet's four
 weighted layers bounds that difference, to first order, by about 4·2u = 2^-5 ≈ 3 % of the
 logits' size (two roundings a layer: weights and activations); ``tests/test_serving_clients.py``
@@ -97,7 +99,14 @@ def _to_litert(saved_model: str, path: str) -> None:
 
 
 def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
+    """Whether ``module`` is installed, without importing it or its parents: ``find_spec`` of
+    a dotted name imports the package, and importing TensorFlow here, while the flags are
+    checked, would print its start-up banners before tfdp hides them (``tfdp.logs``)."""
+    top, *rest = module.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not rest:
+        return spec is not None
+    if not spec.submodule_search_locations:
         return False
+    path = os.path.join(next(iter(spec.submodule_search_locations)), *rest)
+    return os.path.isdir(path) or os.path.isfile(path + ".py")
