@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from conftest import (DEVICES, REPO, children, comparable_start, lanes_by_step,
-                      runtimes_agree, served_disagreement, train_manual)
+                      runtimes_agree, serve_in_clients, served_disagreement,
+                      train_manual)
 from conftest import launch as launch_cluster
 from tfdp.training.backups import Backups
 from tfdp.training import report
@@ -71,7 +72,8 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     assert served_disagreement(tmp_path / "export" / "1", manual, start,
                                test_split.images[:500]) < 1e-5
     # ONNX and LiteRT from its float32 twin: the float64 model's logits to float32's rounding.
-    runtimes_agree(tmp_path / "export" / "1", test_split.images[:200], tmp_path)
+    runtimes_agree(serve_in_clients(tmp_path / "export" / "1", test_split.images[:200],
+                                    test_split.labels[:200], tmp_path), 200)
 
 
 @pytest.mark.cluster

@@ -12,7 +12,8 @@ NOTEBOOK = os.path.join(REPO, "examples", "chapter12.ipynb")
 
 
 def text_of(cell) -> str:
-    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o["output_type"] == "stream")
+    return "".join(o.get("text", "") for o in cell.get("outputs", [])
+                   if o["output_type"] == "stream")
 
 
 @pytest.mark.slow

@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, run_module,
-                      runtimes_agree, served_disagreement, task_pid, train_manual,
-                      wait_for_first_backup)
+                      runtimes_agree, serve_in_clients, served_disagreement, task_pid,
+                      train_manual, wait_for_first_backup)
 from conftest import launch as launch_cluster
 from tfdp import data
 from tfdp.training import report
@@ -57,8 +57,9 @@ def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, d
     assert "[chief] test acc (first 512 of 10000 test examples):" in out
     assert not re.search(r"^\[[\w ]+\] ([IWE]\d{4} |Traceback)", err, re.M), err[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]
-    images = data.load_split("test", data_dir).images[:200]
-    runtimes_agree(tmp_path / "export" / "1", images, tmp_path)
+    test = data.load_split("test", data_dir)
+    runtimes_agree(serve_in_clients(tmp_path / "export" / "1", test.images[:200],
+                                    test.labels[:200], tmp_path), 200)
 
 
 @pytest.mark.cluster

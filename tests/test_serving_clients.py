@@ -7,13 +7,10 @@ beside it (``--export_formats``), ONNX Runtime and LiteRT's interpreter. The cli
 import json
 import os
 import stat
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 
-from conftest import REPO, run_module
+from conftest import run_module, runtimes_agree, serve_in_clients
 
 CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
             "outputs": {"logits": ["float32", [-1, 10]], "probabilities": ["float32", [-1, 10]],
@@ -58,19 +55,11 @@ def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy,
             assert stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) & 0o444 == 0o444
 
     examples = eval_steps * batch  # The test examples the run's accuracy covers.
-    np.save(tmp_path / "images.npy", test_split.images[:examples])
-    np.save(tmp_path / "labels.npy", test_split.labels[:examples])
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # ONNX and LiteRT compute in float32; a bfloat16-trained SavedModel in bfloat16: its logits
     # differ by bfloat16's rounding, bounded in tfdp/training/formats.py by 2^-5 of their size.
     margin = 2.0 ** -5 if precision == "bfloat16" else 1e-4
-    clients = subprocess.run(
-        [sys.executable, os.path.join(REPO, "tests", "serving_clients.py"), str(export),
-         str(tmp_path / "images.npy"), str(tmp_path / "labels.npy"), str(margin)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-        env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert clients.returncode == 0, clients.stderr[-3000:]
-    seen = json.loads(clients.stdout.strip().splitlines()[-1])
+    seen = serve_in_clients(export, test_split.images[:examples], test_split.labels[:examples],
+                            tmp_path, margin)
     assert seen["signature"] == CONTRACT
     assert seen["logits_finite"], "the run diverged: accuracies would compare ties of NaNs"
     # Exact, but for examples whose top two logits tie to rounding (another device count,
@@ -85,10 +74,6 @@ def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy,
                                              abs=seen["near_ties"] / examples + 1e-9), (
             client, seen, reported["test_acc"])
     assert seen["onnx_signature"] == ONNX_CONTRACT and seen["litert_signature"] == LITERT_CONTRACT
-    for runtime in ("onnx", "litert"):
-        # The same classes as TF2's loader on the same images, but for examples whose top two
-        # logits are within the margin; the logits within it (float32: measured about 1e-7,
-        # kernels of another order; bfloat16: see the margin).
-        assert seen[f"{runtime}_same_classes"] >= 1 - seen["near_ties"] / examples - 1e-9, seen
-        assert seen[f"{runtime}_logits"] < margin, seen
+    # Float32: measured about 1e-7, kernels of another order; bfloat16: see the margin.
+    runtimes_agree(seen, examples, margin)
     assert seen["litert_bytes"] > (100_000 if model == "lenet" else 10_000_000)  # Has weights.
