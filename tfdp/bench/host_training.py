@@ -150,8 +150,9 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
                 "predicted_communication_seconds": predicted,
                 "predicted_step_seconds": compute + predicted,
                 "ratio": step / (compute + predicted),
-                "k_machines_step_seconds": (compute_one / k + communication
-                                            if compute_one else None),
+                # An update of K micro-batches is K of the one host's steps, shared by k.
+                "k_machines_step_seconds": (compute_one * config.get("accumulate", 1) / k
+                                            + communication if compute_one else None),
                 "sent_bytes_per_epoch": sent_per_epoch,
                 "samples": samples[(config["name"], link)]})
     return rows
