@@ -23,8 +23,8 @@ PRECISIONS = ("float32", "float64", "bfloat16")
 # Short names accepted for --precision (the issue tracker and other libraries use them).
 PRECISION_ALIASES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}
 DEFAULT_BATCH_SIZE = 256
-# The manual path's default --sync_every: the smallest that reached the plateau of the loop's
-# rate against its bare compiled step (docs/section-12.2.md).
+# The manual path's default --sync_every: the smallest N whose loop passed its bare compiled
+# step's rate at batch 32 in both runs of the cadence table (docs/section-12.2.md).
 DEFAULT_SYNC_EVERY = 16
 # Set by the launcher: for all its workers, so they share one default run folder; for its
 # chief, when the launcher runs in a terminal, so that the chief draws its progress bar.
