@@ -23,7 +23,7 @@ from tfdp.config import Config
 from tfdp.errors import PREEMPTED_EXIT_CODE, Diverged, Preempted, UserError
 from tfdp.models import lenet
 from tfdp.training import divergence, export, preemption, skeleton, workdir
-from tfdp.training.backups import Backups
+from tfdp.training.backups import Backups, identity
 
 needs_root = pytest.mark.root("mounts a small tmpfs and read-only folders")
 
@@ -365,7 +365,7 @@ def manual_config(tmp_path, data_dir, **overrides):
 
 def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
     earlier = manual_config(tmp_path, data_dir)
-    backups = Backups(earlier.run_dir, 0, earlier.identity)
+    backups = Backups(earlier.run_dir, 0, identity(earlier))
     backups.save(5, lenet.to_keras_weights(lenet.init_params(0)))
     with pytest.raises(UserError) as caught:
         skeleton.run(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
@@ -378,7 +378,7 @@ def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
 def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, data_dir, capsys,
                                                                     caplog):
     config = manual_config(tmp_path, data_dir)
-    backups = Backups(config.run_dir, 0, config.identity)
+    backups = Backups(config.run_dir, 0, identity(config))
     weights = lenet.to_keras_weights(lenet.init_params(0, init="glorot"))
     backups.save(5, weights)
     newest = backups.save(10, weights)

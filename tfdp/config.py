@@ -7,10 +7,8 @@ names the flag to change.
 import dataclasses
 import math
 import os
-import time
 from typing import Optional
 
-from tfdp.cluster import tf_config
 from tfdp.errors import UserError
 from tfdp.training import formats
 from tfdp.training.trace import parse_steps
@@ -29,12 +27,6 @@ DEFAULT_SYNC_EVERY = 16
 # Set by the launcher: for all its workers, so they share one default run folder; for its
 # chief, when the launcher runs in a terminal, so that the chief draws its progress bar.
 RUN_STAMP_ENV = "TFDP_RUN_STAMP"
-# The flags that decide what training computes, step by step: a run resumes from a backup only
-# under the same ones (--epochs may grow: the steps before are the same).
-RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batch_size", "lr",
-                "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
-                "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm", "ps_shards",
-                "accumulate_steps", "bucket_kb")
 LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 
 
@@ -287,11 +279,6 @@ class Config:
         return "float32" if self.precision == "bfloat16" else self.precision
 
     @property
-    def identity(self) -> dict:
-        """The ``RESUME_FLAGS`` of this run (``init`` as resolved), stored in its backups."""
-        return dict({name: getattr(self, name) for name in RESUME_FLAGS}, init=self.initializer)
-
-    @property
     def export_root(self) -> str:
         return self.export_dir or os.path.join("saved_models", self.model)
 
@@ -327,26 +314,6 @@ _NO_SYNC_EVERY = {
     "parameter_server": "the coordinator already runs up to two steps per worker ahead and "
                         "reads each step's result as it arrives",
 }
-
-
-def with_run_dir(config: Config) -> Config:
-    """``config`` with ``workdir`` set: a new folder per run by default,
-    ``runs/<strategy>-<model>-<n>dev-<date>-<time>``, so runs never overwrite each other and
-    ``tensorboard --logdir runs`` compares them. To resume a run, pass its folder as
-    ``--workdir``."""
-    if config.workdir is not None:
-        return config
-    stamp = os.environ.get(RUN_STAMP_ENV)
-    if stamp is None and config.strategy == "multi_worker" and tf_config.num_workers() > 1:
-        raise UserError("--strategy=multi_worker with several workers needs --workdir: every "
-                        "worker must use the same run folder (tfdp.launch chooses one for you)")
-    base = os.path.join("runs", f"{config.strategy}-{config.model}-{config.num_gpus}dev-"
-                                f"{stamp or time.strftime('%Y%m%d-%H%M%S')}")
-    path, n = base, 1
-    while stamp is None and os.path.exists(path):  # Two runs started in the same second.
-        n += 1
-        path = f"{base}-{n}"
-    return dataclasses.replace(config, workdir=path)
 
 
 def _choice(flag, value, choices):

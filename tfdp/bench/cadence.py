@@ -132,8 +132,6 @@ def _measure_one(config: dict, steps: int, epochs: int, data_dir, manual_dir) ->
     from tfdp import logs
 
     logs.import_tensorflow()
-    import tensorflow as tf
-
     from tfdp import data
     from tfdp.config import Config
     from tfdp.devices import configure_devices
@@ -147,7 +145,7 @@ def _measure_one(config: dict, steps: int, epochs: int, data_dir, manual_dir) ->
     train, test = data.load_splits(data_dir, manual_dir)
     if config["mode"] == "loop":
         return _loop(settings, devices, train, test)
-    return _bare(settings, devices, train, asynchronous=config["mode"] == "ahead", tf=tf)
+    return _bare(settings, devices, train, asynchronous=config["mode"] == "ahead")
 
 
 def _loop(config, devices, train, test) -> dict:
@@ -165,7 +163,8 @@ def _loop(config, devices, train, test) -> dict:
             "peak_mb": peak - idle}
 
 
-def _bare(config, devices, train, asynchronous: bool, tf) -> dict:
+def _bare(config, devices, train, asynchronous: bool) -> dict:
+    import tensorflow as tf
     from tensorflow.python.eager import context
 
     from tfdp import data

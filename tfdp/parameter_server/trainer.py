@@ -208,8 +208,7 @@ class ScheduledSteps(loop.Steps):
         self.window = 2 * num_workers
         self.train_step, self.eval_step = make_train_step(store), make_eval_step(store)
         self.train_arrays, self.test_arrays = iter(arrays["train"]), iter(arrays["test"])
-        self.staleness = []
-        self.in_flight = []  # Issued, not yet collected.
+        self.staleness, self.in_flight = [], []  # in_flight: issued, not yet collected.
 
     def batches(self, first_epoch, offset):
         config, plan = self.run.config, self.run.plan
@@ -218,8 +217,7 @@ class ScheduledSteps(loop.Steps):
                     .skip(offset).map(lambda i: (i,)))
 
     def issue(self, batches, first_step, count):  # count is 1: --sync_every is manual's.
-        step = _Step(next(batches)[0], tf.constant(self.run.plan.learning_rate(first_step),
-                                                   tf.float32))
+        step = _Step(next(batches)[0], tf.constant(self.run.plan.learning_rate(first_step)))
         self._schedule(step)
         self.in_flight.append(step)
         return step

@@ -4,7 +4,7 @@ What a run needs to go on is its weights and its global step: the optimizer is p
 slots), its learning rate a function of the step, and the order of the batches a function of
 (seed, epoch). So a backup is one ``.npz`` file, ``<workdir>/backup/worker-<i>/step-<n>.npz``,
 holding the weights (Keras order; for LeNet ``lenet.to_keras_weights``), the step and the flags
-that decide the training (``Config.identity``). Every path writes one after every epoch and one
+that decide the training (``identity``: the ``RESUME_FLAGS``). Every path writes one after every epoch and one
 at the step where it is preempted, and keeps the newest ``KEEP``.
 
 * Written through ``workdir.write_atomic`` (a new temporary file, fsync, rename): a crash never
@@ -32,6 +32,19 @@ import numpy as np
 from tfdp.training import workdir
 from tfdp.errors import UserError
 from tfdp.logs import logger
+
+# The flags that decide what training computes, step by step: a run resumes from a backup only
+# under the same ones (--epochs may grow: the steps before are the same).
+RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batch_size", "lr",
+                "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
+                "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm", "ps_shards",
+                "accumulate_steps", "bucket_kb")
+
+
+def identity(config) -> dict:
+    """The ``RESUME_FLAGS`` of ``config`` (``init`` as resolved), stored in its backups."""
+    return dict({name: getattr(config, name) for name in RESUME_FLAGS}, init=config.initializer)
+
 
 KEEP = 2
 _FILE = re.compile(r"^step-(\d+)\.npz$")

@@ -25,11 +25,11 @@ import importlib
 from typing import Optional
 
 from tfdp.cluster import tf_config
-from tfdp.config import Config, with_run_dir
+from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.logs import logger
 from tfdp.training import preemption, workdir
-from tfdp.training.backups import Backups, resume_step
+from tfdp.training.backups import Backups, identity, resume_step
 from tfdp.training.result import Result
 from tfdp.training.trace import Tracer
 
@@ -65,10 +65,10 @@ def run(config: Config, start_weights=None) -> Result:
     backup every worker has intact."""
     from tfdp.cluster.stall import PEER_LOST, flight_recorded
 
-    config = with_run_dir(config)
+    config = workdir.with_run_dir(config)
     worker = tf_config.task().worker_index if config.strategy == "multi_worker" else 0
     with workdir.claim(config.run_dir, worker):
-        backups = Backups(config.run_dir, worker, config.identity)
+        backups = Backups(config.run_dir, worker, identity(config))
         with preemption.Watch() as watch:
             path = importlib.import_module(PATHS[config.strategy]).Path(config, backups)
             watch.install()  # The path's set-up may have created TensorFlow's own handler.

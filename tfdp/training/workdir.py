@@ -9,10 +9,14 @@ the target.
 """
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import tempfile
+import time
 
+from tfdp.cluster import tf_config
+from tfdp.config import RUN_STAMP_ENV, Config
 from tfdp.errors import UserError
 
 _HELD = {}  # path -> fd, for the claims of this process
@@ -90,3 +94,23 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # Alive, another user's.
         pass
     return True
+
+
+def with_run_dir(config: Config) -> Config:
+    """``config`` with ``workdir`` set: a new folder per run by default,
+    ``runs/<strategy>-<model>-<n>dev-<date>-<time>``, so runs never overwrite each other and
+    ``tensorboard --logdir runs`` compares them. To resume a run, pass its folder as
+    ``--workdir``."""
+    if config.workdir is not None:
+        return config
+    stamp = os.environ.get(RUN_STAMP_ENV)
+    if stamp is None and config.strategy == "multi_worker" and tf_config.num_workers() > 1:
+        raise UserError("--strategy=multi_worker with several workers needs --workdir: every "
+                        "worker must use the same run folder (tfdp.launch chooses one for you)")
+    base = os.path.join("runs", f"{config.strategy}-{config.model}-{config.num_gpus}dev-"
+                                f"{stamp or time.strftime('%Y%m%d-%H%M%S')}")
+    path, n = base, 1
+    while stamp is None and os.path.exists(path):  # Two runs started in the same second.
+        n += 1
+        path = f"{base}-{n}"
+    return dataclasses.replace(config, workdir=path)
