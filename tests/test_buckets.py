@@ -46,7 +46,7 @@ def exchange_against_backward(tmp_path, data_dir, name, **flags) -> list:
                         allreduce="ring", trace_steps="4:6", data_dir=data_dir,
                         workdir=str(tmp_path / name), export_dir=str(tmp_path / "exports"),
                         **flags))
-    part = json.loads((tmp_path / name / "trace" / "worker-0.json").read_text())
+    part = json.loads((tmp_path / name / "trace" / "chief.json").read_text())
     found = []
     for step in (4, 5, 6):
         events = [e for e in part["events"] if e["step"] == step]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, run_module,
-                      runtimes_agree, serve_in_clients, served_disagreement, task_pid,
+from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, lanes_by_step,
+                      run_module, runtimes_agree, serve_in_clients, served_disagreement, task_pid,
                       train_manual, wait_for_first_backup)
 from conftest import launch as launch_cluster
 from tfdp import data
@@ -33,10 +33,20 @@ def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, d
                     "--eval_steps=2", "--ps_shards=2", "--trace_steps=3:4",
                     "--export_formats=saved_model,onnx,litert", ps=2)
     assert result.returncode == 0, result.stderr[-4000:]
-    # The coordinator traces itself: its host lane, the two traced steps one after the other.
+    # The coordinator traces itself and captures the servers: each traced step ran on one
+    # worker (forward, backward), and updated its halves of W3 on both parameter servers.
     trace = json.loads((tmp_path / "run" / "timeline.json").read_text())
-    assert [e["name"] for e in trace["traceEvents"] if e.get("cat") == "step"] == ["step 3",
-                                                                                   "step 4"]
+    found = lanes_by_step(trace)
+    process = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+               if e["name"] == "process_name"}
+    for step in (3, 4):
+        assert any({"forward", "backward"} <= found.get((f"worker {w}", "replica 0", step), set())
+                   for w in (0, 1)), (step, found)
+        for ps in ("ps 0", "ps 1"):
+            assert "W3" in {e["args"].get("parameter") for e in trace["traceEvents"]
+                            if e.get("cat") == "update" and e["args"].get("step") == step
+                            and process[e["pid"]] == ps}, (step, ps)
+    assert {k[0] for k in found} == {"chief", "worker 0", "worker 1", "ps 0", "ps 1"}
     out, err = result.stdout, result.stderr
     assert "2 tfdp.server workers at 127.0.0.1:" in err
     assert "2 parameter server(s) at 127.0.0.1:" in err

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, run_module,
-                      served_disagreement, task_pid, train_manual, wait_for_first_backup)
+from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, lanes_by_step,
+                      run_module, served_disagreement, task_pid, train_manual, wait_for_first_backup)
 from conftest import launch as launch_cluster
 from tfdp.training.backups import Backups
 from tfdp.training import report
@@ -37,9 +37,17 @@ def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir,
     settings = dict(batch_size=95, lr=0.1, epochs=2, steps_per_epoch=6, eval_steps=2, seed=3,
                     data_dir=data_dir, precision="float64", accumulate_steps=2, sync_every=4,
                     allreduce="ring")
-    result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}",
+    result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}", "--trace_steps=5:6",
                     *[f"--{k}={v}" for k, v in settings.items()])
     assert result.returncode == 0, result.stderr[-4000:]
+    # The client traced itself and captured the servers' profiles: each worker's replica has
+    # its lane with every phase in each traced step, cut by the client's step boundaries.
+    found = lanes_by_step(json.loads((tmp_path / "run" / "timeline.json").read_text()))
+    for worker in (0, 1):
+        for step in (5, 6):
+            assert {"forward", "backward", "communication", "update"} <= found[
+                (f"worker {worker}", f"replica {worker}", step)], (worker, step)
+    assert {k[2] for k in found} == {5, 6}
     out, err = result.stdout, result.stderr
     remote = [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in (0, 1)]
     assert "2 remote device(s) on worker 0 (127.0.0.1:" in err and str(remote) in err, err

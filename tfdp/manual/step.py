@@ -69,7 +69,8 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
         for d, (params, g) in enumerate(zip(replicas, summed)):
             with on_replica(devices, d), tf.name_scope("update"):
                 for (name, var), grad in zip(params.items(), g):
-                    var.assign_sub(tf.cast(lr, dtype) * tf.cast(grad, dtype), name=name)
+                    with tf.name_scope(name):  # update/<name>/: the trace names it.
+                        var.assign_sub(tf.cast(lr, dtype) * tf.cast(grad, dtype))
         return tf.add_n(losses), tf.add_n(correct), tf.stack(times)
 
     if eager:

@@ -33,6 +33,7 @@ class Path:
         if self.cluster:
             self.devices, where = self.cluster.devices, self.cluster.describe()
             self.stall, self.peers = self.cluster.stall, self.cluster.stall.peers
+            self.servers_traced = self.peers  # They run the step, but no loop to trace it.
             self.examples = (self.cluster.examples["train"], self.cluster.examples["test"])
         else:
             self.devices = configure_devices(config.num_gpus)

@@ -45,7 +45,7 @@ from tfdp.cluster import tf_config
 from tfdp.cluster.stall import STARTING, Stall, watching
 from tfdp.errors import UserError
 from tfdp.logs import logger
-from tfdp.models.loss import count_correct, summed_cross_entropy
+from tfdp.parameter_server.step import make_eval_step, make_train_step
 from tfdp.parameter_server.store import MIN_SHARD_BYTES, Store, make_store
 from tfdp.training import export, loop
 
@@ -84,7 +84,7 @@ class Path:
     def __init__(self, config, backups):
         self.config = config
         task = task_of(config)
-        self.peers = peers_of(task)
+        self.peers = self.servers_traced = peers_of(task)
         self.servers = len(task.cluster["ps"])
         self.stall = Stall(config.collective_timeout, self.peers, backups.steps)
         tf_config.check_port_free(task)
@@ -155,41 +155,6 @@ def _examples(coordinator, arrays) -> tuple:
 
     found = [coordinator.schedule(size, args=(iter(arrays[split]),)) for split in ("train", "test")]
     return tuple(int(value.fetch()) for value in found)
-
-
-def make_train_step(store: Store):
-    """``step(arrays, indices, lr) -> (loss, correct, staleness)`` on one worker: pull, compute
-    the batch's gradient, push the update."""
-    variables = store.trainable
-
-    def step(arrays, indices, lr):
-        images, labels = next(arrays)
-        x, y = tf.gather(images, indices), tf.gather(labels, indices)
-        seen = store.updates.read_value()
-        with tf.control_dependencies([seen]):  # Pull after reading the counter.
-            with tf.GradientTape() as tape:
-                logits = store.logits(x, training=True)
-                loss = summed_cross_entropy(logits, y) / tf.cast(tf.shape(y)[0], logits.dtype)
-        grads = tape.gradient(loss, variables)
-        pushed = [v.assign_sub(tf.cast(lr, v.dtype) * tf.cast(g, v.dtype))
-                  for v, g in zip(variables, grads)]
-        with tf.control_dependencies(pushed):
-            applied = store.updates.assign_add(1)
-        return loss, count_correct(logits, y), applied - 1 - seen
-
-    return tf.function(step)
-
-
-def make_eval_step(store: Store):
-    """``step(arrays, indices) -> (summed loss, correct)`` on one worker."""
-
-    def step(arrays, indices):
-        images, labels = next(arrays)
-        x, y = tf.gather(images, indices), tf.gather(labels, indices)
-        logits = store.logits(x, training=False)
-        return summed_cross_entropy(logits, y), count_correct(logits, y)
-
-    return tf.function(step)
 
 
 class _Step:

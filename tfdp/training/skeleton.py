@@ -14,7 +14,9 @@ A path is a class ``Path`` in its module (``PATHS``). It says what it trains on:
 ``is_chief``, ``peers`` (the cluster whose loss ends the run in one line; empty on one
 machine), ``stall`` (``tfdp.cluster.stall``, or None), ``examples`` ((train, test) sizes when
 the data lives on a cluster's workers, else None), ``gather_steps`` (the collective that
-agrees on a resume step across workers, or None) and ``started()`` (start-up is over). It
+agrees on a resume step across workers, or None), ``servers_traced`` (the servers whose
+profiles the chief captures for ``--trace_steps``, as ``peers``; optional) and ``started()``
+(start-up is over). It
 trains with ``train(run, start_weights) -> weights`` (Keras order; ``start_weights`` a backup's
 or the caller's, None for ``--init``) and exports with ``export() -> path`` (None off the
 chief).
@@ -134,7 +136,7 @@ def start(config: Config, path, first_step: int = 0, backups: Backups = None,
     reporter = report.Reporter(config.run_dir, plan.facts(config), path.devices, path.is_chief,
                                history=history, eval_note=plan.eval_note)
     tracer = Tracer(config.traced_steps, config.run_dir, getattr(path, "worker_index", 0),
-                    getattr(path, "num_workers", 1))
+                    getattr(path, "num_workers", 1), servers=getattr(path, "servers_traced", ()))
     return Run(config, plan, reporter, list(path.devices), first_step, backups,
                watch or preemption.Watch(), path.stall, train_split, test_split, tracer)
 

@@ -6,9 +6,9 @@ Written into the run folder:
 * ``tensorboard/plugins/profile/<time>/<host>.xplane.pb`` (``tensorboard/worker-<i>/...``
   with several workers): the profiler's own data, which TensorBoard's profile tab (the
   ``xprof`` package) opens: ``tensorboard --logdir runs``.
-* ``trace/worker-<i>.json``: each worker's events in the Chrome trace-event format, and
-  ``timeline.json``, every worker's merged on one clock (the chief merges what the others
-  wrote): it opens in Perfetto's UI (ui.perfetto.dev) and ``chrome://tracing``. A process per
+* ``trace/<process>.json`` (``chief``, ``worker-<i>``, ``ps-<i>``): each process's events, and
+  ``timeline.json``, every process's merged on one clock in the Chrome trace-event format (the
+  chief merges what the others wrote, and what it captured of the servers it drives): it opens in Perfetto's UI (ui.perfetto.dev) and ``chrome://tracing``. A process per
   worker, a lane per replica (device) and one for the host; every event classed (its ``cat``)
   as input, forward, backward, communication, update or host wait, with the parameter it
   concerns in its ``args`` where there is one.
@@ -46,10 +46,12 @@ _COMMUNICATION_OPS = ("_Send", "_Recv", "_HostSend", "_HostRecv", "NcclAllReduce
 # eager calls return when the call is done) or reads a result.
 _HOST_WAITS = ("TFE_Py_ExecuteCancelable", "TFE_Py_Execute", "TFE_Py_TensorShapeSlice",
                "TFE_TensorHandleResolve")
-_PARAMETER = re.compile(r"/update/(\w+?)(?:_\d+)?$")
+_PARAMETER = re.compile(r"(?:^|/)update(?:_\d+)?/(\w+?)(?:_\d+)?(?:/|$)")
 _UPDATE = re.compile(r"(?:^|/)(?:update|sgd|SGD)(?:_\d+)?(?:/|$)")
 _MODEL = re.compile(r"(?:^|/)(?:lenet|resnet)")  # Keras' layers, inside the model's scope
 _INPUT = re.compile(r"(?:^|/)input(?:_\d+)?/")
+_FORWARD = re.compile(r"(?:^|/)forward(?:_\d+)?(?:/|$)")
+_BACKWARD = re.compile(r"(?:^|/)backward(?:_\d+)?/")
 
 
 def classify(node: str, op_type: str) -> tuple:
@@ -64,21 +66,22 @@ def classify(node: str, op_type: str) -> tuple:
     elif (op_type in _COMMUNICATION_OPS or op_type.startswith("Collective")
             or "allreduce" in node or "CrossDeviceOps" in node):
         kind = "communication"
-    elif "gradient_tape" in node or "/backward/" in node:
+    elif "gradient_tape" in node or _BACKWARD.search(node):
         kind = "backward"
     elif _UPDATE.search(node) or op_type.startswith(("AssignSub", "ResourceApply")):
         kind = "update"
-    elif "/forward" in node or replica is not None or _MODEL.search(node):
+    elif _FORWARD.search(node) or replica is not None or _MODEL.search(node):
         kind = "forward"
     else:
         kind = "other"
     return kind, replica, parameter.group(1) if parameter else None
 
 
-def events_of(xplane_path: str) -> list:
+def events_of(xplane_path: str, steps: list = None) -> list:
     """The op and host events of one profile, each ``{"name", "class", "lane", "start_ns",
     "end_ns", "node", "parameter"}``, and the steps ``{"step", "start_ns", "end_ns"}`` its
-    ``train`` markers delimit: ``(events, steps)``, on the Unix clock."""
+    ``train`` markers delimit: ``(events, steps)``, on the Unix clock. A server's profile has
+    no markers: ``steps``, the chief's, cut it."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
@@ -90,7 +93,7 @@ def events_of(xplane_path: str) -> list:
             for stat in plane.stats:
                 if plane.stat_metadata[stat.metadata_id].name == "profile_start_time":
                     origin = stat.uint64_value or stat.int64_value
-    events, steps = [], []
+    events, marked = [], []
     for plane in space.planes:
         if not plane.name.startswith("/host:"):
             continue
@@ -103,8 +106,8 @@ def events_of(xplane_path: str) -> list:
                 if name == "train":
                     stats = {stat_names[s.metadata_id].name: s.int64_value or s.uint64_value
                              for s in event.stats}
-                    steps.append({"step": int(stats.get("step_num", 0)), "start_ns": start,
-                                  "end_ns": end})
+                    marked.append({"step": int(stats.get("step_num", 0)), "start_ns": start,
+                                   "end_ns": end})
                 elif name.startswith("Iterator::"):  # tf.data, on the host's threads
                     events.append({"name": name.rstrip(":").rsplit("::", 1)[-1],
                                    "class": "input", "lane": HOST, "start_ns": start,
@@ -125,7 +128,7 @@ def events_of(xplane_path: str) -> list:
                     events.append({"name": name, "class": "host wait", "lane": HOST,
                                    "start_ns": start, "end_ns": end, "node": "",
                                    "parameter": None})
-    steps.sort(key=lambda s: s["start_ns"])
+    steps = sorted(marked if steps is None else steps, key=lambda s: s["start_ns"])
     return _within_steps(events, steps), steps
 
 

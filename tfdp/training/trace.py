@@ -8,10 +8,12 @@ before the first traced step and stops after the last, and each traced step is d
 before B). Off (no ``--trace_steps``) it does nothing and costs nothing: no profiler is started,
 and ``room`` never shortens a window.
 
-Each process profiles itself and writes its part, ``trace/worker-<i>.json``; the chief merges
-every part present into ``timeline.json`` and draws ``timeline.png``, waiting up to
-``MERGE_WAIT`` seconds for the other workers' parts (they finish their last traced step at
-about the same time).
+Each process that runs the loop profiles itself and writes its part, ``trace/worker-<i>.json``;
+the chief merges every part present into ``timeline.json`` and draws ``timeline.png``, waiting
+up to ``MERGE_WAIT`` seconds for the other workers' parts (they finish their last traced step
+at about the same time). The servers a chief drives (``servers``: the from-scratch path's
+workers across machines, parameter servers and their workers) run no loop: the chief captures
+their profiles (``tfdp.training.server_capture``) and cuts them into steps by its own markers.
 """
 
 import contextlib
@@ -22,6 +24,7 @@ import os
 import time
 
 from tfdp.training import timeline
+from tfdp.training.server_capture import ServerCapture, duration_ms
 
 logger = logging.getLogger("tfdp")
 MERGE_WAIT = 60
@@ -29,7 +32,7 @@ MERGE_WAIT = 60
 
 class Tracer:
     def __init__(self, steps, run_dir: str, worker: int = 0, workers: int = 1,
-                 name: str = None):
+                 name: str = None, servers=()):
         self.first, self.last = steps or (None, None)
         self.run_dir, self.worker, self.workers = run_dir, worker, workers
         self.name = name or (f"worker {worker}" if workers > 1 else "chief")
@@ -38,6 +41,8 @@ class Tracer:
         self.capture_dir = os.path.join(run_dir, "tensorboard",
                                         *([f"worker-{worker}"] if workers > 1 else []))
         self.started = self.finished = False
+        self.servers = ServerCapture(servers, os.path.join(run_dir, "tensorboard"))
+        self.paced = None  # (time, steps done) of the first room(): the pace of the steps.
 
     @property
     def on(self) -> bool:
@@ -52,6 +57,8 @@ class Tracer:
         range, then one at a time through it; unbounded when off or past it."""
         if not self.on or done >= self.last:
             return 1 << 62
+        if self.paced is None:
+            self.paced = time.monotonic(), done
         return 1 if done + 1 >= self.first else self.first - 1 - done
 
     @contextlib.contextmanager
@@ -63,6 +70,9 @@ class Tracer:
         import tensorflow as tf
 
         if not self.started:
+            if self.servers.servers:
+                self.servers.start(duration_ms(self._seconds_per_step(step - 1),
+                                               self.last - self.first + 1))
             tf.profiler.experimental.start(self.capture_dir)
             self.started = True
         with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
@@ -81,16 +91,25 @@ class Tracer:
         tf.profiler.experimental.stop()
         events, steps = timeline.events_of(timeline.newest_profile(self.capture_dir))
         folder = os.path.join(self.run_dir, "trace")
-        timeline.write_part(os.path.join(folder, f"worker-{self.worker}.json"), self.name,
-                            events, steps)
+        timeline.write_part(_part_path(folder, self.name), self.name, events, steps)
+        servers = [(name, timeline.events_of(profile, steps)[0])
+                   for name, profile in self.servers.finish()]
+        for name, events in servers:
+            timeline.write_part(_part_path(folder, name), name, events, steps)
         if self.worker == 0:
-            self._merge(folder)
+            self._merge(folder, len(servers))
 
-    def _merge(self, folder: str) -> None:
+    def _seconds_per_step(self, done: int):
+        """Seconds a step since the first ``room()``, None before any step was timed."""
+        if self.paced is None or done <= self.paced[1]:
+            return None
+        return (time.monotonic() - self.paced[0]) / (done - self.paced[1])
+
+    def _merge(self, folder: str, servers: int) -> None:
         deadline = time.time() + (MERGE_WAIT if self.workers > 1 else 0)
         while True:
-            found = sorted(glob.glob(os.path.join(folder, "worker-*.json")))
-            if len(found) >= self.workers or time.time() >= deadline:
+            found = sorted(glob.glob(os.path.join(folder, "*.json")), key=_part_order)
+            if len(found) >= self.workers + servers or time.time() >= deadline:
                 break
             time.sleep(0.5)
         parts = []
@@ -102,12 +121,23 @@ class Tracer:
             json.dump(timeline.merge(parts), f)
         os.replace(merged + ".partial", merged)
         timeline.draw(parts, os.path.join(self.run_dir, "timeline.png"))
-        missing = self.workers - len(parts)
+        missing = self.workers + servers - len(parts)
         logger.info("trace of steps %d-%d: %s and timeline.png (lanes of %s), the profile "
                     "in %s (tensorboard --logdir %s, profile tab)%s", self.first, self.last,
                     merged, ", ".join(p["worker"] for p in parts), self.capture_dir,
                     self.capture_dir, f"; {missing} worker(s) wrote no part within "
                     f"{MERGE_WAIT} s" if missing > 0 else "")
+
+
+def _part_path(folder: str, name: str) -> str:
+    """``trace/<name>.json``: ``chief.json``, ``worker-1.json``, ``ps-0.json``."""
+    return os.path.join(folder, name.replace(" ", "-") + ".json")
+
+
+def _part_order(path: str):
+    """The chief first, then workers, then parameter servers, each by index."""
+    job, _, index = os.path.basename(path)[:-len(".json")].partition("-")
+    return ({"chief": 0, "worker": 1, "ps": 2}.get(job, 3), int(index or 0))
 
 
 def parse_steps(text: str) -> tuple:

@@ -1,0 +1,48 @@
+"""The parameter-server path's steps, each run on one worker by the coordinator: a training step
+(pull, gradient, push) and an evaluation step. Their ops are named by phase (``input``,
+``forward``, ``backward``, ``update/<parameter>``) for ``--trace_steps``
+(``tfdp.training.timeline.classify``)."""
+
+import tensorflow as tf
+
+from tfdp.models.loss import count_correct, summed_cross_entropy
+from tfdp.parameter_server.store import Store
+
+
+def make_train_step(store: Store):
+    """``step(arrays, indices, lr) -> (loss, correct, staleness)`` on one worker: pull, compute
+    the batch's gradient, push the update."""
+    variables = store.trainable
+
+    def step(arrays, indices, lr):
+        with tf.name_scope("input"):
+            images, labels = next(arrays)
+            x, y = tf.gather(images, indices), tf.gather(labels, indices)
+        seen = store.updates.read_value()
+        with tf.control_dependencies([seen]), tf.name_scope("forward"):  # Pull after reading.
+            with tf.GradientTape() as tape:
+                logits = store.logits(x, training=True)
+                loss = summed_cross_entropy(logits, y) / tf.cast(tf.shape(y)[0], logits.dtype)
+        with tf.name_scope("backward"):
+            grads = tape.gradient(loss, variables)
+        pushed = []
+        for v, g in zip(variables, grads):
+            with tf.name_scope(f"update/{v.name.split(':')[0].split('/')[0]}"):
+                pushed.append(v.assign_sub(tf.cast(lr, v.dtype) * tf.cast(g, v.dtype)))
+        with tf.control_dependencies(pushed):
+            applied = store.updates.assign_add(1)
+        return loss, count_correct(logits, y), applied - 1 - seen
+
+    return tf.function(step)
+
+
+def make_eval_step(store: Store):
+    """``step(arrays, indices) -> (summed loss, correct)`` on one worker."""
+
+    def step(arrays, indices):
+        images, labels = next(arrays)
+        x, y = tf.gather(images, indices), tf.gather(labels, indices)
+        logits = store.logits(x, training=False)
+        return summed_cross_entropy(logits, y), count_correct(logits, y)
+
+    return tf.function(step)
