@@ -47,6 +47,8 @@ def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir,
         for step in (5, 6):
             assert {"forward", "backward", "communication", "update"} <= found[
                 (f"worker {worker}", f"replica {worker}", step)], (worker, step)
+            # The ring's chunks arrive after the worker's own backward pass: waited for.
+            assert "communication" in found[(f"worker {worker}", "receives", step)]
     assert {k[2] for k in found} == {5, 6}
     out, err = result.stdout, result.stderr
     remote = [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in (0, 1)]

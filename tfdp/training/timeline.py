@@ -30,6 +30,7 @@ millisecond on a LAN, which is the size of a LeNet step's communication: read cr
 gaps of less than that as unknown).
 """
 
+import bisect
 import glob
 import json
 import os
@@ -40,6 +41,10 @@ COLOURS = {"input": "#8c8c8c", "forward": "#4c72b0", "backward": "#dd8452",
            "communication": "#c44e52", "update": "#55a868", "host wait": "#e8d166",
            "other": "#d0d0d0"}
 HOST = "host"
+RECEIVES = "receives"
+_COMPUTE = ("forward", "backward", "update")
+_ASYNC = "ExecutorState::ProcessAsync::"
+_CONTROL = re.compile(r"loop_body_control|LoopCond")
 _REPLICA = re.compile(r"(?:^|/)replica_(\d+)(?:_\d+)?(?:/|$)")
 _COMMUNICATION_OPS = ("_Send", "_Recv", "_HostSend", "_HostRecv", "NcclAllReduce")
 # What the host's thread does while it waits for TensorFlow: runs a compiled call (the CPU's
@@ -98,6 +103,7 @@ def events_of(xplane_path: str, steps: list = None) -> list:
         if not plane.name.startswith("/host:"):
             continue
         names, stat_names = plane.event_metadata, plane.stat_metadata
+        receives = _Receives()
         for line in plane.lines:
             for event in line.events:
                 name = names[event.metadata_id].name
@@ -128,8 +134,51 @@ def events_of(xplane_path: str, steps: list = None) -> list:
                     events.append({"name": name, "class": "host wait", "lane": HOST,
                                    "start_ns": start, "end_ns": end, "node": "",
                                    "parameter": None})
+                elif name.startswith(_ASYNC):
+                    receives.see(name, {stat_names[s.metadata_id].name: s for s in event.stats},
+                                 stat_names, start, end)
+        events += receives.events(sorted(e["end_ns"] for e in events if e["class"] in _COMPUTE))
     steps = sorted(marked if steps is None else steps, key=lambda s: s["start_ns"])
     return _within_steps(events, steps), steps
+
+
+class _Receives:
+    """What a process waits for from others once its own work is done: the exposed part of
+    receiving. A ``_Recv`` kernel's own event lasts only while it is issued, and TensorFlow
+    issues receives when the step starts; the executor marks that start
+    (``ExecutorState::ProcessAsync::Start``) and when the tensor has arrived (``...::Done``),
+    linked by one id. A receive's span on the ``receives`` lane runs from the later of its
+    start and the end of the process's last computation before the tensor arrived, to its
+    arrival: the transfer and the sender's lateness that nothing of its own hides. A process
+    that computes nothing (the client, the coordinator) waits on its host lane instead; the
+    window loop's control messages are not data: both are left out."""
+
+    def __init__(self):
+        self.started, self.spans = {}, []
+
+    def see(self, name: str, stats: dict, stat_names, start: int, end: int) -> None:
+        if name.endswith("Start") and "_p" in stats and "name" in stats:
+            kernel = stats.get("kernel_type")
+            self.started[stats["_p"].uint64_value or stats["_p"].int64_value] = (
+                start, stat_names[stats["name"].ref_value].name,
+                stat_names[kernel.ref_value].name if kernel else "")
+        elif name.endswith("Done") and "_c" in stats:
+            self.spans.append((stats["_c"].uint64_value or stats["_c"].int64_value, end))
+
+    def events(self, compute_ends: list) -> list:
+        found = []
+        for key, end in self.spans:
+            start, node, op_type = self.started.get(key, (None, "", ""))
+            if start is None or op_type not in ("_Recv", "_HostRecv") or _CONTROL.search(node):
+                continue
+            done_before = bisect.bisect_right(compute_ends, end)
+            if not done_before:
+                continue
+            start = max(start, compute_ends[done_before - 1])
+            kind = "input" if _INPUT.search(node) else "communication"
+            found.append({"name": "receive", "class": kind, "lane": RECEIVES, "start_ns": start,
+                          "end_ns": max(end, start), "node": node, "parameter": None})
+        return found
 
 
 def _within_steps(events: list, steps: list) -> list:
@@ -249,4 +298,5 @@ def draw(parts: list, path: str) -> None:
 
 
 def _lane_order(lane: str):
-    return (lane == HOST, int(lane.split()[-1]) if lane.startswith("replica") else 0, lane)
+    return (lane in (HOST, RECEIVES), lane == HOST,
+            int(lane.split()[-1]) if lane.startswith("replica") else 0, lane)
