@@ -12,6 +12,7 @@ saying why). The quick tier is ``-m "not slow and not cluster and not root"``.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -202,6 +203,41 @@ def task_pid(launcher: int, kind: str, index: int) -> int:
         if config and config["task"] == {"type": kind, "index": index}:
             return pid
     raise AssertionError(f"no {kind} {index} among {launched}")
+
+
+def slow_then_stop(run, folder, kind: str, index: int) -> tuple:
+    """Task ``kind`` ``index`` of a launched ``run`` stopped 35 of every 40 ms (real SIGSTOP and
+    SIGCONT from outside: a host with an eighth of a CPU) from the moment the cluster has
+    started until the run's first backup (its first epoch's end), then stopped for good: hung,
+    alive, never answering. The run's (stdout, stderr) once it has ended."""
+    from tfdp.training.backups import Backups
+
+    task = None
+    try:
+        deadline = time.time() + 60
+        while task is None and time.time() < deadline:
+            try:
+                task = task_pid(run.pid, kind, index)
+            except AssertionError:
+                time.sleep(0.1)
+        # Once the cluster has started (the chief's reporter writes its folder), not before:
+        # an eighth of a CPU takes TensorFlow's start-up past the timeout.
+        while not (folder / "run" / "tensorboard").exists() and run.poll() is None:
+            time.sleep(0.05)
+        backups = Backups(str(folder / "run"), 0, {})
+        while not backups.steps() and run.poll() is None and time.time() < deadline + 120:
+            os.kill(task, signal.SIGSTOP)
+            time.sleep(0.035)
+            os.kill(task, signal.SIGCONT)
+            time.sleep(0.005)
+        os.kill(task, signal.SIGSTOP)
+        return run.communicate(timeout=120)
+    finally:
+        if task:
+            try:
+                os.kill(task, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # Stopped by the launcher, with the rest of the cluster.
 
 
 def tf_config_of(pid: int):

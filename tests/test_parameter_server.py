@@ -14,13 +14,14 @@ import pytest
 import tensorflow as tf
 
 from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, lanes_by_step,
-                      run_module, runtimes_agree, serve_in_clients, served_disagreement, task_pid,
+                      run_module, runtimes_agree, slow_then_stop, serve_in_clients, served_disagreement, task_pid,
                       train_manual, wait_for_first_backup)
 from conftest import launch as launch_cluster
 from tfdp import data
 from tfdp.training import report
 from tfdp.cluster import emulated_hosts
 from tfdp.config import Config
+from tfdp.parameter_server.pace import WorkerPace
 
 def launch(tmp_path, *train_args, workers=2, ps=1, on_hosts=False, **how):
     return launch_cluster(tmp_path, "parameter_server", *train_args, launcher=(
@@ -181,6 +182,51 @@ def test_a_parameter_server_cut_off_ends_the_run_within_the_timeout_naming_it(tm
                    for n in emulated_hosts.namespaces())
 
 
+@pytest.mark.cluster
+def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
+                                                                            data_dir):
+    """Worker 1 stopped 35 of every 40 ms through the first epoch, then for good: asynchronous
+    SGD gives it fewer steps, and the epoch's line names its pace; the step it holds then ends
+    the run in one line naming the flight recorder's file."""
+    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=24",
+                 "--batch_size=64", "--eval_steps=1", "--collective_timeout=8", popen=True)
+    out, err = slow_then_stop(run, tmp_path, "worker", 1)
+    assert run.returncode == 1, err[-3000:]
+    assert re.search(r"^\[chief\] epoch 1/3: .*, staleness mean [\d.]+ max \d+; straggler: "
+                     r"worker 1 takes \d+\.\d ms a step, \d+\.\dx the others' \d+\.\d ms; it "
+                     r"ran \d+% of the steps$", out, re.M), out[-3000:]
+    stopped = re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster .* \(the "
+                        r"last steps' step times per worker: (\S+flight_recorder\.json)\)$",
+                        err, re.M)
+    assert stopped, err[-3000:]
+    record = json.loads(open(stopped[1]).read())
+    assert record["steps"][-1]["step"] >= 24
+    assert {s["worker"] for s in record["steps"]} <= {"worker 0", "worker 1"}
+    first = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
+    assert sum(first["worker_steps"]) == 24
+    assert first["worker_step_ms"][1] > first["worker_step_ms"][0]
+
+
+def test_a_workers_pace_names_a_straggler_only_when_it_is_clearly_slower(tmp_path):
+    pace = WorkerPace(3, str(tmp_path))
+    for step, worker, ms in [(1, 0, 10), (2, 1, 11), (3, 2, 40), (4, 0, 12), (5, 1, 9)]:
+        pace.add(step, worker, 100.0, 100.0 + ms / 1e3)
+    figures, note = pace.epoch_figures()
+    assert figures["worker_steps"] == [2, 2, 1]
+    assert figures["worker_step_ms"] == pytest.approx([11, 10, 40], abs=1e-3)
+    assert note == ("; straggler: worker 2 takes 40.0 ms a step, 3.8x the others' 10.5 ms; it "
+                    "ran 20% of the steps")
+    for step, worker, ms in [(6, 0, 10), (7, 1, 13), (8, 2, 14)]:  # Within 1.5x: no one named.
+        pace.add(step, worker, 100.0, 100.0 + ms / 1e3)
+    assert pace.epoch_figures()[1] == ""
+    pace.add(9, 0, 100.0, 100.2)  # One worker ran the epoch: no one to compare with.
+    figures, note = pace.epoch_figures()
+    assert figures["worker_step_ms"] == [200.0, None, None] and note == ""
+    record = json.loads(open(pace.dump("a test")).read())
+    assert [(s["step"], s["worker"]) for s in record["steps"]][-2:] == [(8, "worker 2"),
+                                                                       (9, "worker 0")]
+
+
 def test_the_launcher_refuses_parameter_servers_for_another_strategy(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tfdp.launch", "--num_ps=1", "--",
                              "--strategy=manual", f"--workdir={tmp_path / 'run'}"],
@@ -244,7 +290,8 @@ class _Coordinator:
     def schedule(self, fn, args):
         self.done()
         self.scheduled.append(args[1])
-        return _Remote(value=(np.float32(0.5), np.int32(3), np.int64(0)))
+        return _Remote(value=(np.float32(0.5), np.int32(3), np.int64(0), np.int64(0),
+                              np.array([1.0, 1.01])))
 
     def done(self):
         error, self.pending = self.pending, None
@@ -265,18 +312,21 @@ def test_a_worker_failure_reaching_the_chief_reschedules_the_lost_steps_only():
     cancelled = tf.errors.CancelledError(None, None, "RecvFromRemoteAsync is cancelled.")
     steps = trainer.ScheduledSteps.__new__(trainer.ScheduledSteps)
     steps.coordinator, steps.staleness, steps.train_step = _Coordinator(worker), [], None
-    steps.train_arrays = None
-    first, finished, lost = (trainer._Step(np.zeros([n]), 0.1) for n in (2, 3, 4))
-    first.remote, finished.remote = _Remote(error=worker), _Remote(value=(1.0, 7, 0))
+    steps.train_arrays, steps.pace = None, WorkerPace(2, "")
+    first, finished, lost = (trainer._Step(i, np.zeros([n]), 0.1)
+                             for i, n in ((1, 2), (2, 3), (3, 4)))
+    first.remote = _Remote(error=worker)
+    finished.remote = _Remote(value=(1.0, 7, 0, 1, np.array([1.0, 1.02])))
     lost.remote = _Remote(error=cancelled)
     steps.in_flight = [first, finished, lost]
     assert steps.collect(first) == [(0.5, 3, 2)]  # (loss, correct, examples) of the one step.
     assert [len(batch) for batch in steps.coordinator.scheduled] == [2, 4]
     assert steps.collect(finished) == [(1.0, 7, 3)] and steps.collect(lost) == [(0.5, 3, 4)]
+    assert [(step, worker) for step, worker, _, _ in steps.pace.kept] == [(1, 0), (2, 1), (3, 0)]
 
     ps = tf.errors.UnavailableError(None, None, "Socket closed\nGRPC error information from "
                                     "remote target /job:ps/replica:0/task:0")
-    step = trainer._Step(np.zeros([5]), 0.1)
+    step = trainer._Step(4, np.zeros([5]), 0.1)
     step.remote = _Remote(error=ps)
     steps.in_flight = [step]
     with pytest.raises(tf.errors.UnavailableError, match="/job:ps"):

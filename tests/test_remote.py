@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, lanes_by_step,
-                      run_module, served_disagreement, task_pid, train_manual, wait_for_first_backup)
+                      run_module, served_disagreement, slow_then_stop, task_pid, train_manual,
+                      wait_for_first_backup)
 from conftest import launch as launch_cluster
 from tfdp.training.backups import Backups
 from tfdp.training import report
@@ -241,32 +242,7 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
     epoch's line names it, and the hang ends in one line naming the flight recorder's file."""
     run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=24",
                  "--batch_size=64", "--eval_steps=1", "--collective_timeout=8", popen=True)
-    server = None
-    try:
-        deadline = time.time() + 60
-        while server is None and time.time() < deadline:
-            try:
-                server = task_pid(run.pid, "worker", 1)
-            except AssertionError:
-                time.sleep(0.1)
-        # Once the cluster has started (the chief's reporter writes its folder), not before:
-        # an eighth of a CPU takes TensorFlow's start-up past the timeout.
-        while not (tmp_path / "run" / "tensorboard").exists() and run.poll() is None:
-            time.sleep(0.05)
-        backups = Backups(str(tmp_path / "run"), 0, {})
-        while not backups.steps() and run.poll() is None and time.time() < deadline + 120:
-            os.kill(server, signal.SIGSTOP)
-            time.sleep(0.035)
-            os.kill(server, signal.SIGCONT)
-            time.sleep(0.005)
-        os.kill(server, signal.SIGSTOP)  # Hung: alive, never answering.
-        out, err = run.communicate(timeout=120)
-    finally:
-        if server:
-            try:
-                os.kill(server, signal.SIGCONT)
-            except ProcessLookupError:
-                pass  # Stopped by the launcher, with the rest of the cluster.
+    out, err = slow_then_stop(run, tmp_path, "worker", 1)
     assert run.returncode == 1, err[-3000:]
     assert re.search(r"^\[chief\] epoch 1/3: .*; straggler: worker 1 \(replica 1\) reaches the "
                      r"allreduce \d+\.\d ms after the others on average, last in \d+% of steps$",

@@ -16,7 +16,7 @@ import time
 
 import tensorflow as tf
 
-from tfdp.cluster import tf_config
+from tfdp.cluster import flight_recorder, tf_config
 
 STARTING = "waiting for the workers to start"
 # What a step, a collective or a read raises when a peer has died or cannot be reached
@@ -31,9 +31,7 @@ class Stall:
 
     def __init__(self, seconds: float, peers: list, kept_steps=lambda: []):
         self.seconds, self.peers, self.kept_steps = seconds, peers, kept_steps
-        # Called with the reason before the process ends; returns a file to name (the flight
-        # recorder, tfdp.manual.arrivals) or "".
-        self.last_words = lambda why: ""
+        self.recorder = None  # The path's flight recorder (tfdp.cluster.flight_recorder).
         self._since = None
         self._doing = ""
         threading.Thread(target=self._keep, daemon=True, name="tfdp-stall").start()
@@ -59,15 +57,10 @@ class Stall:
                     why = (f"no answer for {self.seconds:g} s while {self._doing}, "
                            "--collective_timeout")
                     line = tf_config.lost_contact(why, self.peers, "", self.kept_steps())
-                    line += flight_recorded(self.last_words(why))
+                    line += flight_recorder.recorded(self.recorder, why)
                 sys.stderr.write(f"tfdp.train: error: {line}\n")
                 sys.stderr.flush()
                 os._exit(1)  # The main thread waits inside TensorFlow: nothing else stops it.
-
-
-def flight_recorded(path: str) -> str:
-    """The end of a lost cluster's line that names the flight recorder's file, if written."""
-    return f" (the last steps' arrival times per replica: {path})" if path else ""
 
 
 def watching(stall, doing: str):

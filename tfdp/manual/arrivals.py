@@ -12,27 +12,25 @@ machines), the time it starts and the time its gradients are ready to be exchang
   after the others, is named in the epoch's line ("worker 1 reaches the allreduce 38.0 ms after
   the others on average, last in 92% of steps"): two logical devices sharing two cores take
   turns by a few milliseconds, which is not what a straggler is;
-* the **flight recorder** keeps the last ``KEPT`` steps' times; when the cluster is lost (a
-  peer dies, or a step outlasts ``--collective_timeout``), ``dump`` writes them to
-  ``flight_recorder.json`` in the run folder and the one-line error names that file.
+* the **flight recorder** keeps the last ``flight_recorder.KEPT`` steps' times; when the
+  cluster is lost (a peer dies, or a step outlasts ``--collective_timeout``), ``dump`` writes
+  them to ``flight_recorder.json`` in the run folder and the one-line error names that file.
 
 Across real machines the times come from each worker's clock: a worker whose clock runs ahead
 by d looks d late. On one machine (``tfdp.launch``, emulated hosts) the clock is one.
 """
 
 import collections
-import json
-import os
 import re
 import statistics
 
 import numpy as np
 
+from tfdp.cluster import flight_recorder
+
 LAST_SHARE = 0.6
 LATE_MS = 2.0
 LATE_SHARE = 0.25
-KEPT = 32
-FILE = "flight_recorder.json"
 
 
 def replica_names(devices: list) -> list:
@@ -45,12 +43,13 @@ def replica_names(devices: list) -> list:
 
 
 class Arrivals:
-    """The per-replica times of the steps read so far: this epoch's, and the last ``KEPT``."""
+    """The per-replica times of the steps read so far: this epoch's, and the last kept."""
+    describes = "arrival times per replica"
 
     def __init__(self, devices: list, run_dir: str):
         self.devices, self.names = list(devices), replica_names(devices)
         self.run_dir = run_dir
-        self.kept = collections.deque(maxlen=KEPT)
+        self.kept = collections.deque(maxlen=flight_recorder.KEPT)
         self.epoch = []
 
     def add(self, step: int, times) -> None:
@@ -86,9 +85,8 @@ class Arrivals:
     def dump(self, why: str = "") -> str:
         """Write the last steps' times to the flight recorder file; return its path ('' when
         none were read)."""
-        if not self.kept or not self.run_dir:
+        if not self.kept:
             return ""
-        path = os.path.join(self.run_dir, FILE)
         steps = []
         for step, times in self.kept:
             ready = times[:, 1]
@@ -96,13 +94,7 @@ class Arrivals:
                 {"replica": name, "device": device, "start_unix_s": float(t[0]),
                  "ready_unix_s": float(t[1]), "after_first_ms": float((t[1] - ready.min()) * 1e3)}
                 for name, device, t in zip(self.names, self.devices, times)]})
-        record = {"why": why, "note": "per replica, the Unix times each step started and its "
-                  "gradients were ready for the allreduce, on the replica's own clock",
-                  "steps": steps}
-        try:
-            with open(path + ".partial", "w") as f:
-                json.dump(record, f, indent=1)
-            os.replace(path + ".partial", path)
-        except OSError:
-            return ""
-        return path
+        return flight_recorder.write(self.run_dir, {
+            "why": why, "note": "per replica, the Unix times each step started and its "
+            "gradients were ready for the allreduce, on the replica's own clock",
+            "steps": steps})

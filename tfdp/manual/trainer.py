@@ -43,7 +43,7 @@ class Path:
         # The flight recorder: what the one-line error of a lost cluster points to.
         self.recorder = Arrivals(self.devices, config.workdir)
         if self.cluster:
-            self.stall.last_words = self.recorder.dump
+            self.stall.recorder = self.recorder
         every = config.steps_between_syncs
         self.engine = (f"{where}, allreduce {config.allreduce}, "
                        f"{'eager' if config.eager else 'compiled'} step, host reads every "

@@ -10,11 +10,14 @@ from tfdp.parameter_server.store import Store
 
 
 def make_train_step(store: Store):
-    """``step(arrays, indices, lr) -> (loss, correct, staleness)`` on one worker: pull, compute
-    the batch's gradient, push the update."""
+    """``step(arrays, indices, lr) -> (loss, correct, staleness, worker, times)`` on one worker:
+    pull, compute the batch's gradient, push the update. ``worker`` is the index of the worker
+    that ran it, ``times`` the Unix times at which it started and its push had landed
+    (``tfdp.parameter_server.pace``)."""
     variables = store.trainable
 
     def step(arrays, indices, lr):
+        started = tf.timestamp()
         with tf.name_scope("input"):
             images, labels = next(arrays)
             x, y = tf.gather(images, indices), tf.gather(labels, indices)
@@ -31,7 +34,11 @@ def make_train_step(store: Store):
                 pushed.append(v.assign_sub(tf.cast(lr, v.dtype) * tf.cast(g, v.dtype)))
         with tf.control_dependencies(pushed):
             applied = store.updates.assign_add(1)
-        return loss, count_correct(logits, y), applied - 1 - seen
+        with tf.control_dependencies([applied]):
+            landed = tf.timestamp()
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        return (loss, count_correct(logits, y), applied - 1 - seen, worker,
+                tf.stack([started, landed]))
 
     return tf.function(step)
 

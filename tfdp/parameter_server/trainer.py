@@ -45,6 +45,7 @@ from tfdp.cluster import tf_config
 from tfdp.cluster.stall import STARTING, Stall, watching
 from tfdp.errors import UserError
 from tfdp.logs import logger
+from tfdp.parameter_server.pace import WorkerPace
 from tfdp.parameter_server.step import make_eval_step, make_train_step
 from tfdp.parameter_server.store import MIN_SHARD_BYTES, Store, make_store
 from tfdp.training import export, loop
@@ -87,6 +88,9 @@ class Path:
         self.peers = self.servers_traced = peers_of(task)
         self.servers = len(task.cluster["ps"])
         self.stall = Stall(config.collective_timeout, self.peers, backups.steps)
+        # Stragglers, and the flight recorder a lost cluster's one-line error points to.
+        self.recorder = self.stall.recorder = WorkerPace(len(task.cluster["worker"]),
+                                                         config.workdir)
         tf_config.check_port_free(task)
         with self.stall.watching(STARTING):
             self.strategy, self.coordinator = _connect(config)
@@ -112,8 +116,8 @@ class Path:
         logger.info("parameters: %s", self.store.describe())
         # In metrics.json: what each server holds (the host benchmark's arithmetic needs it).
         run.reporter.add_facts(parameter_server_bytes=self.store.bytes_per_server(self.servers))
-        steps = ScheduledSteps(run, self.coordinator, len(self.devices), self.store,
-                               self.arrays, self.examples)
+        steps = ScheduledSteps(run, self.coordinator, self.recorder, self.store, self.arrays,
+                               self.examples)
         loop.train(run, steps)
         self.weights = steps.weights()
         return self.weights
@@ -160,17 +164,18 @@ def _examples(coordinator, arrays) -> tuple:
 class _Step:
     """A step on the cluster: what it trains on, and its result once collected."""
 
-    def __init__(self, batch, lr):
-        self.batch, self.lr, self.remote, self.result = batch, lr, None, None
+    def __init__(self, number, batch, lr):
+        self.number, self.batch, self.lr = number, batch, lr  # number: the global step.
+        self.remote = self.result = None
 
 
 class ScheduledSteps(loop.Steps):
     """The loop's steps scheduled on whichever worker is free, at most two in flight per
     worker; the staleness of each step goes into its epoch's record."""
 
-    def __init__(self, run, coordinator, num_workers: int, store: Store, arrays, examples):
+    def __init__(self, run, coordinator, pace: WorkerPace, store: Store, arrays, examples):
         self.run, self.coordinator, self.store, self.examples = run, coordinator, store, examples
-        self.window = 2 * num_workers
+        self.pace, self.window = pace, 2 * len(pace.names)
         self.train_step, self.eval_step = make_train_step(store), make_eval_step(store)
         self.train_arrays, self.test_arrays = iter(arrays["train"]), iter(arrays["test"])
         self.staleness, self.in_flight = [], []  # in_flight: issued, not yet collected.
@@ -182,7 +187,8 @@ class ScheduledSteps(loop.Steps):
                     .skip(offset).map(lambda i: (i,)))
 
     def issue(self, batches, first_step, count):  # count is 1: --sync_every is manual's.
-        step = _Step(next(batches)[0], tf.constant(self.run.plan.learning_rate(first_step)))
+        step = _Step(first_step + 1, next(batches)[0],
+                     tf.constant(self.run.plan.learning_rate(first_step)))
         self._schedule(step)
         self.in_flight.append(step)
         return step
@@ -198,8 +204,9 @@ class ScheduledSteps(loop.Steps):
             except _CLUSTER_ERRORS as e:
                 self._worker_lost(e)
         self.in_flight.remove(step)
-        loss, correct, stale = (np.asarray(v) for v in step.result)
+        loss, correct, stale, worker, times = (np.asarray(v) for v in step.result)
         self.staleness.append(int(stale))
+        self.pace.add(step.number, int(worker), *times.tolist())
         return [(float(loss), int(correct), int(step.batch.shape[0]))]
 
     def _worker_lost(self, error) -> None:
@@ -249,8 +256,9 @@ class ScheduledSteps(loop.Steps):
     def epoch_figures(self):
         mean, most = float(np.mean(self.staleness)), int(np.max(self.staleness))
         self.staleness = []
-        return ({"staleness_mean": mean, "staleness_max": most},
-                f", staleness mean {mean:.2f} max {most}")
+        figures, note = self.pace.epoch_figures()
+        return ({"staleness_mean": mean, "staleness_max": most, **figures},
+                f", staleness mean {mean:.2f} max {most}{note}")
 
 
 def _raise_unless_a_worker_failed(error) -> None:

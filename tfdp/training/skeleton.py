@@ -65,7 +65,8 @@ def run(config: Config, start_weights=None) -> Result:
     ``start_weights`` (Keras order) replace ``--init``: tests start paths from equal weights
     to compare them. A run given the folder of an interrupted one resumes from its newest
     backup every worker has intact."""
-    from tfdp.cluster.stall import PEER_LOST, flight_recorded
+    from tfdp.cluster import flight_recorder
+    from tfdp.cluster.stall import PEER_LOST
 
     config = workdir.with_run_dir(config)
     worker = tf_config.task().worker_index if config.strategy == "multi_worker" else 0
@@ -89,11 +90,10 @@ def run(config: Config, start_weights=None) -> Result:
             except PEER_LOST as e:
                 if not path.peers:
                     raise
-                recorder = getattr(path, "recorder", None)
-                recorded = recorder.dump(type(e).__name__) if recorder else ""
                 raise UserError(tf_config.lost_contact(type(e).__name__, path.peers,
                                                        str(e.message), backups.steps())
-                                + flight_recorded(recorded)) from None
+                                + flight_recorder.recorded(getattr(path, "recorder", None),
+                                                           type(e).__name__)) from None
         backups.clear()
     return result
 
