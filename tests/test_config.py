@@ -6,6 +6,7 @@ import pytest
 
 from tfdp.config import Config
 from tfdp.errors import UserError
+from tfdp.plan import global_batch_size, peak_lr
 
 
 @pytest.mark.parametrize("kwargs,words", [
@@ -36,15 +37,15 @@ def test_bad_values_are_refused(kwargs, words):
 
 def test_batch_smaller_than_replicas_is_refused():
     with pytest.raises(UserError, match=r"--batch_size=3 is smaller than the 4 replicas"):
-        Config(batch_size=3).global_batch_size(4)
+        global_batch_size(Config(batch_size=3), 4)
 
 
 def test_global_batch_arithmetic():
-    assert Config().global_batch_size(2) == 256
-    assert Config(batch_size=100).global_batch_size(3) == 100
-    assert Config(per_replica_batch_size=64).global_batch_size(4) == 256
-    assert Config(lr=0.1, scale_lr=True).peak_lr(4) == pytest.approx(0.4)
-    assert Config(lr=0.1).peak_lr(4) == 0.1
+    assert global_batch_size(Config(), 2) == 256
+    assert global_batch_size(Config(batch_size=100), 3) == 100
+    assert global_batch_size(Config(per_replica_batch_size=64), 4) == 256
+    assert peak_lr(Config(lr=0.1, scale_lr=True), 4) == pytest.approx(0.4)
+    assert peak_lr(Config(lr=0.1), 4) == 0.1
 
 
 def test_thread_shares_follow_tensorflows_thread_variables(monkeypatch):

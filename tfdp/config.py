@@ -288,20 +288,6 @@ class Config:
             raise ValueError("call with_run_dir() first: the default run folder is chosen once")
         return self.workdir
 
-    def global_batch_size(self, replicas: int) -> int:
-        """The global batch for ``replicas`` replicas; refuses one too small to split."""
-        if self.per_replica_batch_size is not None:
-            return self.per_replica_batch_size * replicas
-        batch = self.batch_size or DEFAULT_BATCH_SIZE
-        if batch < replicas:
-            raise UserError(f"--batch_size={batch} is smaller than the {replicas} replicas it is "
-                            f"split across: use --batch_size >= {replicas}")
-        return batch
-
-    def peak_lr(self, replicas: int) -> float:
-        """The learning rate after warmup: scaled by the replicas with --scale_lr."""
-        return self.lr * replicas if self.scale_lr else self.lr
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -17,6 +17,9 @@ formula serves the from-scratch loop (Python numbers) and Keras (tensors).
 import dataclasses
 from typing import Optional
 
+from tfdp.config import DEFAULT_BATCH_SIZE
+from tfdp.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -72,16 +75,33 @@ class Plan:
                 "init": self.init, "precision": self.precision}
 
 
+def global_batch_size(config, replicas: int) -> int:
+    """The global batch of one update's micro-step for ``replicas`` replicas; refuses one too
+    small to split."""
+    if config.per_replica_batch_size is not None:
+        return config.per_replica_batch_size * replicas
+    batch = config.batch_size or DEFAULT_BATCH_SIZE
+    if batch < replicas:
+        raise UserError(f"--batch_size={batch} is smaller than the {replicas} replicas it is "
+                        f"split across: use --batch_size >= {replicas}")
+    return batch
+
+
+def peak_lr(config, replicas: int) -> float:
+    """The learning rate after warmup: scaled by the replicas with --scale_lr."""
+    return config.lr * replicas if config.scale_lr else config.lr
+
+
 def make_plan(config, replicas: int, train_examples: int, test_examples: int) -> Plan:
     """The plan of ``config`` on ``replicas`` replicas (refuses a batch too small to split)."""
-    micro = config.global_batch_size(replicas)
+    micro = global_batch_size(config, replicas)
     batch = micro * config.accumulate_steps
     steps = steps_per_epoch(train_examples, batch, config.steps_per_epoch)
     return Plan(
         strategy=config.strategy, replicas=replicas, global_batch=batch,
         per_replica_batch=tuple(shard_sizes(batch, replicas)),
         accumulate_steps=config.accumulate_steps, micro_batch=micro, steps_per_epoch=steps,
-        epochs=config.epochs, base_lr=config.lr, peak_lr=config.peak_lr(replicas),
+        epochs=config.epochs, base_lr=config.lr, peak_lr=peak_lr(config, replicas),
         warmup_steps=warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0,
         train_examples=train_examples,
         eval_examples=eval_examples(test_examples, micro, config.eval_steps),
