@@ -80,3 +80,15 @@ def test_a_bad_trace_range_is_one_line(value):
     with pytest.raises(UserError, match=rf"^--trace_steps={value}: give A:B, the first and last "
                                         r"global step to trace"):
         Config(trace_steps=value)
+
+
+def test_servers_record_long_enough_for_the_traced_steps_at_the_pace_seen():
+    from tfdp.training.server_capture import duration_ms
+
+    assert duration_ms(None, 2) == 20000  # Tracing from the first steps: no pace seen yet.
+    assert duration_ms(0.1, 2) == 2600  # Three times 2 steps of 0.1 s, and 2 s.
+    tracer = Tracer((6, 7), "/nowhere", servers=[("worker 0", "127.0.0.1:1")])
+    for done in (0, 3, 5):  # The first call compiles: the pace is timed from the second.
+        assert tracer.room(done) == (5 if done == 0 else 2 if done == 3 else 1)
+    assert tracer.paced[1] == 3 and tracer._seconds_per_step(5) is not None
+    assert Tracer((2, 3), "/nowhere")._seconds_per_step(1) is None

@@ -42,7 +42,9 @@ class Tracer:
                                         *([f"worker-{worker}"] if workers > 1 else []))
         self.started = self.finished = False
         self.servers = ServerCapture(servers, os.path.join(run_dir, "tensorboard"))
-        self.paced = None  # (time, steps done) of the first room(): the pace of the steps.
+        # (time, steps done) at the second room(), once the first call has compiled the step:
+        # the steps' pace from there, for how long the servers record.
+        self.paced, self.rooms = None, 0
 
     @property
     def on(self) -> bool:
@@ -57,7 +59,8 @@ class Tracer:
         range, then one at a time through it; unbounded when off or past it."""
         if not self.on or done >= self.last:
             return 1 << 62
-        if self.paced is None:
+        self.rooms += 1
+        if self.rooms == 2:
             self.paced = time.monotonic(), done
         return 1 if done + 1 >= self.first else self.first - 1 - done
 
@@ -100,7 +103,7 @@ class Tracer:
             self._merge(folder, len(servers))
 
     def _seconds_per_step(self, done: int):
-        """Seconds a step since the first ``room()``, None before any step was timed."""
+        """Seconds a step since the second ``room()``, None before any step was timed."""
         if self.paced is None or done <= self.paced[1]:
             return None
         return (time.monotonic() - self.paced[0]) / (done - self.paced[1])
