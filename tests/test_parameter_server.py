@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, lanes_by_step,
-                      run_module, runtimes_agree, slow_then_stop, serve_in_clients, served_disagreement, task_pid,
-                      train_manual, wait_for_first_backup)
+                      run_module, runtimes_agree, serve_in_clients, served_disagreement,
+                      slow_then_stop, task_pid, train_manual, wait_for_first_backup)
 from conftest import launch as launch_cluster
 from tfdp import data
 from tfdp.training import report

@@ -8,10 +8,12 @@ Written into the run folder:
   ``xprof`` package) opens: ``tensorboard --logdir runs``.
 * ``trace/<process>.json`` (``chief``, ``worker-<i>``, ``ps-<i>``): each process's events, and
   ``timeline.json``, every process's merged on one clock in the Chrome trace-event format (the
-  chief merges what the others wrote, and what it captured of the servers it drives): it opens in Perfetto's UI (ui.perfetto.dev) and ``chrome://tracing``. A process per
-  worker, a lane per replica (device) and one for the host; every event classed (its ``cat``)
-  as input, forward, backward, communication, update or host wait, with the parameter it
-  concerns in its ``args`` where there is one.
+  chief merges what the others wrote, and what it captured of the servers it drives): it
+  opens in Perfetto's UI (ui.perfetto.dev) and ``chrome://tracing``. A process per worker, a
+  lane per replica (device), one for the waits for other devices' tensors (``receives``) and
+  one for the host; every event classed (its ``cat``) as input, forward, backward,
+  communication, update or host wait, with the parameter it concerns in its ``args`` where
+  there is one.
 * ``timeline.png``: the traced steps drawn by tfdp, lanes against time, coloured by class, with
   the step boundaries and each step's communication share.
 
