@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import (DEVICES, REPO, children, comparable_start, lanes_by_step,
-                      runtimes_agree, serve_in_clients, served_disagreement,
+                      runtimes_agree, serve_in_clients, served_disagreement, slow_then_stop,
                       train_manual)
 from conftest import launch as launch_cluster
 from tfdp.training.backups import Backups
@@ -57,6 +57,12 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     assert not re.search(r"^\[\d\] ([IE]\d{4} |WARNING: All log)", result.stderr, re.M), \
         result.stderr[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]  # Exported once, by the chief.
+    # Each worker's replica stamped its steps; the chief's record holds both, read at steps
+    # 5 and 10 (Guard's checks).
+    record = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
+    assert record["replicas"] == ["worker 0 (replica 0)", "worker 1 (replica 1)"]
+    assert all(ms > 0 for ms in record["replica_compute_ms"]), record
+    assert min(record["replica_wait_ms"]) >= 0
 
     finals = [l for l in result.stderr.splitlines() if "final weights sha256" in l]
     digest_of = {l.split("(worker ")[1].rstrip(")"): l.split("sha256 ")[1].split()[0]
@@ -74,6 +80,29 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     # ONNX and LiteRT from its float32 twin: the float64 model's logits to float32's rounding.
     runtimes_agree(serve_in_clients(tmp_path / "export" / "1", test_split.images[:200],
                                     test_split.labels[:200], tmp_path), 200)
+
+
+@pytest.mark.cluster
+def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
+                                                                            data_dir):
+    """Worker 1 stopped 35 of every 40 ms through the first epoch (real SIGSTOP and SIGCONT),
+    then for good: the chief's first epoch line names it, and the collective that waits for
+    it ends the run in one line naming the flight recorder's file."""
+    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=25",
+                 "--batch_size=64", "--eval_steps=1", "--collective_timeout=10", popen=True)
+    out, err = slow_then_stop(run, tmp_path, "worker", 1)
+    assert run.returncode != 0, err[-3000:]
+    assert re.search(r"^\[0\] epoch 1/3: .*; straggler: worker 1 \(replica 1\) reaches the "
+                     r"allreduce \d+\.\d ms after the others on average, last in \d+% of steps$",
+                     out, re.M), out[-3000:]
+    stopped = re.search(r"^\[0\] tfdp\.train: error: lost contact with the cluster .* \(the "
+                        r"last steps' arrival times per replica: (\S+flight_recorder\.json)\)$",
+                        err, re.M)
+    assert stopped, err[-3000:]
+    record = json.loads(open(stopped[1]).read())
+    assert [s["step"] for s in record["steps"]][:5] == [5, 10, 15, 20, 25]  # Guard's checks.
+    late = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
+    assert late["replica_late_ms"][1] > late["replica_late_ms"][0]
 
 
 @pytest.mark.cluster

@@ -42,6 +42,11 @@ def test_traced_steps_have_a_lane_per_replica_with_every_phase(tmp_path, data_di
     steps = [e for e in trace["traceEvents"] if e.get("cat") == "step"]
     assert [e["name"] for e in steps] == ["step 3", "step 4"]
     assert (tmp_path / "run" / "timeline.png").read_bytes().startswith(PNG)
+    # Both paths stamp when each replica starts and has its gradients (mirrored: at step 5,
+    # Guard's check, of the 6).
+    record = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
+    assert record["replicas"] == ["replica 0", "replica 1"]
+    assert all(ms > 0 for ms in record["replica_compute_ms"]), record
     if strategy == "manual":  # Named by the parameter it updates, where there is one.
         assert {e["args"].get("parameter") for e in trace["traceEvents"]
                 if e.get("cat") == "update"} == {f"{p}{i}" for p in "Wb" for i in (1, 2, 3, 4)}
@@ -92,3 +97,32 @@ def test_servers_record_long_enough_for_the_traced_steps_at_the_pace_seen():
         assert tracer.room(done) == (5 if done == 0 else 2 if done == 3 else 1)
     assert tracer.paced[1] == 3 and tracer._seconds_per_step(5) is not None
     assert Tracer((2, 3), "/nowhere")._seconds_per_step(1) is None
+
+
+def test_arrivals_name_a_replica_only_when_it_is_consistently_and_clearly_late(tmp_path):
+    from tfdp.training.arrivals import Arrivals
+
+    arrivals = Arrivals(["/job:worker/task:0/device:CPU:0", "/job:worker/task:1/device:CPU:0"],
+                        str(tmp_path))
+    for step in range(1, 11):  # Worker 1 ready 20 ms after worker 0 in 9 steps of 10.
+        late = 0.020 if step != 3 else -0.001
+        arrivals.add(step, [[100.0, 100.010], [100.0, 100.010 + late]])
+    figures, note = arrivals.epoch_figures()
+    assert figures["replicas"] == ["worker 0 (replica 0)", "worker 1 (replica 1)"]
+    assert figures["replica_compute_ms"] == pytest.approx([10.0, 27.9], abs=1e-3)
+    assert note == ("; straggler: worker 1 (replica 1) reaches the allreduce 17.9 ms after the "
+                    "others on average, last in 90% of steps")
+    for step in range(11, 21):  # A millisecond apart, in turns: nobody is named.
+        arrivals.add(step, [[100.0, 100.010 + 0.001 * (step % 2)], [100.0, 100.0105]])
+    assert arrivals.epoch_figures()[1] == ""
+    kept = json.loads(open(arrivals.dump("a test")).read())["steps"]
+    assert [s["step"] for s in kept] == list(range(1, 21))
+
+
+def test_folded_times_unfold_near_the_hosts_clock():
+    from tfdp.training.arrivals import PERIOD, unfold
+
+    now = 1795620000.25
+    times = [now - 2.0, now - 0.5, now + 0.1]  # Read seconds later; a clock slightly ahead.
+    folded = [t % PERIOD for t in times]
+    assert unfold(folded, now) == pytest.approx(times, abs=1e-6)

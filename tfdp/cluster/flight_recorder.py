@@ -3,7 +3,7 @@
 folder, and the one-line error names that file.
 
 A path keeps the times in a recorder of its own (the from-scratch path's per-replica arrivals,
-``tfdp.manual.arrivals``; the parameter-server path's per-worker steps,
+``tfdp.training.arrivals``; the parameter-server path's per-worker steps,
 ``tfdp.parameter_server.pace``): ``describes`` says what they are, ``dump(why)`` writes them
 with ``write`` and returns the file's path ('' when there is nothing to write).
 """

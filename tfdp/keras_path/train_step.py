@@ -23,6 +23,13 @@ strategy allreduces once per update. Keras' own ``gradient_accumulation_steps`` 
 ``tf.distribute`` strategy (keras-team/keras#20582); the test that notices its fix is in
 ``tests/test_accumulation.py``. Batch normalization's statistics are each micro-batch's.
 
+Arrival times (``stamp_arrivals``, under a strategy): each replica stamps when its step starts
+and when its gradients are ready for the exchange (``tfdp.training.arrivals``), and the step's
+logs carry them as ``arrival_times``, a [replicas, 2] matrix in which each replica fills its
+own row scaled by the replica count (float32, folded modulo ``arrivals.PERIOD``, as Keras
+reduces every log of a step in one collective of one dtype): the mean over replicas that Keras
+already takes of every log then holds every replica's times, with no collective of their own.
+
 This overrides ``train_step``, the documented way to change what ``fit`` does in one step; the
 rest of ``fit`` (the loop, callbacks, distribution, the optimizer) is Keras'.
 """
@@ -31,6 +38,10 @@ import keras
 import tensorflow as tf
 
 from tfdp.plan import shard_sizes
+from tfdp.training import arrivals
+from tfdp.training.arrivals import stamp_after
+
+ARRIVALS = "arrival_times"  # The log that carries them.
 
 
 class GlobalBatchModel(keras.Model):
@@ -38,6 +49,7 @@ class GlobalBatchModel(keras.Model):
     each update summing the gradients of ``accumulate_steps`` micro-batches."""
 
     accumulate_steps = 1
+    stamp_arrivals = False
 
     def train_step(self, data):
         images, labels, weights = data
@@ -45,6 +57,11 @@ class GlobalBatchModel(keras.Model):
         k = self.accumulate_steps
         sizes = shard_sizes(real, k)
         variables = self.trainable_variables
+        if self.stamp_arrivals:
+            anchor = variables[-1].value  # The TensorFlow variable: this replica's copy.
+            started = stamp_after(real >= 0, [images], anchor)
+            with tf.control_dependencies([started]):  # The forward pass starts after it.
+                images = tf.identity(images)
         grads, per_example, logits = None, [], []
         for x, y, w, size in zip(*(tf.split(t, tf.stack(sizes), num=k)
                                    for t in (images, labels, weights)), sizes):
@@ -60,13 +77,29 @@ class GlobalBatchModel(keras.Model):
             grads = part if grads is None else [a + b for a, b in zip(grads, part)]
             per_example.append(losses[:size])
             logits.append(out[:size])
+        if self.stamp_arrivals:
+            ready = stamp_after(tf.math.is_finite(loss), grads, anchor)
         self.optimizer.apply_gradients(zip(grads, variables))
         per_example, logits = tf.concat(per_example, 0), tf.concat(logits, 0)
         # The shard's mean loss weighted by its size: the tracker then holds the global mean.
         shard = tf.cast(real, per_example.dtype)
         self._loss_tracker.update_state(
             tf.math.divide_no_nan(tf.reduce_sum(per_example), shard), sample_weight=shard)
-        return self.compute_metrics(images, labels, logits)
+        logs = self.compute_metrics(images, labels, logits)
+        if self.stamp_arrivals:
+            logs[ARRIVALS] = _own_row(tf.stack([started, ready]))
+        return logs
+
+
+def _own_row(times):
+    """A [replicas, 2] float32 matrix: ``times`` modulo ``arrivals.PERIOD``, times the replica
+    count, in this replica's row, zeros elsewhere: their mean over replicas is every replica's
+    (folded) times. Float32, as the other logs: Keras reduces them all in one collective."""
+    context = tf.distribute.get_replica_context()
+    replicas = context.num_replicas_in_sync
+    row = tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=tf.float32)
+    folded = tf.cast(tf.math.floormod(times, arrivals.PERIOD), tf.float32)
+    return row[:, None] * folded[None, :] * replicas
 
 
 def _pad_empty_shard(images, labels, weights, real):
@@ -76,8 +109,9 @@ def _pad_empty_shard(images, labels, weights, real):
             tf.pad(labels, [[0, missing]]), tf.pad(weights, [[0, missing]]))
 
 
-def global_batch_model(model: keras.Model, accumulate_steps: int = 1) -> GlobalBatchModel:
+def global_batch_model(model: keras.Model, accumulate_steps: int = 1,
+                       stamp_arrivals: bool = False) -> GlobalBatchModel:
     """The same layers and variables as ``model``, trained with tfdp's step."""
     trained = GlobalBatchModel(inputs=model.inputs, outputs=model.outputs, name=model.name)
-    trained.accumulate_steps = accumulate_steps
+    trained.accumulate_steps, trained.stamp_arrivals = accumulate_steps, stamp_arrivals
     return trained

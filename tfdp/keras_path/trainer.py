@@ -24,25 +24,30 @@ from tfdp import data
 from tfdp.cluster import tf_config
 from tfdp.keras_path import evaluation, keras_mwms_fix
 from tfdp.keras_path.distributed_input import distribute
-from tfdp.keras_path.guard import Guard, TraceSteps
+from tfdp.keras_path.guard import CHECK_EVERY, Guard, TraceSteps
 from tfdp.keras_path.strategy import make_distribution
-from tfdp.keras_path.train_step import global_batch_model
+from tfdp.keras_path.train_step import ARRIVALS, global_batch_model
 from tfdp.logs import logger
 from tfdp.models import lenet, resnet
 from tfdp.models.precision import input_dtype
 from tfdp.plan import learning_rate, steps_per_epoch
 from tfdp.training import export
+from tfdp.training.arrivals import Arrivals, unfold
 from tfdp.training.backups import KEEP
+
+STAMPED = ("mirrored", "multi_worker")  # Replicas that meet at an exchange: arrivals say who.
 
 
 def build_model(config):
-    """The Keras model in ``--precision``, trained with tfdp's step (``train_step.py``)."""
+    """The Keras model in ``--precision``, trained with tfdp's step (``train_step.py``), which
+    stamps its replicas' arrival times under a strategy."""
+    stamped = config.strategy in STAMPED
     if config.model == "resnet18":
         return global_batch_model(resnet.resnet(sync_batch_norm=config.sync_batch_norm,
                                                 precision=config.precision),
-                                  config.accumulate_steps)
+                                  config.accumulate_steps, stamped)
     model = global_batch_model(lenet.keras_model(precision=config.precision),
-                               config.accumulate_steps)
+                               config.accumulate_steps, stamped)
     # The same starting weights as the manual path for the same --init and --seed.
     model.set_weights(lenet.to_keras_weights(lenet.start_params(config.initializer, config.seed)))
     return model
@@ -67,21 +72,27 @@ class EpochReport(keras.callbacks.Callback):
     print its line around tfdp's and under other metric names.) ``first_step`` is where the
     first epoch starts when a run resumes within it."""
 
-    def __init__(self, reporter, evaluator, plan, first_step: int = 0):
+    def __init__(self, reporter, evaluator, plan, first_step: int = 0, arrivals=None):
         super().__init__()
         self.reporter, self.evaluator, self.steps = reporter, evaluator, plan.steps_per_epoch
         self.batch = plan.global_batch
         self.examples = min(plan.steps_per_epoch * plan.global_batch, plan.train_examples)
-        self.first_step = first_step
+        self.first_step, self.arrivals = first_step, arrivals
 
     def on_epoch_begin(self, epoch, logs=None):
         self._progress = self.reporter.progress(epoch, self.steps)
         self._start = time.perf_counter()
+        self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
+        position = self.first_step + batch + 1
+        step = self._epoch * self.steps + position  # Global, as Guard counts it.
+        # At Guard's checks only: Guard reads that step's loss, so its times cost no more wait.
+        if self.arrivals is not None and step % CHECK_EVERY == 0 and ARRIVALS in logs:
+            self.arrivals.add(step, unfold(logs[ARRIVALS], time.time()))
         if not self._progress.live:  # Reading the logs would wait for the step: skip.
             return
-        self._progress.update(self.first_step + batch + 1,
+        self._progress.update(position,
                               [("loss", float(logs["loss"])),
                                ("train_acc", float(logs["accuracy"]))])
 
@@ -89,9 +100,11 @@ class EpochReport(keras.callbacks.Callback):
         seconds = time.perf_counter() - self._start  # Training only: evaluation comes next.
         test_loss, test_acc = self.evaluator.evaluate()
         examples = min((self.steps - self.first_step) * self.batch, self.examples)
+        extra, note = self.arrivals.epoch_figures() if self.arrivals is not None else ({}, "")
         self.reporter.epoch_end(epoch, loss=logs["loss"], train_acc=logs["accuracy"],
                                 test_loss=test_loss, test_acc=test_acc, seconds=seconds,
-                                examples=examples, resumed_at=self.first_step)
+                                examples=examples, resumed_at=self.first_step, extra=extra,
+                                note=note)
         self.first_step = 0
 
 
@@ -112,6 +125,9 @@ class Path:
         self.peers = tf_config.task().peers if d.num_workers > 1 else []
         self.gather_steps = _gather_steps(d) if d.num_workers > 1 else None
         self.stall, self.examples, self.model = None, None, None
+        # Stragglers, and the flight recorder a lost cluster's one-line error points to.
+        self.recorder = (Arrivals(_replica_devices(d), config.workdir)
+                         if config.strategy in STAMPED else None)
 
     @property
     def worker_index(self) -> int:
@@ -146,7 +162,8 @@ class Path:
                 model, strategy,
                 distribute(strategy, test, replicas, input_dtype(config.precision)),
                 steps=steps_per_epoch(plan.eval_examples, plan.micro_batch))
-            callbacks = [EpochReport(run.reporter, evaluator, plan, first_step=offset),
+            callbacks = [EpochReport(run.reporter, evaluator, plan, first_step=offset,
+                                     arrivals=self.recorder),
                          Guard(run.watch, run.backups, self.distribution, plan.steps_per_epoch)]
             if run.tracer.on:
                 callbacks.append(TraceSteps(run.tracer, run.first_step))
@@ -195,6 +212,15 @@ class Path:
         if d.num_workers > 1:
             _barrier_step(d.strategy)
         return path
+
+
+def _replica_devices(distribution) -> list:
+    """A name per replica, in the order of their ids: across workers, worker-major."""
+    if distribution.num_workers == 1:
+        return list(distribution.devices)
+    local = distribution.replicas // distribution.num_workers
+    return [f"/job:worker/task:{w}/device:{d}" for w in range(distribution.num_workers)
+            for d in range(local)]
 
 
 def _gather_steps(distribution, slots: int = KEEP + 1):

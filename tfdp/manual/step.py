@@ -27,6 +27,7 @@ from tfdp.manual.feed import Feed, images_feed
 from tfdp.models import lenet
 from tfdp.models.loss import count_correct, summed_cross_entropy
 from tfdp.plan import shard_sizes
+from tfdp.training.arrivals import stamp_after
 
 
 def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool = False,
@@ -34,7 +35,7 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
                     accumulate: int = 1, bucket_kb: int = None, overlap: bool = True):
     """``step(*batch, lr) -> (loss, correct, times)`` over the global batch, updating replicas;
     ``times[d]`` is (start, gradients ready) of replica d, in Unix seconds
-    (``tfdp.manual.arrivals``). The
+    (``tfdp.training.arrivals``). The
     batch is ``(images, labels)`` unless a ``feed`` says otherwise. ``compute_dtype``
     (default: the parameters') is what the forward and backward passes compute in;
     ``allreduce_dtype`` (default: the gradients') is what the gradients travel and are summed
@@ -58,7 +59,8 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
                     y, _stamped(lambda: _accumulated_gradients(params, x, y, n, compute,
                                                                accumulate)),
                     _stamped(lambda: _no_gradients(params)))
-                times.append(tf.stack([started, _ready(loss, g, params["b1"])]))
+                ready = stamp_after(tf.math.is_finite(loss), g, params["b1"])
+                times.append(tf.stack([started, ready]))
                 grads.append(g)
                 losses.append(loss)
                 correct.append(right)
@@ -116,22 +118,6 @@ def _stamped(shard_gradients):
         return [loss, right, started, *grads]
 
     return run
-
-
-def _ready(loss, grads: list, anchor):
-    """The time ``grads`` are all ready for the exchange, on their device's clock.
-
-    ``tf.function`` runs stateful ops that take no resource (a bare ``tf.timestamp``) one after
-    the other in program order, so replica 1's stamp would wait for replica 0's gradients; a
-    stamp inside the replica's own cond would hold back every gradient of the cond until the
-    last (a branch's outputs wait for its stateful ops), and no allreduce could start early.
-    Here the stamp is a cond of its own that reads ``anchor``, one of the replica's variables:
-    ordered by that variable only, and after the gradients only."""
-    def stamp():
-        return tf.timestamp() + 0.0 * tf.cast(tf.reduce_sum(anchor.read_value()), tf.float64)
-
-    with tf.control_dependencies(grads):
-        return tf.cond(tf.math.is_finite(loss), stamp, stamp)
 
 
 def _no_gradients(params: dict) -> list:

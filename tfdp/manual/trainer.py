@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tfdp.cluster.stall import watching
 from tfdp.devices import configure_devices
-from tfdp.manual.arrivals import Arrivals
+from tfdp.training.arrivals import Arrivals
 from tfdp.manual import remote
 from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import replicate
@@ -69,7 +69,7 @@ def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None
     """Train LeNet data-parallel on ``run.devices`` by ``run.plan`` from ``run.first_step``;
     return the trained parameters (numpy). ``params`` override ``--init``; the examples come
     from ``run``'s splits unless a ``feed`` says otherwise; ``arrivals`` keeps the replicas'
-    times (``tfdp.manual.arrivals``)."""
+    times (``tfdp.training.arrivals``)."""
     config = run.config
     if params is None:
         params = lenet.start_params(config.initializer, config.seed,

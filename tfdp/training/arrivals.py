@@ -1,9 +1,11 @@
 """Who reaches the gradient exchange when (section 12.3): stragglers named, and a flight recorder
 for hangs.
 
-Every from-scratch step stamps, on each replica's own device (so on its own worker across
-machines), the time it starts and the time its gradients are ready to be exchanged
-(``tf.timestamp``, Unix seconds; ``tfdp.manual.step``). From those:
+Every step of the from-scratch path (``tfdp.manual.step``) and of Keras ``fit`` under a
+strategy (``tfdp.keras_path.train_step``) stamps, on each replica's own device (so on its own
+worker across machines), the time it starts and the time its gradients are ready to be
+exchanged (``stamp_after``: ``tf.timestamp``, Unix seconds). The from-scratch loop reads every
+step's times; ``fit`` every few steps (reading a step's results waits for it). From those:
 
 * per replica, each epoch: its **compute** (ready - start) and its **wait** at the exchange (the
   last replica's ready - its own), averaged, go into the epoch's record in ``metrics.json``;
@@ -25,12 +27,42 @@ import re
 import statistics
 
 import numpy as np
+import tensorflow as tf
 
 from tfdp.cluster import flight_recorder
 
 LAST_SHARE = 0.6
 LATE_MS = 2.0
 LATE_SHARE = 0.25
+
+
+def stamp_after(pred, deps: list, anchor):
+    """The time, on this replica's device and clock, once ``deps`` exist (``pred``: any boolean
+    scalar computed from them, true or not).
+
+    ``tf.function`` runs stateful ops that take no resource (a bare ``tf.timestamp``) one after
+    the other in program order, so replica 1's stamp would wait for replica 0's gradients; a
+    stamp inside a replica's own cond would hold back every output of the cond until the last
+    (a branch's outputs wait for its stateful ops), and no allreduce could start early. Here the
+    stamp is a cond of its own that reads ``anchor``, one of the replica's variables: ordered
+    by that variable only, and after ``deps`` only."""
+    def stamp():
+        return tf.timestamp() + 0.0 * tf.cast(tf.reduce_sum(anchor.read_value()), tf.float64)
+
+    with tf.control_dependencies(deps):
+        return tf.cond(pred, stamp, stamp)
+
+
+# Times folded into [0, PERIOD) s travel as float32 (about 0.06 ms apart at 1000 s), with the
+# other float32 logs of a Keras step; ``unfold`` restores them near the host's clock.
+PERIOD = 1000.0
+
+
+def unfold(folded, now: float):
+    """Unix times from ``folded`` (times modulo ``PERIOD``), taking those within ``PERIOD / 2``
+    of ``now`` (a step's times, read seconds after it ran, on clocks that agree to much less)."""
+    folded = np.asarray(folded, np.float64)
+    return now - ((now - folded + PERIOD / 2) % PERIOD - PERIOD / 2)
 
 
 def replica_names(devices: list) -> list:
