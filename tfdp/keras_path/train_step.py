@@ -35,6 +35,7 @@ rest of ``fit`` (the loop, callbacks, distribution, the optimizer) is Keras'.
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdp.plan import shard_sizes
@@ -89,6 +90,16 @@ class GlobalBatchModel(keras.Model):
         if self.stamp_arrivals:
             logs[ARRIVALS] = _own_row(tf.stack([started, ready]))
         return logs
+
+    def get_metrics_result(self):
+        """Keras' metrics, and an empty ``arrival_times``: at an epoch's end ``fit`` reports
+        these results, synchronised over the replicas, only when their names are the step's
+        logs' (``Trainer._get_metrics_result_or_logs``); else it reports the last step's logs,
+        whose loss is a mean of the replicas' means, wrong for uneven shards."""
+        results = super().get_metrics_result()
+        if self.stamp_arrivals:
+            results[ARRIVALS] = np.zeros([0, 2], np.float32)
+        return results
 
 
 def _own_row(times):
