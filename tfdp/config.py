@@ -9,6 +9,7 @@ import math
 import os
 from typing import Optional
 
+from tfdp.config_checks import check_cadence, check_parameter_server, choice, positive
 from tfdp.errors import UserError
 from tfdp.training import formats
 from tfdp.training.trace import parse_steps
@@ -152,19 +153,19 @@ class Config:
     def __post_init__(self):
         if self.precision in PRECISION_ALIASES:  # Frozen: set the full name once, here.
             object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision])
-        _choice("strategy", self.strategy, STRATEGIES)
-        _choice("model", self.model, MODELS)
-        _choice("allreduce", self.allreduce, ALLREDUCES)
+        choice("strategy", self.strategy, STRATEGIES)
+        choice("model", self.model, MODELS)
+        choice("allreduce", self.allreduce, ALLREDUCES)
         if self.allreduce_dtype in PRECISION_ALIASES:
             object.__setattr__(self, "allreduce_dtype", PRECISION_ALIASES[self.allreduce_dtype])
-        _choice("allreduce_dtype", self.allreduce_dtype, ("float32", "bfloat16"))
+        choice("allreduce_dtype", self.allreduce_dtype, ("float32", "bfloat16"))
         if self.allreduce_dtype != "float32" and self.strategy != "manual":
             raise UserError(f"--allreduce_dtype={self.allreduce_dtype} is the manual path's "
                             f"(its own allreduce); --strategy={self.strategy} sums in float32")
         if self.allreduce_dtype != "float32" and self.precision == "float64":
             raise UserError("--allreduce_dtype=bfloat16 with --precision=float64 would round "
                             "the gradients the float64 run exists to keep exact")
-        _choice("precision", self.precision, PRECISIONS)
+        choice("precision", self.precision, PRECISIONS)
         if self.init is not None and self.init not in INITS and not (
                 self.init.endswith(".npz") and os.path.isfile(self.init)):
             raise UserError(f"--init={self.init} is neither one of {', '.join(INITS)} nor an "
@@ -173,12 +174,12 @@ class Config:
             raise UserError(f"--model={self.model} needs --strategy=mirrored, multi_worker, plain "
                             "or parameter_server: the from-scratch path (--strategy=manual) "
                             "trains lenet only")
-        self._check_parameter_server()
-        _positive("num_gpus", self.num_gpus)
+        check_parameter_server(self)
+        positive("num_gpus", self.num_gpus)
         if self.strategy == "plain" and self.num_gpus != 1:
             raise UserError(f"--strategy=plain trains on one device without tf.distribute; for "
                             f"--num_gpus={self.num_gpus} use --strategy=mirrored")
-        _positive("epochs", self.epochs)
+        positive("epochs", self.epochs)
         if self.steps_per_execution > 1 and self.strategy in ("mirrored", "multi_worker"):
             # Keras 3.15's multi-step loop (multi_step_on_iterator in its backend/tensorflow/
             # trainer.py) calls get_next_as_optional() on the distributed iterator inside a
@@ -190,12 +191,12 @@ class Config:
         if self.strategy == "manual" and self.steps_per_execution > 1:
             raise UserError("--steps_per_execution is a Keras option: the manual path runs "
                             "one compiled step per call")
-        self._check_cadence()
+        check_cadence(self)
         object.__setattr__(self, "export_formats",
                            ",".join(formats.parse(self.export_formats)))
-        _choice("overlap", self.overlap, ("auto", "none"))
+        choice("overlap", self.overlap, ("auto", "none"))
         if self.bucket_kb is not None:
-            _positive("bucket_kb", self.bucket_kb)
+            positive("bucket_kb", self.bucket_kb)
         if self.strategy != "manual" and (self.bucket_kb is not None or self.overlap != "auto"):
             raise UserError(f"--bucket_kb and --overlap are the manual path's (its own "
                             f"allreduce); --strategy={self.strategy} exchanges gradients in "
@@ -211,7 +212,7 @@ class Config:
         for name in ("batch_size", "per_replica_batch_size", "steps_per_epoch", "eval_steps",
                      "collective_timeout", "steps_per_execution"):
             if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
+                positive(name, getattr(self, name))
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise UserError(f"--lr must be a positive finite number, got {self.lr}")
         if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
@@ -219,19 +220,6 @@ class Config:
         if self.manual_dir is not None and not os.path.isdir(self.manual_dir):
             raise UserError(f"--manual_dir={self.manual_dir} is not a folder: point it at the "
                             "folder holding the four Fashion-MNIST .gz files")
-
-    def _check_cadence(self):
-        if self.sync_every is not None:
-            _positive("sync_every", self.sync_every)
-            if self.sync_every > 1 and self.strategy != "manual":
-                raise UserError(f"--sync_every={self.sync_every} is the manual path's: "
-                                + _NO_SYNC_EVERY[self.strategy])
-        _positive("accumulate_steps", self.accumulate_steps)
-        if self.accumulate_steps > 1 and self.strategy == "parameter_server":
-            raise UserError(f"--accumulate_steps={self.accumulate_steps} saves the allreduces "
-                            "of synchronous training; parameter servers take each worker's "
-                            "gradients as they come, and accumulating them on a worker would "
-                            "only make its updates staler: raise --batch_size instead")
 
     @property
     def traced_steps(self) -> Optional[tuple]:
@@ -244,28 +232,6 @@ class Config:
         if self.sync_every is not None:
             return self.sync_every
         return DEFAULT_SYNC_EVERY if self.strategy == "manual" else 1
-
-    def _check_parameter_server(self):
-        _positive("ps_shards", self.ps_shards)
-        if self.strategy != "parameter_server":
-            if self.ps_shards != 1:
-                raise UserError(f"--ps_shards={self.ps_shards} is --strategy=parameter_server's "
-                                f"(--strategy={self.strategy} keeps no parameter servers)")
-            return
-        if self.model != "lenet" and self.ps_shards > 1:
-            raise UserError(f"--ps_shards={self.ps_shards} splits the from-scratch lenet's "
-                            f"parameters; --model={self.model}'s Keras layers read whole "
-                            "variables: use --ps_shards=1 (its variables are spread round robin)")
-        if self.num_gpus != 1:
-            raise UserError(f"--num_gpus={self.num_gpus}: under --strategy=parameter_server "
-                            "each worker trains on one device; add workers (tfdp.launch "
-                            "--num_workers) instead")
-        if self.eager:
-            raise UserError("--eager: the coordinator of --strategy=parameter_server schedules "
-                            "compiled steps only")
-        if self.steps_per_execution > 1:
-            raise UserError("--steps_per_execution is a Keras option: the parameter-server "
-                            "path schedules one compiled step at a time")
 
     @property
     def initializer(self) -> str:
@@ -290,23 +256,3 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-_NO_SYNC_EVERY = {
-    "plain": "Keras fit's own is --steps_per_execution",
-    # See the --steps_per_execution refusal in Config.__post_init__.
-    "mirrored": "under tf.distribute Keras' multi-step loop (--steps_per_execution) fails",
-    "multi_worker": "under tf.distribute Keras' multi-step loop (--steps_per_execution) fails",
-    "parameter_server": "the coordinator already runs up to two steps per worker ahead and "
-                        "reads each step's result as it arrives",
-}
-
-
-def _choice(flag, value, choices):
-    if value not in choices:
-        raise UserError(f"--{flag}={value} is not one of: {', '.join(choices)}")
-
-
-def _positive(flag, value):
-    if not isinstance(value, int) or value <= 0:
-        raise UserError(f"--{flag} must be a positive integer, got {value}")

@@ -23,7 +23,7 @@ import logging
 import os
 import time
 
-from tfdp.training import timeline
+from tfdp.training import timeline, timeline_png
 from tfdp.training.server_capture import ServerCapture, duration_ms
 
 logger = logging.getLogger("tfdp")
@@ -123,7 +123,7 @@ class Tracer:
         with open(merged + ".partial", "w") as f:
             json.dump(timeline.merge(parts), f)
         os.replace(merged + ".partial", merged)
-        timeline.draw(parts, os.path.join(self.run_dir, "timeline.png"))
+        timeline_png.draw(parts, os.path.join(self.run_dir, "timeline.png"))
         missing = self.workers + servers - len(parts)
         logger.info("trace of steps %d-%d: %s and timeline.png (lanes of %s), the profile "
                     "in %s (tensorboard --logdir %s, profile tab)%s", self.first, self.last,
