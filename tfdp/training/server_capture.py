@@ -12,11 +12,12 @@ hosts) that is the run folder; on real machines the same path on each server's o
 copied beside the chief's (docs/section-12.3.md).
 """
 
-import glob
 import logging
 import os
 import threading
 import time
+
+from tfdp.training import timeline
 
 logger = logging.getLogger("tfdp")
 # Before the first traced step: the servers start recording when the request reaches them.
@@ -39,7 +40,7 @@ class ServerCapture:
 
     def __init__(self, servers: list, folder: str):
         self.servers, self.folder = list(servers), folder
-        self.thread = self.error = None
+        self.threads, self.error = [], None
         self.ends = 0.0
 
     def start(self, milliseconds: int) -> None:
@@ -54,9 +55,9 @@ class ServerCapture:
             except Exception as e:  # Its lanes are missing; the run goes on.
                 self.error = f"{name} at {address}: {type(e).__name__}: {str(e)[:200]}"
 
-        self.thread = [threading.Thread(target=record, args=server, daemon=True,
+        self.threads = [threading.Thread(target=record, args=server, daemon=True,
                                         name=f"profile {server[0]}") for server in self.servers]
-        for thread in self.thread:
+        for thread in self.threads:
             thread.start()
         time.sleep(SETTLE_SECONDS)
 
@@ -65,22 +66,20 @@ class ServerCapture:
 
     def finish(self) -> list:
         """Wait for the recordings; [(name, path of its .xplane.pb)] of those that arrived."""
-        if not self.thread:
+        if not self.threads:
             return []
         left = self.ends - time.monotonic()
         if left > 1:
             logger.info("waiting %.0f s for the servers' profiles to end", left)
-        for thread in self.thread:
+        for thread in self.threads:
             thread.join(max(left, 0) + 60)
         if self.error:
             logger.warning("a server's profile is missing: %s", self.error)
         found = []
         for name, _ in self.servers:
-            profiles = glob.glob(os.path.join(self.dir_of(name), "plugins", "profile", "*",
-                                              "*.xplane.pb"))
-            if profiles:
-                found.append((name, max(profiles, key=os.path.getmtime)))
-            else:
+            try:
+                found.append((name, timeline.newest_profile(self.dir_of(name))))
+            except FileNotFoundError:
                 logger.warning("no profile of %s in %s: a server on another machine writes it "
                                "on its own disk", name, self.dir_of(name))
         return found
