@@ -188,7 +188,7 @@ def wait_for_first_backup(run, tmp_path, timeout=180, step=1):
 def cut_off(launcher: int, host: int) -> tuple:
     """Set the link of the launcher's emulated host ``host`` down, its processes left alive:
     (the host's namespace, when)."""
-    from tfdp.cluster import emulated_hosts
+    from tfdp.launcher import emulated_hosts
 
     name = f"{emulated_hosts.PREFIX}{launcher}-h{host}"
     subprocess.run(["ip", "-n", name, "link", "set", "eth0", "down"], check=True)

@@ -19,7 +19,8 @@ from tfdp.manual.replicate import replicate
 from tfdp.manual.step import make_train_step
 from tfdp.models import lenet
 from tfdp.plan import make_plan
-from tfdp.training import report, skeleton
+from tfdp import paths
+from tfdp.training import report
 
 
 def manual_params(tmp_path, split, k, name, **flags):
@@ -60,11 +61,11 @@ def test_mirrored_accumulates_like_the_manual_path_and_like_one_large_batch(
                         lambda *args: micro_batches.append(1) or pad(*args))
     settings = dict(num_gpus=2, lr=0.1, epochs=2, seed=5, eval_steps=1, precision="float64",
                     data_dir=data_dir, export_dir=str(tmp_path / "exports"))
-    mirrored = skeleton.run(Config(strategy="mirrored", batch_size=25, accumulate_steps=4,
+    mirrored = paths.run(Config(strategy="mirrored", batch_size=25, accumulate_steps=4,
                                    workdir=str(tmp_path / "mirrored"), **settings),
                             start_weights=lenet.to_keras_weights(start))
     assert micro_batches and len(micro_batches) % 8 == 0  # 4 on each replica, every trace.
-    whole = skeleton.run(Config(strategy="mirrored", batch_size=100,
+    whole = paths.run(Config(strategy="mirrored", batch_size=100,
                                 workdir=str(tmp_path / "mirrored-whole"), **settings),
                          start_weights=lenet.to_keras_weights(start))
     accumulated = lenet.from_keras_weights(mirrored.weights)

@@ -18,11 +18,13 @@ import tensorflow as tf
 from conftest import (REPO, ROOT, Terminal, child_env, children, launch, run_module,
                       tf_config_of)
 from tfdp.cluster import tf_config
-from tfdp.cluster.launcher import free_ports
+from tfdp.launcher.local_cluster import free_ports
 from tfdp.config import Config
 from tfdp.errors import PREEMPTED_EXIT_CODE, Diverged, Preempted, UserError
 from tfdp.models import lenet
-from tfdp.training import divergence, export, preemption, skeleton, workdir
+from tfdp import files
+from tfdp import paths
+from tfdp.training import divergence, export, preemption, run_folder
 from tfdp.training.backups import Backups, identity
 
 needs_root = pytest.mark.root("mounts a small tmpfs and read-only folders")
@@ -302,7 +304,7 @@ def test_keras_path_stops_at_a_non_finite_loss_too(tmp_path, data_dir):
                     eval_steps=1, data_dir=data_dir, workdir=str(tmp_path / "run"),
                     export_dir=str(tmp_path / "export"))
     with pytest.raises(Diverged, match=r"by epoch 1, step \d+/30: training diverged"):
-        skeleton.run(config)
+        paths.run(config)
     assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")
 
 
@@ -352,7 +354,7 @@ def test_a_run_folder_belongs_to_one_run_at_a_time(tmp_path, data_dir):
     assert second.stderr.strip().splitlines()[-1] == (
         f"tfdp.train: error: --workdir={tmp_path / 'run'} is in use by another run "
         f"(pid {first.pid}): wait for it to end, or give this run its own --workdir")
-    with workdir.claim(str(tmp_path / "run")):  # Free again once the first has gone.
+    with run_folder.claim(str(tmp_path / "run")):  # Free again once the first has gone.
         pass
 
 
@@ -368,7 +370,7 @@ def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
     backups = Backups(earlier.run_dir, 0, identity(earlier))
     backups.save(5, lenet.to_keras_weights(lenet.init_params(0)))
     with pytest.raises(UserError) as caught:
-        skeleton.run(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
+        paths.run(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
     assert str(caught.value) == (
         f"{tmp_path / 'run'} holds a run trained with --batch_size=64 --lr=0.2 --seed=0; this "
         "command has --batch_size=32 --lr=0.1 --seed=1: run it with the same flags to resume, "
@@ -387,7 +389,7 @@ def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, d
     metrics = os.path.join(config.run_dir, "metrics.json")
     with open(metrics, "w") as f:  # The earlier epochs' record, damaged too.
         f.write('{"epochs": [{"epo')
-    result = skeleton.run(config)
+    result = paths.run(config)
     out = capsys.readouterr().out
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings[0] == (f"the backup {newest} is damaged (BadZipFile: File is not a zip "
@@ -499,7 +501,7 @@ def test_a_read_only_run_folder_is_one_line_naming_the_flag(tmp_path, data_dir):
             with pytest.raises(UserError, match=rf"^--workdir={workdir} is not writable "
                                                 r"\(Read-only file system\): give a --workdir you "
                                                 "can write to$"):
-                skeleton.run(config)
+                paths.run(config)
     finally:
         subprocess.run(["umount", str(folder)], check=False)
 
@@ -559,7 +561,7 @@ def test_files_written_through_a_temporary_name_never_follow_a_planted_symlink(t
     (tmp_path / "run").mkdir()
     target = tmp_path / "run" / "metrics.json"
     os.symlink(victim, target)
-    workdir.write_atomic(str(target), lambda f: f.write("{}"))
+    files.write_atomic(str(target), lambda f: f.write("{}"))
     assert victim.read_text() == "precious"
     assert not os.path.islink(target) and target.read_text() == "{}"
 

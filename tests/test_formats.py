@@ -12,7 +12,8 @@ from conftest import REPO, child_env, run_module
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.models import lenet
-from tfdp.training import export, formats
+from tfdp import formats
+from tfdp.training import export
 
 
 def test_a_bad_format_or_a_missing_converter_is_one_line(monkeypatch):

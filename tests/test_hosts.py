@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, cut_off
 from conftest import launch as launch_cluster
-from tfdp.cluster import emulated_hosts
+from tfdp.launcher import emulated_hosts
 
 pytestmark = [pytest.mark.root("emulated hosts: network namespaces"), pytest.mark.cluster]
 

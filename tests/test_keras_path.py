@@ -17,7 +17,7 @@ from tfdp.training.backups import Backups
 from tfdp.training import report
 from tfdp.config import Config
 from tfdp.keras_path import distributed_input, evaluation, keras_mwms_fix
-from tfdp.training import skeleton
+from tfdp import paths
 from tfdp.models import lenet, resnet
 from tfdp.models.replicated_batch_norm import ReplicatedBatchNormalization
 
@@ -38,7 +38,7 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
     manual = train_manual(manual_config, DEVICES[:2], train_split, test_split, reporter,
                                   params=start)
 
-    mirrored = skeleton.run(Config(strategy="mirrored", **common(
+    mirrored = paths.run(Config(strategy="mirrored", **common(
         tmp_path, data_dir, "mirrored", precision="float64")),
         start_weights=lenet.to_keras_weights(start))
 
@@ -72,7 +72,7 @@ def test_mirrored_trains_uneven_and_empty_shards_like_manual(tmp_path, data_dir,
                                is_chief=False)
     manual = train_manual(Config(**settings), DEVICES[:k], split, split, reporter,
                                   params=start)
-    mirrored = skeleton.run(Config(strategy="mirrored", **settings),
+    mirrored = paths.run(Config(strategy="mirrored", **settings),
                                  start_weights=lenet.to_keras_weights(start))
     assert update_difference(lenet.from_keras_weights(mirrored.weights), manual, start) < 1e-9
     for got, want in zip(mirrored.history, reporter.records):
@@ -151,7 +151,7 @@ def test_evaluator_covers_the_same_batches_every_time(test_split):
 def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monkeypatch):
     settings = common(tmp_path, data_dir, "resume", steps_per_epoch=5, eval_steps=1, epochs=3)
     start = lenet.to_keras_weights(comparable_start(1))
-    full = skeleton.run(Config(strategy="mirrored", **dict(
+    full = paths.run(Config(strategy="mirrored", **dict(
         settings, workdir=str(tmp_path / "full"), export_dir=str(tmp_path / "full-exp"))),
         start_weights=start)
     assert not os.path.exists(tmp_path / "full" / "backup")  # Spent.
@@ -166,13 +166,13 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monke
 
     monkeypatch.setattr(Backups, "save", crash_after_epoch_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        skeleton.run(Config(strategy="mirrored", **settings), start_weights=start)
+        paths.run(Config(strategy="mirrored", **settings), start_weights=start)
     monkeypatch.undo()
     assert Backups(str(tmp_path / "resume"), 0, {}).steps() == [5, 10]
     assert not os.path.exists(tmp_path / "resume-exp") or not os.listdir(tmp_path / "resume-exp")
     capsys.readouterr()
 
-    resumed = skeleton.run(Config(strategy="mirrored", **settings), start_weights=start)
+    resumed = paths.run(Config(strategy="mirrored", **settings), start_weights=start)
     out = capsys.readouterr().out
     assert "resuming at epoch 3/3, step 0/5 (global step 10)" in out
     assert out.count("epoch 3/3: loss") == 1 and "epoch 1/3: loss" not in out

@@ -76,7 +76,7 @@ This could happen if the remote target has been disconnected from the client.
 
 
 def test_the_launcher_shows_a_repeated_grpc_error_once_and_every_other_line():
-    from tfdp.cluster import output
+    from tfdp.launcher import output
 
     head = GRPC_REPEATS.replace("register", "remove")
     own = "Traceback (most recent call last):\nThis could happen if the remote target has been " \

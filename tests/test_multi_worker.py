@@ -215,7 +215,7 @@ def test_the_launcher_refuses_strategies_that_train_in_one_process(capsys, train
                                                     "manual"),
     (["--verbose"], "true"), (["--noverbose"], "false"), (["--verbose", "--epochs=1"], "true")])
 def test_the_launcher_reads_train_flags_as_absl_does(train_args, value):
-    from tfdp.cluster.launcher import _train_flag
+    from tfdp.launcher.local_cluster import _train_flag
 
     name = "verbose" if "verbose" in "".join(train_args) else "strategy"
     assert _train_flag(train_args, name) == value

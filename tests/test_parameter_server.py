@@ -19,7 +19,7 @@ from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, lanes
 from conftest import launch as launch_cluster
 from tfdp import data
 from tfdp.training import report
-from tfdp.cluster import emulated_hosts
+from tfdp.launcher import emulated_hosts
 from tfdp.config import Config
 from tfdp.parameter_server.pace import WorkerPace
 

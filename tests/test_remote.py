@@ -18,9 +18,9 @@ from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, lanes
 from conftest import launch as launch_cluster
 from tfdp.training.backups import Backups
 from tfdp.training import report
-from tfdp.cluster import emulated_hosts
+from tfdp.launcher import emulated_hosts
 from tfdp.config import Config
-from tfdp.cluster.launcher import free_ports
+from tfdp.launcher.local_cluster import free_ports
 
 pytestmark = pytest.mark.cluster
 

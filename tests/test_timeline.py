@@ -11,8 +11,9 @@ import pytest
 from conftest import child_env, lanes_by_step
 from tfdp.config import Config
 from tfdp.errors import UserError
-from tfdp.training import skeleton, timeline
-from tfdp.training.trace import Tracer
+from tfdp.trace import timeline
+from tfdp import paths
+from tfdp.trace.tracer import Tracer
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -22,7 +23,7 @@ def traced(tmp_path, data_dir, strategy, **flags):
                     eval_steps=1, data_dir=data_dir, workdir=str(tmp_path / "run"),
                     export_dir=str(tmp_path / "exports"), trace_steps="3:4")
     settings.update(flags)
-    skeleton.run(Config(**settings))
+    paths.run(Config(**settings))
     return json.loads((tmp_path / "run" / "timeline.json").read_text())
 
 
@@ -69,7 +70,7 @@ def test_the_profile_opens_with_xprof_in_a_process_without_tfdp(tmp_path, data_d
 
 
 def test_tracing_off_records_nothing_and_never_shortens_a_window(tmp_path, data_dir):
-    skeleton.run(Config(num_gpus=2, batch_size=64, epochs=1, steps_per_epoch=3, eval_steps=1,
+    paths.run(Config(num_gpus=2, batch_size=64, epochs=1, steps_per_epoch=3, eval_steps=1,
                         data_dir=data_dir, workdir=str(tmp_path / "run"),
                         export_dir=str(tmp_path / "exports")))
     run = tmp_path / "run"
@@ -88,7 +89,7 @@ def test_a_bad_trace_range_is_one_line(value):
 
 
 def test_servers_record_long_enough_for_the_traced_steps_at_the_pace_seen():
-    from tfdp.training.server_capture import duration_ms
+    from tfdp.trace.server_capture import duration_ms
 
     assert duration_ms(None, 2) == 20000  # Tracing from the first steps: no pace seen yet.
     assert duration_ms(0.1, 2) == 2600  # Three times 2 steps of 0.1 s, and 2 s.
@@ -100,7 +101,7 @@ def test_servers_record_long_enough_for_the_traced_steps_at_the_pace_seen():
 
 
 def test_arrivals_name_a_replica_only_when_it_is_consistently_and_clearly_late(tmp_path):
-    from tfdp.training.arrivals import Arrivals
+    from tfdp.trace.arrivals import Arrivals
 
     arrivals = Arrivals(["/job:worker/task:0/device:CPU:0", "/job:worker/task:1/device:CPU:0"],
                         str(tmp_path))
@@ -120,7 +121,7 @@ def test_arrivals_name_a_replica_only_when_it_is_consistently_and_clearly_late(t
 
 
 def test_folded_times_unfold_near_the_hosts_clock():
-    from tfdp.training.arrivals import PERIOD, unfold
+    from tfdp.trace.arrivals import PERIOD, unfold
 
     now = 1795620000.25
     times = [now - 2.0, now - 0.5, now + 0.1]  # Read seconds later; a clock slightly ahead.

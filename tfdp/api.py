@@ -28,7 +28,7 @@ def run(**flags):
     config = Config(**flags)
     logs.configure(config.verbose)
     logs.import_tensorflow()
-    from tfdp.training import skeleton as paths
+    from tfdp import paths
 
     return paths.run(config)
 

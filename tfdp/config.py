@@ -1,24 +1,16 @@
 """The run configuration: a frozen dataclass, validated once, with one-line errors.
 
-Every check a user can trip lives here, so it runs before any device, data or model work and
-names the flag to change.
+Every field is a flag, its default and help written here once; every check a user can trip is
+in ``tfdp.config_checks``, run when a ``Config`` is made, before any device, data or model work.
 """
 
 import dataclasses
-import math
 import os
 from typing import Optional
 
-from tfdp.config_checks import check_cadence, check_parameter_server, choice, positive
-from tfdp.errors import UserError
-from tfdp.training import formats
-from tfdp.training.trace import parse_steps
+from tfdp import config_checks, formats
+from tfdp.config_checks import parse_steps
 
-STRATEGIES = ("manual", "mirrored", "multi_worker", "plain", "parameter_server")
-MODELS = ("lenet", "resnet18")
-ALLREDUCES = ("add_n", "sharded", "ring")
-INITS = ("textbook", "glorot")
-PRECISIONS = ("float32", "float64", "bfloat16")
 # Short names accepted for --precision (the issue tracker and other libraries use them).
 PRECISION_ALIASES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}
 DEFAULT_BATCH_SIZE = 256
@@ -151,75 +143,13 @@ class Config:
         "by default: tfdp prints its own lines, warnings and errors).")
 
     def __post_init__(self):
-        if self.precision in PRECISION_ALIASES:  # Frozen: set the full name once, here.
-            object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision])
-        choice("strategy", self.strategy, STRATEGIES)
-        choice("model", self.model, MODELS)
-        choice("allreduce", self.allreduce, ALLREDUCES)
-        if self.allreduce_dtype in PRECISION_ALIASES:
-            object.__setattr__(self, "allreduce_dtype", PRECISION_ALIASES[self.allreduce_dtype])
-        choice("allreduce_dtype", self.allreduce_dtype, ("float32", "bfloat16"))
-        if self.allreduce_dtype != "float32" and self.strategy != "manual":
-            raise UserError(f"--allreduce_dtype={self.allreduce_dtype} is the manual path's "
-                            f"(its own allreduce); --strategy={self.strategy} sums in float32")
-        if self.allreduce_dtype != "float32" and self.precision == "float64":
-            raise UserError("--allreduce_dtype=bfloat16 with --precision=float64 would round "
-                            "the gradients the float64 run exists to keep exact")
-        choice("precision", self.precision, PRECISIONS)
-        if self.init is not None and self.init not in INITS and not (
-                self.init.endswith(".npz") and os.path.isfile(self.init)):
-            raise UserError(f"--init={self.init} is neither one of {', '.join(INITS)} nor an "
-                            "existing .npz file of LeNet parameters")
-        if self.strategy == "manual" and self.model != "lenet":
-            raise UserError(f"--model={self.model} needs --strategy=mirrored, multi_worker, plain "
-                            "or parameter_server: the from-scratch path (--strategy=manual) "
-                            "trains lenet only")
-        check_parameter_server(self)
-        positive("num_gpus", self.num_gpus)
-        if self.strategy == "plain" and self.num_gpus != 1:
-            raise UserError(f"--strategy=plain trains on one device without tf.distribute; for "
-                            f"--num_gpus={self.num_gpus} use --strategy=mirrored")
-        positive("epochs", self.epochs)
-        if self.steps_per_execution > 1 and self.strategy in ("mirrored", "multi_worker"):
-            # Keras 3.15's multi-step loop (multi_step_on_iterator in its backend/tensorflow/
-            # trainer.py) calls get_next_as_optional() on the distributed iterator inside a
-            # tf.cond inside its tf.while_loop; TF 2.21 then leaves a placeholder of that cond
-            # unfed: "You must feed a value for placeholder tensor 'while/body/_1/while/cond/
-            # then/_171/while/cond/Placeholder'" (docs/section-12.2.md).
-            raise UserError(f"--steps_per_execution={self.steps_per_execution} works with "
-                            "--strategy=plain only: Keras fails with it under tf.distribute")
-        if self.strategy == "manual" and self.steps_per_execution > 1:
-            raise UserError("--steps_per_execution is a Keras option: the manual path runs "
-                            "one compiled step per call")
-        check_cadence(self)
+        # Frozen: the full names of aliased values are set once, here, before the checks.
+        for name in ("precision", "allreduce_dtype"):
+            if getattr(self, name) in PRECISION_ALIASES:
+                object.__setattr__(self, name, PRECISION_ALIASES[getattr(self, name)])
+        config_checks.check(self)
         object.__setattr__(self, "export_formats",
                            ",".join(formats.parse(self.export_formats)))
-        choice("overlap", self.overlap, ("auto", "none"))
-        if self.bucket_kb is not None:
-            positive("bucket_kb", self.bucket_kb)
-        if self.strategy != "manual" and (self.bucket_kb is not None or self.overlap != "auto"):
-            raise UserError(f"--bucket_kb and --overlap are the manual path's (its own "
-                            f"allreduce); --strategy={self.strategy} exchanges gradients in "
-                            "TensorFlow's collectives")
-        if self.trace_steps is not None:
-            try:
-                parse_steps(str(self.trace_steps))
-            except ValueError:
-                raise UserError(f"--trace_steps={self.trace_steps}: give A:B, the first and "
-                                "last global step to trace (1 <= A <= B), or one step A") from None
-        if self.batch_size is not None and self.per_replica_batch_size is not None:
-            raise UserError("give --batch_size (global) or --per_replica_batch_size, not both")
-        for name in ("batch_size", "per_replica_batch_size", "steps_per_epoch", "eval_steps",
-                     "collective_timeout", "steps_per_execution"):
-            if getattr(self, name) is not None:
-                positive(name, getattr(self, name))
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise UserError(f"--lr must be a positive finite number, got {self.lr}")
-        if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
-            raise UserError(f"--warmup_epochs must be >= 0, got {self.warmup_epochs}")
-        if self.manual_dir is not None and not os.path.isdir(self.manual_dir):
-            raise UserError(f"--manual_dir={self.manual_dir} is not a folder: point it at the "
-                            "folder holding the four Fashion-MNIST .gz files")
 
     @property
     def traced_steps(self) -> Optional[tuple]:

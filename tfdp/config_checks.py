@@ -1,11 +1,24 @@
-"""The checks of ``tfdp.config.Config`` that concern one path or one section each, and the
-one-line refusals every check shares (``choice``, ``positive``)."""
+"""Every check of ``tfdp.config.Config``, each written once: the flags every run has, then each
+path's own (``from_scratch``, ``keras_fit``, ``parameter_server``), then the cadence flags of
+section 12.2. ``check(config)`` runs them all in that order, before any device, data or model
+work, and each refusal is one line naming the flag to change.
+"""
+
+import math
+import os
 
 from tfdp.errors import UserError
 
+STRATEGIES = ("manual", "mirrored", "multi_worker", "plain", "parameter_server")
+MODELS = ("lenet", "resnet18")
+ALLREDUCES = ("add_n", "sharded", "ring")
+INITS = ("textbook", "glorot")
+PRECISIONS = ("float32", "float64", "bfloat16")
+KERAS_FIT = ("mirrored", "multi_worker", "plain")
+
 NO_SYNC_EVERY = {
     "plain": "Keras fit's own is --steps_per_execution",
-    # See the --steps_per_execution refusal in Config.__post_init__.
+    # See the --steps_per_execution refusal in keras_fit.
     "mirrored": "under tf.distribute Keras' multi-step loop (--steps_per_execution) fails",
     "multi_worker": "under tf.distribute Keras' multi-step loop (--steps_per_execution) fails",
     "parameter_server": "the coordinator already runs up to two steps per worker ahead and "
@@ -23,24 +36,99 @@ def positive(flag, value):
         raise UserError(f"--{flag} must be a positive integer, got {value}")
 
 
-def check_cadence(config):
-    """--sync_every and --accumulate_steps against the path (section 12.2)."""
-    if config.sync_every is not None:
-        positive("sync_every", config.sync_every)
-        if config.sync_every > 1 and config.strategy != "manual":
-            raise UserError(f"--sync_every={config.sync_every} is the manual path's: "
-                            + NO_SYNC_EVERY[config.strategy])
-    positive("accumulate_steps", config.accumulate_steps)
-    if config.accumulate_steps > 1 and config.strategy == "parameter_server":
-        raise UserError(f"--accumulate_steps={config.accumulate_steps} saves the allreduces "
-                        "of synchronous training; parameter servers take each worker's "
-                        "gradients as they come, and accumulating them on a worker would "
-                        "only make its updates staler: raise --batch_size instead")
+def parse_steps(text: str) -> tuple:
+    """``"A:B"`` or ``"A"`` -> (A, B), global steps counted from 1; ValueError when not."""
+    first, colon, last = text.partition(":")
+    first = int(first)
+    last = int(last) if colon else first
+    if first < 1 or last < first:
+        raise ValueError(text)
+    return first, last
 
 
-def check_parameter_server(config):
+def check(config) -> None:
+    """All of a configuration's checks (its aliases already resolved)."""
+    common(config)
+    from_scratch(config)
+    keras_fit(config)
+    parameter_server(config)
+    cadence(config)
+
+
+def common(config) -> None:
+    """The flags every path reads."""
+    choice("strategy", config.strategy, STRATEGIES)
+    choice("model", config.model, MODELS)
+    choice("allreduce", config.allreduce, ALLREDUCES)
+    choice("allreduce_dtype", config.allreduce_dtype, ("float32", "bfloat16"))
+    choice("precision", config.precision, PRECISIONS)
+    choice("overlap", config.overlap, ("auto", "none"))
+    if config.init is not None and config.init not in INITS and not (
+            config.init.endswith(".npz") and os.path.isfile(config.init)):
+        raise UserError(f"--init={config.init} is neither one of {', '.join(INITS)} nor an "
+                        "existing .npz file of LeNet parameters")
+    for name in ("num_gpus", "epochs", "ps_shards"):
+        positive(name, getattr(config, name))
+    if config.batch_size is not None and config.per_replica_batch_size is not None:
+        raise UserError("give --batch_size (global) or --per_replica_batch_size, not both")
+    for name in ("batch_size", "per_replica_batch_size", "steps_per_epoch", "eval_steps",
+                 "collective_timeout", "steps_per_execution", "bucket_kb"):
+        if getattr(config, name) is not None:
+            positive(name, getattr(config, name))
+    if not (isinstance(config.lr, (int, float)) and math.isfinite(config.lr) and config.lr > 0):
+        raise UserError(f"--lr must be a positive finite number, got {config.lr}")
+    if not (math.isfinite(config.warmup_epochs) and config.warmup_epochs >= 0):
+        raise UserError(f"--warmup_epochs must be >= 0, got {config.warmup_epochs}")
+    if config.manual_dir is not None and not os.path.isdir(config.manual_dir):
+        raise UserError(f"--manual_dir={config.manual_dir} is not a folder: point it at the "
+                        "folder holding the four Fashion-MNIST .gz files")
+    if config.trace_steps is not None:
+        try:
+            parse_steps(str(config.trace_steps))
+        except ValueError:
+            raise UserError(f"--trace_steps={config.trace_steps}: give A:B, the first and "
+                            "last global step to trace (1 <= A <= B), or one step A") from None
+
+
+def from_scratch(config) -> None:
+    """--strategy=manual, and the flags of its own allreduce that no other path has."""
+    if config.strategy == "manual":
+        if config.model != "lenet":
+            raise UserError(f"--model={config.model} needs --strategy=mirrored, multi_worker, "
+                            "plain or parameter_server: the from-scratch path (--strategy="
+                            "manual) trains lenet only")
+        if config.steps_per_execution > 1:
+            raise UserError("--steps_per_execution is a Keras option: the manual path runs "
+                            "one compiled step per call")
+    elif config.allreduce_dtype != "float32":
+        raise UserError(f"--allreduce_dtype={config.allreduce_dtype} is the manual path's "
+                        f"(its own allreduce); --strategy={config.strategy} sums in float32")
+    elif config.bucket_kb is not None or config.overlap != "auto":
+        raise UserError(f"--bucket_kb and --overlap are the manual path's (its own "
+                        f"allreduce); --strategy={config.strategy} exchanges gradients in "
+                        "TensorFlow's collectives")
+    if config.allreduce_dtype != "float32" and config.precision == "float64":
+        raise UserError("--allreduce_dtype=bfloat16 with --precision=float64 would round "
+                        "the gradients the float64 run exists to keep exact")
+
+
+def keras_fit(config) -> None:
+    """Keras ``fit``: plain (no strategy), mirrored and multi_worker."""
+    if config.strategy == "plain" and config.num_gpus != 1:
+        raise UserError(f"--strategy=plain trains on one device without tf.distribute; for "
+                        f"--num_gpus={config.num_gpus} use --strategy=mirrored")
+    if config.steps_per_execution > 1 and config.strategy in ("mirrored", "multi_worker"):
+        # Keras 3.15's multi-step loop (multi_step_on_iterator in its backend/tensorflow/
+        # trainer.py) calls get_next_as_optional() on the distributed iterator inside a
+        # tf.cond inside its tf.while_loop; TF 2.21 then leaves a placeholder of that cond
+        # unfed: "You must feed a value for placeholder tensor 'while/body/_1/while/cond/
+        # then/_171/while/cond/Placeholder'" (docs/section-12.2.md).
+        raise UserError(f"--steps_per_execution={config.steps_per_execution} works with "
+                        "--strategy=plain only: Keras fails with it under tf.distribute")
+
+
+def parameter_server(config) -> None:
     """--ps_shards, and what --strategy=parameter_server cannot do."""
-    positive("ps_shards", config.ps_shards)
     if config.strategy != "parameter_server":
         if config.ps_shards != 1:
             raise UserError(f"--ps_shards={config.ps_shards} is --strategy=parameter_server's "
@@ -60,3 +148,18 @@ def check_parameter_server(config):
     if config.steps_per_execution > 1:
         raise UserError("--steps_per_execution is a Keras option: the parameter-server "
                         "path schedules one compiled step at a time")
+
+
+def cadence(config) -> None:
+    """--sync_every and --accumulate_steps against the path (section 12.2)."""
+    if config.sync_every is not None:
+        positive("sync_every", config.sync_every)
+        if config.sync_every > 1 and config.strategy != "manual":
+            raise UserError(f"--sync_every={config.sync_every} is the manual path's: "
+                            + NO_SYNC_EVERY[config.strategy])
+    positive("accumulate_steps", config.accumulate_steps)
+    if config.accumulate_steps > 1 and config.strategy == "parameter_server":
+        raise UserError(f"--accumulate_steps={config.accumulate_steps} saves the allreduces "
+                        "of synchronous training; parameter servers take each worker's "
+                        "gradients as they come, and accumulating them on a worker would "
+                        "only make its updates staler: raise --batch_size instead")

@@ -25,7 +25,7 @@ from tfdp import logs
 from tfdp.fashion_mnist import DATASET, damaged_preparation, prepare
 from tfdp.logs import logger
 from tfdp.plan import steps_per_epoch
-from tfdp.training import workdir
+from tfdp import files
 
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
@@ -61,7 +61,7 @@ def load_split(split: str, data_dir: Optional[str] = None,
         try:  # A cache only: a read-only data dir (a shared mount) still trains.
             os.makedirs(cache, exist_ok=True)
             for path, array in zip(paths, (images, labels)):
-                workdir.write_atomic(path, lambda f, a=array: np.save(f, a), mode="wb")
+                files.write_atomic(path, lambda f, a=array: np.save(f, a), mode="wb")
         except OSError as e:
             logger.info("not caching %s as .npy in %s (%s): decoding it each run", split, cache,
                         e.strerror or e)
@@ -173,6 +173,21 @@ def train_indices(num_examples: int, batch_size: int, seed: int, first_epoch: in
                       for e in range(first_epoch, epochs)])
     return (tf.data.Dataset.from_tensor_slices(order)
             .flat_map(lambda idx: tf.data.Dataset.from_tensor_slices(idx).batch(batch_size)))
+
+
+def index_batches(num_examples: int, batch_size: int, seed: int, first_epoch: int,
+                  offset: int, epochs: int, steps_cap: Optional[int] = None):
+    """``train_indices`` from step ``offset`` of ``first_epoch``, each batch a 1-tuple: the
+    input of a step that gathers its examples where the arrays live (a cluster's workers)."""
+    return iter(train_indices(num_examples, batch_size, seed, first_epoch, epochs, steps_cap)
+                .skip(offset).map(lambda i: (i,)))
+
+
+def read_arrays(prepared: str, split: str) -> tuple:
+    """A split's (images, labels) read with TensorFlow ops from ``array_paths`` (on the
+    device, local or a remote worker's, that the caller places them)."""
+    images_path, labels_path = array_paths(prepared, split)
+    return read_npy(images_path, tf.uint8, IMAGE_SHAPE), read_npy(labels_path, tf.int64, ())
 
 
 def eval_batches(split: Split, batch_size: int, steps_cap: Optional[int] = None) -> tf.data.Dataset:

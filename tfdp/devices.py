@@ -104,7 +104,7 @@ def bfloat16_speed(cache_dir: str = None) -> float:
     (default ``$XDG_CACHE_HOME/tfdp`` or ``~/.cache/tfdp``); a damaged cache is measured anew."""
     import json
 
-    from tfdp.training import workdir
+    from tfdp import files
 
     folder = cache_dir or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tfdp")
@@ -123,7 +123,7 @@ def bfloat16_speed(cache_dir: str = None) -> float:
              / matmul_gflops("float32", n=1024, repeats=20))
     try:
         os.makedirs(folder, exist_ok=True)
-        workdir.write_atomic(path, lambda f: json.dump({"machine": machine, "ratio": ratio}, f))
+        files.write_atomic(path, lambda f: json.dump({"machine": machine, "ratio": ratio}, f))
     except OSError:
         pass  # A cache it cannot keep: measured again next time.
     return ratio

@@ -1,6 +1,6 @@
 """``python -m tfdp.export <version> --formats=onnx,litert``: add the other formats to a SavedModel
 version that tfdp exported before (``saved_models/lenet/1``), inside that folder, each file
-written through a temporary name (``tfdp.training.formats``)::
+written through a temporary name (``tfdp.formats``)::
 
   python -m tfdp.export saved_models/lenet/1 --formats=onnx,litert
 
@@ -15,7 +15,7 @@ from absl import app, flags
 from tfdp import logs
 from tfdp.errors import UserError
 from tfdp.flags import help_parser
-from tfdp.training import formats
+from tfdp import formats
 
 flags.DEFINE_string("formats", "onnx,litert", "Formats to add: onnx, litert (comma-separated).")
 FLAGS = flags.FLAGS

@@ -19,7 +19,7 @@ from typing import Optional
 from tfdp import logs
 from tfdp.errors import UserError
 from tfdp.logs import logger
-from tfdp.training import workdir
+from tfdp import files
 
 DATASET = "fashion_mnist"
 # The checksums TFDS registers for the fashion_mnist release files.
@@ -89,7 +89,7 @@ def _prepare_once(tfds, data_dir, manual_dir):
         return builder
     try:
         os.makedirs(builder.data_dir_root, exist_ok=True)
-        lock = workdir.locked(os.path.join(builder.data_dir_root, f".{DATASET}.lock"))
+        lock = files.locked(os.path.join(builder.data_dir_root, f".{DATASET}.lock"))
     except OSError as e:
         raise UserError(f"{DATASET} is not prepared in {builder.data_dir_root}, and it cannot be "
                         f"prepared there ({e.strerror or e}): give a --data_dir you can write "

@@ -1,6 +1,6 @@
 """``python -m tfdp.launch --num_workers=N -- <train flags>``: a local cluster on 127.0.0.1.
 
-Moves itself into a private network namespace with loopback only (``tfdp.cluster.isolation``; the
+Moves itself into a private network namespace with loopback only (``tfdp.launcher.isolation``; the
 workers inherit it, so their servers are unreachable from outside), picks ports, starts the
 cluster's processes with their ``TF_CONFIG``, pins the workers to their shares of the CPU
 cores, prefixes each process's output, and waits. What it starts depends on the strategy:
@@ -22,7 +22,7 @@ same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and the same command resu
 with the launcher whatever kills it (``PR_SET_PDEATHSIG``).
 
 With ``--hosts`` (Linux, root) every worker runs on an emulated host of its own instead,
-with ``--link`` the rate of every host's link (``tfdp.cluster.emulated_hosts``).
+with ``--link`` the rate of every host's link (``tfdp.launcher.emulated_hosts``).
 
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
   python -m tfdp.launch --num_workers=3 --hosts --link=100mbit -- --strategy=multi_worker
@@ -34,7 +34,7 @@ import sys
 
 from absl import app, flags
 
-from tfdp.cluster.launcher import launch
+from tfdp.launcher.local_cluster import launch
 from tfdp.flags import help_parser
 
 flags.DEFINE_integer("num_workers", 2, "Workers to start on this machine: tfdp.train processes "

@@ -10,7 +10,7 @@ import sys
 from absl import app
 
 from tfdp import flags, logs
-from tfdp.training import preemption, skeleton
+from tfdp.training import preemption
 from tfdp.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Interrupted, Preempted,
                          UserError)
 
@@ -24,7 +24,9 @@ def main(argv):
             logs.configure(config.verbose)
             logs.import_tensorflow()
             with preemption.exit_on_second_ctrl_c("tfdp.train"):
-                skeleton.run(config)
+                from tfdp import paths  # TensorFlow, after logs hid its start-up.
+
+                paths.run(config)
     except UserError as e:
         sys.exit(f"tfdp.train: error: {e}")
     except Preempted as e:

@@ -2,7 +2,7 @@
 
   python -m tfdp.bench --hosts --allreduce --workers=2,3,4 --sizes=0.5MB,4MB --links=100mbit,1gbit
 
-For each link rate and each k, k + 1 emulated hosts (``tfdp.cluster.emulated_hosts``: network namespaces on a
+For each link rate and each k, k + 1 emulated hosts (``tfdp.launcher.emulated_hosts``: network namespaces on a
 switch, every link shaped with ``tc tbf`` in both directions): k ``tfdp.server`` workers and, on
 the last host, a client timing tfdp's ``add_n``, ``sharded`` and ``ring`` on the workers' devices
 (``tfdp.bench.remote_allreduce``); then, on the same k hosts, k MultiWorkerMirroredStrategy
@@ -35,8 +35,8 @@ import sys
 import threading
 import time
 
-from tfdp.cluster import emulated_hosts
-from tfdp.cluster.children import prepare_child
+from tfdp.launcher import emulated_hosts
+from tfdp.launcher.children import prepare_child
 from tfdp.errors import UserError
 
 TFDP_ALGORITHMS = ("add_n", "sharded", "ring")

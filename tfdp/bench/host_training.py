@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 
-from tfdp.cluster import emulated_hosts
+from tfdp.launcher import emulated_hosts
 from tfdp.bench.host_allreduce import predict
 from tfdp.errors import UserError
 
@@ -187,7 +187,7 @@ def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> tuple
             raise UserError(f"{config['name']} on {link or 'unshaped'} links failed: {tail}")
         with open(os.path.join(workdir, "metrics.json")) as f:
             metrics = json.load(f)
-        # The launcher's count of each host's link (tfdp.cluster.emulated_hosts.traffic).
+        # The launcher's count of each host's link (tfdp.launcher.emulated_hosts.traffic).
         sent = [float(mb) * 1e6 for mb in _SENT.findall(result.stderr)]
         return ([e["examples_per_sec"] for e in metrics["epochs"][1:]], metrics,
                 max(sent) / epochs if sent else None)

@@ -1,2 +1,2 @@
-"""The machinery of a run on many processes: TF_CONFIG, the launcher and tfdp.server's parts,
-emulated hosts, network isolation, the start-up watchdog and stall detection."""
+"""The in-process runtime of a run on many processes: ``TF_CONFIG``, tfdp.server's TensorFlow
+server, the start-up watchdog and stall detection."""

@@ -16,7 +16,7 @@ import time
 
 import tensorflow as tf
 
-from tfdp.cluster import flight_recorder, tf_config
+from tfdp.cluster import tf_config
 
 STARTING = "waiting for the workers to start"
 # What a step, a collective or a read raises when a peer has died or cannot be reached
@@ -31,7 +31,7 @@ class Stall:
 
     def __init__(self, seconds: float, peers: list, kept_steps=lambda: []):
         self.seconds, self.peers, self.kept_steps = seconds, peers, kept_steps
-        self.recorder = None  # The path's flight recorder (tfdp.cluster.flight_recorder).
+        self.recorder = None  # The path's tfdp.trace.flight_recorder.FlightRecorder.
         self._since = None
         self._doing = ""
         threading.Thread(target=self._keep, daemon=True, name="tfdp-stall").start()
@@ -57,7 +57,7 @@ class Stall:
                     why = (f"no answer for {self.seconds:g} s while {self._doing}, "
                            "--collective_timeout")
                     line = tf_config.lost_contact(why, self.peers, "", self.kept_steps())
-                    line += flight_recorder.recorded(self.recorder, why)
+                    line += self.recorder.recorded(why) if self.recorder is not None else ""
                 sys.stderr.write(f"tfdp.train: error: {line}\n")
                 sys.stderr.flush()
                 os._exit(1)  # The main thread waits inside TensorFlow: nothing else stops it.

@@ -79,6 +79,24 @@ def task(environ=None, kinds=("chief", "worker"), program="tfdp.train") -> Task:
     return Task(cluster, kind, index)
 
 
+def client_task(program: str, jobs: tuple, remedy: str) -> Task:
+    """This process's task as the chief (the client) of a cluster of ``tfdp.server``s running
+    ``jobs``, each of which must name tasks (else one line ending with ``remedy``); its port
+    checked free."""
+    task_ = task(kinds=("chief",), program=program)
+    for job in jobs:
+        if not task_.cluster.get(job):
+            raise UserError(f"{ENV} names no {job} tasks: {remedy}")
+    check_port_free(task_)
+    return task_
+
+
+def job_peers(task_: Task, jobs: tuple) -> list:
+    """``[(name, address)]`` of every task of ``jobs``, job by job: "worker 0", ..., "ps 0"."""
+    return [(f"{job} {i}", address) for job in jobs
+            for i, address in enumerate(task_.cluster[job])]
+
+
 def num_workers(environ=None) -> int:
     """Training processes in ``TF_CONFIG`` (0 when it cannot be read: reported later)."""
     try:

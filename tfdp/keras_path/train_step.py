@@ -24,7 +24,7 @@ strategy allreduces once per update. Keras' own ``gradient_accumulation_steps`` 
 ``tests/test_accumulation.py``. Batch normalization's statistics are each micro-batch's.
 
 Arrival times (``stamp_arrivals``, under a strategy): each replica stamps when its step starts
-and when its gradients are ready for the exchange (``tfdp.training.arrivals``), and the step's
+and when its gradients are ready for the exchange (``tfdp.trace.arrivals``), and the step's
 logs carry them as ``arrival_times``, a [replicas, 2] matrix in which each replica fills its
 own row scaled by the replica count (float32, folded modulo ``arrivals.PERIOD``, as Keras
 reduces every log of a step in one collective of one dtype): the mean over replicas that Keras
@@ -39,8 +39,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp.plan import shard_sizes
-from tfdp.training import arrivals
-from tfdp.training.arrivals import stamp_after
+from tfdp.trace import arrivals
+from tfdp.trace.arrivals import stamp_after
 
 ARRIVALS = "arrival_times"  # The log that carries them.
 

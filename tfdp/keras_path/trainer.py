@@ -1,10 +1,10 @@
 """The Keras path: build and compile in the strategy scope, ``model.fit``, report, export.
 
-``Path`` makes the strategy (``tfdp.keras_path.strategy``); ``train`` compiles the model and
-fits it with two callbacks, ``EpochReport`` (the shared reporter's lines, and tfdp's own
-evaluation) and ``Guard`` (backups, divergence, preemption: the pieces the epoch loop of the
-other paths uses); ``export`` writes the chief's version. The run skeleton
-(``tfdp.training.skeleton``) does the rest.
+``KerasFitPath`` (a ``TrainingPath``) makes the strategy (``tfdp.keras_path.strategy``);
+``train`` compiles the model and fits it with tfdp's one callback (``tfdp.keras_path.callback``:
+progress, checks between steps, and the run's ``EpochEnd``, as on every other path);
+``export`` writes the chief's version. The run skeleton (``tfdp.training.skeleton``) does the
+rest.
 
 Batches come from the same ``data.train_batches`` as the manual path, and each global batch is
 cut into per-replica shards exactly like ``split_batch`` (``distributed_input``), so with
@@ -14,7 +14,6 @@ equal starting weights the two paths train the same model.
 import dataclasses
 import hashlib
 import tempfile
-import time
 
 import keras
 import numpy as np
@@ -24,16 +23,17 @@ from tfdp import data
 from tfdp.cluster import tf_config
 from tfdp.keras_path import evaluation, keras_mwms_fix
 from tfdp.keras_path.distributed_input import distribute
-from tfdp.keras_path.guard import CHECK_EVERY, Guard, TraceSteps
+from tfdp.keras_path.callback import FitCallback, TraceSteps
 from tfdp.keras_path.strategy import make_distribution
-from tfdp.keras_path.train_step import ARRIVALS, global_batch_model
+from tfdp.keras_path.train_step import global_batch_model
 from tfdp.logs import logger
 from tfdp.models import lenet, resnet
 from tfdp.models.precision import input_dtype
 from tfdp.plan import learning_rate, steps_per_epoch
 from tfdp.training import export
-from tfdp.training.arrivals import Arrivals, unfold
+from tfdp.trace.arrivals import Arrivals
 from tfdp.training.backups import KEEP
+from tfdp.training.training_path import TrainingPath
 
 STAMPED = ("mirrored", "multi_worker")  # Replicas that meet at an exchange: arrivals say who.
 
@@ -66,53 +66,11 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"base_lr": self.base_lr, "peak_lr": self.peak_lr, "warmup": self.warmup}
 
 
-class EpochReport(keras.callbacks.Callback):
-    """The shared ``Reporter``'s progress line and epoch line, as on the manual path: times
-    each epoch's training, then evaluates. (fit runs with ``verbose=0``: Keras' own bar would
-    print its line around tfdp's and under other metric names.) ``first_step`` is where the
-    first epoch starts when a run resumes within it."""
-
-    def __init__(self, reporter, evaluator, plan, first_step: int = 0, arrivals=None):
-        super().__init__()
-        self.reporter, self.evaluator, self.steps = reporter, evaluator, plan.steps_per_epoch
-        self.batch = plan.global_batch
-        self.examples = min(plan.steps_per_epoch * plan.global_batch, plan.train_examples)
-        self.first_step, self.arrivals = first_step, arrivals
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._progress = self.reporter.progress(epoch, self.steps)
-        self._start = time.perf_counter()
-        self._epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        position = self.first_step + batch + 1
-        step = self._epoch * self.steps + position  # Global, as Guard counts it.
-        # At Guard's checks only: Guard reads that step's loss, so its times cost no more wait.
-        if self.arrivals is not None and step % CHECK_EVERY == 0 and ARRIVALS in logs:
-            self.arrivals.add(step, unfold(logs[ARRIVALS], time.time()))
-        if not self._progress.live:  # Reading the logs would wait for the step: skip.
-            return
-        self._progress.update(position,
-                              [("loss", float(logs["loss"])),
-                               ("train_acc", float(logs["accuracy"]))])
-
-    def on_epoch_end(self, epoch, logs=None):
-        seconds = time.perf_counter() - self._start  # Training only: evaluation comes next.
-        test_loss, test_acc = self.evaluator.evaluate()
-        examples = min((self.steps - self.first_step) * self.batch, self.examples)
-        extra, note = self.arrivals.epoch_figures() if self.arrivals is not None else ({}, "")
-        self.reporter.epoch_end(epoch, loss=logs["loss"], train_acc=logs["accuracy"],
-                                test_loss=test_loss, test_acc=test_acc, seconds=seconds,
-                                examples=examples, resumed_at=self.first_step, extra=extra,
-                                note=note)
-        self.first_step = 0
-
-
-class Path:
+class KerasFitPath(TrainingPath):
     """Keras ``fit`` under ``--strategy``'s ``tf.distribute`` strategy (``plain``: none)."""
 
     def __init__(self, config, backups):
-        del backups  # The run skeleton keeps them; this path's Guard saves through run.backups.
+        del backups  # The run skeleton keeps them; the run's EpochEnd saves through run.backups.
         self.config = config
         self.distribution = make_distribution(config.strategy, config.num_gpus,
                                               config.collective_timeout)
@@ -122,20 +80,13 @@ class Path:
         self.devices = (d.devices if d.num_workers == 1 else
                         [f"/job:worker/task:{i}" for i in range(d.num_workers)])
         self.replicas, self.is_chief, self.engine = d.replicas, d.is_chief, d.describe()
-        self.peers = tf_config.task().peers if d.num_workers > 1 else []
-        self.gather_steps = _gather_steps(d) if d.num_workers > 1 else None
-        self.stall, self.examples, self.model = None, None, None
+        self.worker_index, self.num_workers = d.worker_index, d.num_workers
+        if d.num_workers > 1:
+            self.peers, self.gather_steps = tf_config.task().peers, _gather_steps(d)
+        self.model = None
         # Stragglers, and the flight recorder a lost cluster's one-line error points to.
         self.recorder = (Arrivals(_replica_devices(d), config.workdir)
                          if config.strategy in STAMPED else None)
-
-    @property
-    def worker_index(self) -> int:
-        return self.distribution.worker_index
-
-    @property
-    def num_workers(self) -> int:
-        return self.distribution.num_workers
 
     def started(self) -> None:
         self.distribution.started()
@@ -154,17 +105,16 @@ class Path:
                           steps_per_execution=config.steps_per_execution)
             model.optimizer.build(model.trainable_variables)
             model.optimizer.iterations.assign(run.first_step)  # The schedule goes on from here.
-        first_epoch, offset = divmod(run.first_step, plan.steps_per_epoch)
-        if first_epoch < config.epochs:
-            # Evaluated by EpochReport with one iterator for the run, not by fit (evaluation.py).
+        first_epoch, offset = run.first_epoch, run.offset
+        if not run.trained:
+            # Evaluated by tfdp's callback with one iterator for the run, not by fit
+            # (evaluation.py).
             test = data.eval_batches(run.test_split, plan.micro_batch, config.eval_steps)
             evaluator = evaluation.Evaluator(
                 model, strategy,
                 distribute(strategy, test, replicas, input_dtype(config.precision)),
                 steps=steps_per_epoch(plan.eval_examples, plan.micro_batch))
-            callbacks = [EpochReport(run.reporter, evaluator, plan, first_step=offset,
-                                     arrivals=self.recorder),
-                         Guard(run.watch, run.backups, self.distribution, plan.steps_per_epoch)]
+            callbacks = [FitCallback(run, self.distribution, evaluator.evaluate, self.recorder)]
             if run.tracer.on:
                 callbacks.append(TraceSteps(run.tracer, run.first_step))
             # fit's epochs all have steps_per_epoch steps: a resume within an epoch first fits

@@ -15,7 +15,7 @@ from tfdp.plan import shard_sizes
 @contextlib.contextmanager
 def on_replica(devices: list, d: int):
     """Ops on device ``d``, named ``replica_<d>/...``: how a timeline of a step
-    (``tfdp.training.timeline``) knows whose lane an op is in, even where devices share threads."""
+    (``tfdp.trace.timeline``) knows whose lane an op is in, even where devices share threads."""
     with tf.device(devices[d]), tf.name_scope(f"replica_{d}"):
         yield
 

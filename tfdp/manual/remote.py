@@ -36,16 +36,14 @@ JOB = "worker"
 INDICES = tf.TensorSpec([None], tf.int32)
 
 
-def task_of(config) -> Optional[tf_config.Task]:
+def task_of() -> Optional[tf_config.Task]:
     """This process's task when ``TF_CONFIG`` makes it the client of workers, else None."""
     if not os.environ.get(tf_config.ENV):
         return None
-    task = tf_config.task(kinds=("chief",), program="tfdp.train --strategy=manual (the client; "
-                                                    "its workers run python -m tfdp.server)")
-    if not task.cluster.get(JOB):
-        raise UserError(f"{tf_config.ENV} names no workers for --strategy=manual to train on: "
-                        "add their host:port under \"worker\", or unset it to train here")
-    return task
+    return tf_config.client_task(
+        "tfdp.train --strategy=manual (the client; its workers run python -m tfdp.server)",
+        (JOB,), "--strategy=manual trains on their devices: add their host:port under "
+                "\"worker\", or unset it to train here")
 
 
 @dataclasses.dataclass
@@ -72,9 +70,9 @@ class Cluster:
         """Each step's example indices, in ``data.train_batches``' order: the same batches, and
         the same shard on each device, as on one machine."""
         def train_batches(first_epoch, offset):
-            return iter(data.train_indices(
-                self.examples["train"], plan.global_batch, config.seed, first_epoch,
-                config.epochs, config.steps_per_epoch).skip(offset).map(lambda i: (i,)))
+            return data.index_batches(self.examples["train"], plan.global_batch, config.seed,
+                                      first_epoch, offset, config.epochs,
+                                      config.steps_per_epoch)
 
         return Feed([INDICES], train_batches,
                     lambda: data.eval_indices(self.examples["test"], plan.micro_batch,
@@ -90,8 +88,7 @@ def connect(task: tf_config.Task, num_gpus: int, data_dir: Optional[str], timeou
             kept_steps=lambda: []) -> Cluster:
     """Join the cluster as its chief, take ``num_gpus`` devices of each worker, and have every
     worker load the data from its own disk."""
-    tf_config.check_port_free(task)
-    peers = [(f"worker {i}", a) for i, a in enumerate(task.cluster[JOB])]
+    peers = tf_config.job_peers(task, (JOB,))
     stall = Stall(timeout, peers, kept_steps)
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(task.cluster),
                                               job_name="chief", task_index=0)
@@ -122,15 +119,14 @@ def connect(task: tf_config.Task, num_gpus: int, data_dir: Optional[str], timeou
 
 def _load(worker: int, name: str, address: str, folder: str, split: str) -> tuple:
     """Variables on the worker's CPU holding its ``split`` arrays, read there from its disk."""
-    images_path, labels_path = data.array_paths(folder, split)
     try:
         with tf.device(f"/job:{JOB}/replica:0/task:{worker}/device:CPU:0"):
-            return (tf.Variable(data.read_npy(images_path, tf.uint8, data.IMAGE_SHAPE),
-                                trainable=False, name=f"{split}_images"),
-                    tf.Variable(data.read_npy(labels_path, tf.int64, ()), trainable=False,
-                                name=f"{split}_labels"))
+            images, labels = data.read_arrays(folder, split)
+            return (tf.Variable(images, trainable=False, name=f"{split}_images"),
+                    tf.Variable(labels, trainable=False, name=f"{split}_labels"))
     except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
-        raise UserError(f"{name} ({address}) cannot read the {split} split at {images_path} "
+        raise UserError(f"{name} ({address}) cannot read the {split} split at "
+                        f"{data.array_paths(folder, split)[0]} "
                         f"({e.message.splitlines()[0][:120]}): start its tfdp.server with this "
                         "--data_dir (it prepares the data there), the same on every machine"
                         ) from None

@@ -27,7 +27,7 @@ from tfdp.manual.feed import Feed, images_feed
 from tfdp.models import lenet
 from tfdp.models.loss import count_correct, summed_cross_entropy
 from tfdp.plan import shard_sizes
-from tfdp.training.arrivals import stamp_after
+from tfdp.trace.arrivals import stamp_after
 
 
 def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool = False,
@@ -35,7 +35,7 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
                     accumulate: int = 1, bucket_kb: int = None, overlap: bool = True):
     """``step(*batch, lr) -> (loss, correct, times)`` over the global batch, updating replicas;
     ``times[d]`` is (start, gradients ready) of replica d, in Unix seconds
-    (``tfdp.training.arrivals``). The
+    (``tfdp.trace.arrivals``). The
     batch is ``(images, labels)`` unless a ``feed`` says otherwise. ``compute_dtype``
     (default: the parameters') is what the forward and backward passes compute in;
     ``allreduce_dtype`` (default: the gradients') is what the gradients travel and are summed

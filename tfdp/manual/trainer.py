@@ -1,6 +1,6 @@
 """``--strategy=manual``: the from-scratch path, on this machine's devices or on a cluster's.
 
-``Path`` sets up the devices (``tfdp.devices``, or the workers of ``tfdp.server``s:
+``FromScratchPath`` (a ``TrainingPath``) sets up the devices (``tfdp.devices``, or the workers of ``tfdp.server``s:
 ``tfdp.manual.remote``); ``train`` copies LeNet's parameters onto every device, makes the
 step (``tfdp.manual.step``) and runs the shared epoch loop (``tfdp.training.loop``) with it;
 ``export`` puts the trained parameters into LeNet's Keras twin and exports it. The run skeleton
@@ -12,21 +12,22 @@ import tensorflow as tf
 
 from tfdp.cluster.stall import watching
 from tfdp.devices import configure_devices
-from tfdp.training.arrivals import Arrivals
+from tfdp.trace.arrivals import Arrivals
 from tfdp.manual import remote
 from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import replicate
 from tfdp.manual.step import make_eval_step, make_train_step, make_train_window
 from tfdp.models import lenet
 from tfdp.training import export, loop
+from tfdp.training.training_path import TrainingPath
 
 
-class Path:
+class FromScratchPath(TrainingPath):
     """The devices to train on: here, or a cluster's workers when ``TF_CONFIG`` names them."""
 
     def __init__(self, config, backups):
         self.config = config
-        task = remote.task_of(config)
+        task = remote.task_of()
         self.cluster = (remote.connect(task, config.num_gpus, config.data_dir,
                                        config.collective_timeout, backups.steps)
                         if task else None)
@@ -38,8 +39,7 @@ class Path:
         else:
             self.devices = configure_devices(config.num_gpus)
             where = f"{len(self.devices)} device(s) {self.devices}"
-            self.stall, self.peers, self.examples = None, [], None
-        self.replicas, self.is_chief, self.gather_steps = len(self.devices), True, None
+        self.replicas = len(self.devices)
         # The flight recorder: what the one-line error of a lost cluster points to.
         self.recorder = Arrivals(self.devices, config.workdir)
         if self.cluster:
@@ -49,9 +49,6 @@ class Path:
                        f"{'eager' if config.eager else 'compiled'} step, host reads every "
                        + (f"{every} steps" if every > 1 else "step"))
         self.params = None
-
-    def started(self) -> None:
-        pass
 
     def train(self, run, start_weights=None) -> list:
         feed = self.cluster.feed(self.config, run.plan) if self.cluster else None
@@ -69,7 +66,7 @@ def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None
     """Train LeNet data-parallel on ``run.devices`` by ``run.plan`` from ``run.first_step``;
     return the trained parameters (numpy). ``params`` override ``--init``; the examples come
     from ``run``'s splits unless a ``feed`` says otherwise; ``arrivals`` keeps the replicas'
-    times (``tfdp.training.arrivals``)."""
+    times (``tfdp.trace.arrivals``)."""
     config = run.config
     if params is None:
         params = lenet.start_params(config.initializer, config.seed,

@@ -13,7 +13,7 @@ times, on that worker's clock, at which the step started and at which its push h
   the other workers' and ``SLOW_MS`` ms more, is named in the epoch's line ("worker 1 takes
   38.0 ms a step, 3.1x the others' 12.2 ms; it ran 12% of the steps");
 * the **flight recorder** keeps the last ``flight_recorder.KEPT`` steps' worker and times for
-  the one-line error of a lost cluster (``tfdp.cluster.flight_recorder``).
+  the one-line error of a lost cluster (``tfdp.trace.flight_recorder``).
 """
 
 import collections
@@ -21,13 +21,13 @@ import statistics
 
 import numpy as np
 
-from tfdp.cluster import flight_recorder
+from tfdp.trace import flight_recorder
 
 SLOW_FACTOR = 1.5
 SLOW_MS = 2.0
 
 
-class WorkerPace:
+class WorkerPace(flight_recorder.FlightRecorder):
     describes = "step times per worker"
 
     def __init__(self, num_workers: int, run_dir: str):

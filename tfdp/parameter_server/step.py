@@ -1,7 +1,7 @@
 """The parameter-server path's steps, each run on one worker by the coordinator: a training step
 (pull, gradient, push) and an evaluation step. Their ops are named by phase (``input``,
 ``forward``, ``backward``, ``update/<parameter>``) for ``--trace_steps``
-(``tfdp.training.timeline.classify``)."""
+(``tfdp.trace.timeline.classify``)."""
 
 import tensorflow as tf
 

@@ -49,10 +49,12 @@ from tfdp.parameter_server.pace import WorkerPace
 from tfdp.parameter_server.step import make_eval_step, make_train_step
 from tfdp.parameter_server.store import MIN_SHARD_BYTES, Store, make_store
 from tfdp.training import export, loop
+from tfdp.training.training_path import TrainingPath
 
 PROGRAM = ("tfdp.train --strategy=parameter_server (the coordinator; its workers and "
            "parameter servers run python -m tfdp.server)")
 READING = "reading the parameters from the servers"
+JOBS = ("worker", "ps")
 _CLUSTER_ERRORS = (tf.errors.OpError, ClosureInputError, ClosureAbortedError)  # Step failures.
 
 
@@ -62,11 +64,8 @@ def task_of(config) -> tf_config.Task:
         raise UserError(f"--strategy=parameter_server needs a cluster: {tf_config.ENV} with a "
                         "chief (this process), workers and ps tasks; python -m tfdp.launch "
                         "--num_workers=2 --num_ps=1 -- --strategy=parameter_server starts one here")
-    task = tf_config.task(kinds=("chief",), program=PROGRAM)
-    for job in ("worker", "ps"):
-        if not task.cluster.get(job):
-            raise UserError(f"{tf_config.ENV} names no {job} tasks: --strategy=parameter_server "
-                            "needs workers and parameter servers (ps)")
+    task = tf_config.client_task(PROGRAM, JOBS, "--strategy=parameter_server needs workers "
+                                                "and parameter servers (ps)")
     servers = len(task.cluster["ps"])
     if config.ps_shards > servers:
         raise UserError(f"--ps_shards={config.ps_shards} is more than the {servers} parameter "
@@ -74,24 +73,18 @@ def task_of(config) -> tf_config.Task:
     return task
 
 
-def peers_of(task: tf_config.Task) -> list:
-    return ([(f"worker {i}", a) for i, a in enumerate(task.cluster["worker"])]
-            + [(f"ps {i}", a) for i, a in enumerate(task.cluster["ps"])])
-
-
-class Path:
+class ParameterServerPath(TrainingPath):
     """The coordinator of a cluster of workers and parameter servers (``TF_CONFIG``)."""
 
     def __init__(self, config, backups):
         self.config = config
         task = task_of(config)
-        self.peers = self.servers_traced = peers_of(task)
+        self.peers = self.servers_traced = tf_config.job_peers(task, JOBS)
         self.servers = len(task.cluster["ps"])
         self.stall = Stall(config.collective_timeout, self.peers, backups.steps)
         # Stragglers, and the flight recorder a lost cluster's one-line error points to.
         self.recorder = self.stall.recorder = WorkerPace(len(task.cluster["worker"]),
                                                          config.workdir)
-        tf_config.check_port_free(task)
         with self.stall.watching(STARTING):
             self.strategy, self.coordinator = _connect(config)
         folder = data.prepared_dir(config.data_dir)
@@ -103,13 +96,10 @@ class Path:
         logger.info("data: %d training and %d test examples, read by each of the %d workers from "
                     "its own %s", *self.examples, num_workers, folder)
         self.devices = [f"/job:worker/replica:0/task:{i}" for i in range(num_workers)]
-        self.replicas, self.is_chief, self.gather_steps = 1, True, None
+        self.replicas = 1
         self.engine = (f"{num_workers} worker(s) and {self.servers} parameter server(s), "
                        "asynchronous SGD, one global batch per step on one worker")
         self.store = self.weights = None
-
-    def started(self) -> None:
-        pass
 
     def train(self, run, start_weights=None) -> list:
         self.store = make_store(self.config, self.strategy, self.servers, start_weights)
@@ -141,14 +131,7 @@ def _connect(config):
 def _arrays_fn(folder: str, split: str):
     """A worker's ``split``, read from its own disk where the dataset is made: one element,
     (all images, all labels), repeated, from which each step gathers its batch."""
-    images_path, labels_path = data.array_paths(folder, split)
-
-    def dataset_fn():
-        images = data.read_npy(images_path, tf.uint8, data.IMAGE_SHAPE)
-        labels = data.read_npy(labels_path, tf.int64, ())
-        return tf.data.Dataset.from_tensors((images, labels)).repeat()
-
-    return dataset_fn
+    return lambda: tf.data.Dataset.from_tensors(data.read_arrays(folder, split)).repeat()
 
 
 def _examples(coordinator, arrays) -> tuple:
@@ -182,9 +165,8 @@ class ScheduledSteps(loop.Steps):
 
     def batches(self, first_epoch, offset):
         config, plan = self.run.config, self.run.plan
-        return iter(data.train_indices(self.examples[0], plan.global_batch, config.seed,
-                                       first_epoch, config.epochs, config.steps_per_epoch)
-                    .skip(offset).map(lambda i: (i,)))
+        return data.index_batches(self.examples[0], plan.global_batch, config.seed,
+                                  first_epoch, offset, config.epochs, config.steps_per_epoch)
 
     def issue(self, batches, first_step, count):  # count is 1: --sync_every is manual's.
         step = _Step(first_step + 1, next(batches)[0],

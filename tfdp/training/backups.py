@@ -7,7 +7,7 @@ holding the weights (Keras order; for LeNet ``lenet.to_keras_weights``), the ste
 that decide the training (``identity``: the ``RESUME_FLAGS``). Every path writes one after every epoch and one
 at the step where it is preempted, and keeps the newest ``KEEP``.
 
-* Written through ``workdir.write_atomic`` (a new temporary file, fsync, rename): a crash never
+* Written through ``files.write_atomic`` (a new temporary file, fsync, rename): a crash never
   leaves half a backup under a real name. A full disk is a one-line error, and the backup
   before it stays.
 * Checked when read: ``.npz`` is a zip with a CRC-32 per array, so a damaged or truncated file
@@ -29,7 +29,7 @@ import zipfile
 
 import numpy as np
 
-from tfdp.training import workdir
+from tfdp import files
 from tfdp.errors import UserError
 from tfdp.logs import logger
 
@@ -75,7 +75,7 @@ class Backups:
         path = self.path(step)
         try:
             os.makedirs(self.folder, exist_ok=True)
-            workdir.write_atomic(path, lambda f: np.savez(f, **arrays), mode="wb")
+            files.write_atomic(path, lambda f: np.savez(f, **arrays), mode="wb")
         except OSError as e:
             kept = [s for s in self.steps() if s != step]
             raise UserError(

@@ -18,7 +18,7 @@ by every user (a model server often runs as another). It is written to a hidden 
 folder beside it and renamed into place, so a crash never leaves a half-written version and
 never touches an earlier one; a temporary folder whose writer was killed is removed by the next
 export. The other formats a run asks for (``--export_formats``: ONNX, LiteRT) are converted
-from the SavedModel into the same temporary folder (``tfdp.training.formats``), so a version
+from the SavedModel into the same temporary folder (``tfdp.formats``), so a version
 holds all of them or does not exist.
 """
 
@@ -33,8 +33,8 @@ import tensorflow as tf
 
 from tfdp import data
 from tfdp.errors import UserError
-from tfdp.training import formats
-from tfdp.training.workdir import process_alive
+from tfdp import formats
+from tfdp.files import process_alive
 
 SIGNATURE = "serving_default"
 # A version is written in "<export_root>/.partial-<host>-<pid>-<random>" and renamed into place.
@@ -81,7 +81,7 @@ def existing_versions(export_root: str) -> list:
 def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model",
            float32_twin=None) -> str:
     """Save ``model`` as the next version under ``export_root``, with the other
-    ``formats_csv`` (``tfdp.training.formats``) inside it, converted from ``float32_twin()``
+    ``formats_csv`` (``tfdp.formats``) inside it, converted from ``float32_twin()``
     (the same weights computing in float32) when ``model`` computes in bfloat16 or float64;
     return its path."""
     check_export_root(export_root)

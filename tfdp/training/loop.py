@@ -1,7 +1,8 @@
 """The epoch loop of every from-scratch-style path: the from-scratch path (local and across
 machines) and the parameter-server path. Written once, it owns what every step and epoch
 share: resuming within an epoch, the learning rate of each step, the progress line, the running
-loss and accuracy, divergence, evaluation, the epoch's record, backups and preemption.
+loss and accuracy, divergence and preemption; each epoch ends in the run's one ``EpochEnd``
+(evaluation, the epoch's record, backups).
 
 A path supplies its ``Steps``: how a call of ``count`` steps is issued (``issue``) and how its
 results are collected (``collect``, which waits for them), how many steps one call may run
@@ -19,6 +20,7 @@ import time
 
 from tfdp.cluster.stall import watching
 from tfdp.training import divergence
+from tfdp.training.epoch_end import EpochEnd
 
 
 class Steps:
@@ -55,17 +57,16 @@ class Steps:
 
 def train(run, steps: Steps) -> int:
     """Train by ``run.plan`` from ``run.first_step``; return the global step reached. After
-    every epoch: evaluation, the report, a backup (``run.backups``). A SIGTERM
-    (``run.watch``) stops after the step under way, saved; a non-finite loss stops at once."""
-    plan = run.plan
-    first_epoch, offset = divmod(run.first_step, plan.steps_per_epoch)
-    if first_epoch >= plan.epochs:  # Resumed after the last step: nothing left to train.
+    every epoch, the run's ``EpochEnd``: evaluation, the report, a backup (``run.backups``). A
+    SIGTERM (``run.watch``) stops after the step under way, saved; a non-finite loss stops at
+    once."""
+    if run.trained:
         return run.first_step
     loop = _Loop(run, steps)
-    batches = steps.batches(first_epoch, offset)
+    batches = steps.batches(run.first_epoch, run.offset)
     with run.watch.training(run.first_step):
-        for epoch in range(first_epoch, plan.epochs):
-            loop.epoch(epoch, offset if epoch == first_epoch else 0, batches)
+        for epoch in range(run.first_epoch, run.plan.epochs):
+            loop.epoch(epoch, run.offset if epoch == run.first_epoch else 0, batches)
     run.tracer.finish()  # A traced range past the last step ends with the run.
     return loop.done
 
@@ -98,6 +99,7 @@ class _Loop:
         self.done = self.issued = run.first_step  # Global steps finished; issued.
         self.in_flight = collections.deque()
         self.divergence = divergence.Divergence()
+        self.epoch_end = EpochEnd(run, steps.evaluate, steps.weights, steps.epoch_figures)
 
     def epoch(self, epoch: int, first: int, batches) -> None:
         run, plan = self.run, self.run.plan
@@ -123,15 +125,8 @@ class _Loop:
                     self._collect(running)
         self._drain(running)
         seconds = time.perf_counter() - start  # Training only: evaluation comes next.
-        with watching(run.stall, f"evaluating epoch {epoch + 1}"):
-            test_loss, test_acc = self.steps.evaluate()
-        extra, note = self.steps.epoch_figures()
-        run.reporter.epoch_end(epoch, loss=running.loss, train_acc=running.accuracy,
-                               test_loss=test_loss, test_acc=test_acc, seconds=seconds,
-                               examples=running.seen, resumed_at=first, extra=extra, note=note)
-        saved = run.backups.save(self.done, self.steps.weights()) if run.backups else None
-        if run.watch.requested:
-            raise run.watch.preempted(self.done, saved)
+        self.epoch_end(epoch, self.done, loss=running.loss, train_acc=running.accuracy,
+                       seconds=seconds, examples=running.seen, resumed_at=first)
 
     def _collect(self, running: _Running) -> None:
         pending, i, count = self.in_flight.popleft()

@@ -13,7 +13,7 @@ import time
 
 import tensorflow as tf
 
-from tfdp.training import workdir
+from tfdp import files
 from tfdp.config import LIVE_PROGRESS_ENV
 from tfdp.logs import logger
 
@@ -125,7 +125,7 @@ class Reporter:
 
     def _write_json(self):
         payload = dict(self.facts, devices=self.devices, epochs=self.records)
-        workdir.write_atomic(os.path.join(self.workdir, METRICS_FILE),
+        files.write_atomic(os.path.join(self.workdir, METRICS_FILE),
                              lambda f: json.dump(payload, f, indent=1))
 
     def _plot(self):
@@ -134,7 +134,7 @@ class Reporter:
         fig = history_figure(self.records, self.config["epochs"],
                              f"{self.config['model']}, {self.config['strategy']}, "
                              f"{len(self.devices)} device(s)")
-        workdir.write_atomic(os.path.join(self.workdir, PLOT_FILE),
+        files.write_atomic(os.path.join(self.workdir, PLOT_FILE),
                              lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
         plt.close(fig)
 

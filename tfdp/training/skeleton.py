@@ -1,47 +1,28 @@
 """The run skeleton: what every path does around its training, written once.
 
-``run(config)`` holds the run folder, sets the path (``--strategy``) up, resumes, states the
-plan, trains, exports and returns the ``Result``::
+``run(config, path_type)`` holds the run folder, sets the path up (a
+``tfdp.training.training_path.TrainingPath``, chosen for ``--strategy`` by ``tfdp.paths``),
+resumes, states the plan, trains, exports and returns the ``Result``::
 
-    path = Path(config, backups)          # devices or a strategy, replicas, chief, peers
+    path = path_type(config, backups)     # devices or a strategy, replicas, chief, peers
     first_step = resume_step(backups)     # the newest step every worker backed up, or 0
     run = start(config, path, ...)        # data, plan, reporter
     weights = path.train(run, weights)    # the path's own training (the epoch loop, or fit)
     finish(run, weights, path.export)     # final line, export, Result
-
-A path is a class ``Path`` in its module (``PATHS``). It says what it trains on: ``devices``
-(names for the report), ``replicas``, ``engine`` (what runs the replicas, for the plan line),
-``is_chief``, ``peers`` (the cluster whose loss ends the run in one line; empty on one
-machine), ``stall`` (``tfdp.cluster.stall``, or None), ``examples`` ((train, test) sizes when
-the data lives on a cluster's workers, else None), ``gather_steps`` (the collective that
-agrees on a resume step across workers, or None), ``servers_traced`` (the servers whose
-profiles the chief captures for ``--trace_steps``, as ``peers``; optional) and ``started()``
-(start-up is over). It
-trains with ``train(run, start_weights) -> weights`` (Keras order; ``start_weights`` a backup's
-or the caller's, None for ``--init``) and exports with ``export() -> path`` (None off the
-chief).
 """
 
 import dataclasses
-import importlib
 from typing import Optional
 
 from tfdp.cluster import tf_config
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.logs import logger
-from tfdp.training import preemption, workdir
+from tfdp.trace.tracer import Tracer
+from tfdp.training import preemption, run_folder
 from tfdp.training.backups import Backups, identity, resume_step
 from tfdp.training.result import Result
-from tfdp.training.trace import Tracer
-
-PATHS = {
-    "manual": "tfdp.manual.trainer",
-    "mirrored": "tfdp.keras_path.trainer",
-    "multi_worker": "tfdp.keras_path.trainer",
-    "plain": "tfdp.keras_path.trainer",
-    "parameter_server": "tfdp.parameter_server.trainer",
-}
+from tfdp.training.training_path import TrainingPath
 
 
 @dataclasses.dataclass
@@ -59,21 +40,35 @@ class Run:
     test_split: object = None
     tracer: Tracer = dataclasses.field(default_factory=lambda: Tracer(None, ""))
 
+    @property
+    def first_epoch(self) -> int:
+        """The epoch (from 0) training starts or resumes in."""
+        return self.first_step // self.plan.steps_per_epoch
 
-def run(config: Config, start_weights=None) -> Result:
-    """Run one validated configuration on its path (``--strategy``), holding its run folder.
-    ``start_weights`` (Keras order) replace ``--init``: tests start paths from equal weights
-    to compare them. A run given the folder of an interrupted one resumes from its newest
-    backup every worker has intact."""
-    from tfdp.cluster import flight_recorder
+    @property
+    def offset(self) -> int:
+        """Steps of ``first_epoch`` already trained before a resume (0 on a fresh start)."""
+        return self.first_step % self.plan.steps_per_epoch
+
+    @property
+    def trained(self) -> bool:
+        """Whether the run resumed after its last step: nothing is left to train."""
+        return self.first_epoch >= self.plan.epochs
+
+
+def run(config: Config, path_type, start_weights=None) -> Result:
+    """Run one validated configuration on ``path_type`` (a ``TrainingPath`` subclass), holding
+    its run folder. ``start_weights`` (Keras order) replace ``--init``: tests start paths from
+    equal weights to compare them. A run given the folder of an interrupted one resumes from
+    its newest backup every worker has intact."""
     from tfdp.cluster.stall import PEER_LOST
 
-    config = workdir.with_run_dir(config)
+    config = run_folder.with_run_dir(config)
     worker = tf_config.task().worker_index if config.strategy == "multi_worker" else 0
-    with workdir.claim(config.run_dir, worker):
+    with run_folder.claim(config.run_dir, worker):
         backups = Backups(config.run_dir, worker, identity(config))
         with preemption.Watch() as watch:
-            path = importlib.import_module(PATHS[config.strategy]).Path(config, backups)
+            path = path_type(config, backups)
             watch.install()  # The path's set-up may have created TensorFlow's own handler.
             try:
                 first_step = resume_step(backups, gather=path.gather_steps)
@@ -90,15 +85,16 @@ def run(config: Config, start_weights=None) -> Result:
             except PEER_LOST as e:
                 if not path.peers:
                     raise
-                raise UserError(tf_config.lost_contact(type(e).__name__, path.peers,
-                                                       str(e.message), backups.steps())
-                                + flight_recorder.recorded(getattr(path, "recorder", None),
-                                                           type(e).__name__)) from None
+                why = type(e).__name__
+                raise UserError(tf_config.lost_contact(why, path.peers, str(e.message),
+                                                       backups.steps())
+                                + (path.recorder.recorded(why) if path.recorder else "")
+                                ) from None
         backups.clear()
     return result
 
 
-def start(config: Config, path, first_step: int = 0, backups: Backups = None,
+def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Backups = None,
           watch: preemption.Watch = None) -> Run:
     """Check the export folder (chief), load the data (unless it lives on the cluster's
     workers), make and state the plan, open the reporter (with the epochs an interrupted run
@@ -124,21 +120,23 @@ def start(config: Config, path, first_step: int = 0, backups: Backups = None,
             logger.warning("this machine multiplies matrices in bfloat16 at %.2fx float32's "
                            "speed (measured once, cached): bfloat16 will be slower than "
                            "float32 here, not wrong", speed)
-    first_epoch, offset = divmod(first_step, plan.steps_per_epoch)
+    tracer = Tracer(config.traced_steps, config.run_dir, path.worker_index, path.num_workers,
+                    servers=path.servers_traced)
+    started = Run(config, plan, None, list(path.devices), first_step, backups,
+                  watch or preemption.Watch(), path.stall, train_split, test_split, tracer)
+    first_epoch, offset = started.first_epoch, started.offset
     if first_step and path.is_chief:
         print(f"resuming at epoch {first_epoch + 1}/{config.epochs}, step "
               f"{offset}/{plan.steps_per_epoch} (global step {first_step})"
-              if first_epoch < config.epochs else
+              if not started.trained else
               f"resuming a run that finished training ({first_step} steps): exporting it",
               flush=True)
     history = (report.load_history(config.run_dir, first_epoch)
                if path.is_chief and first_epoch else ())
-    reporter = report.Reporter(config.run_dir, plan.facts(config), path.devices, path.is_chief,
-                               history=history, eval_note=plan.eval_note)
-    tracer = Tracer(config.traced_steps, config.run_dir, getattr(path, "worker_index", 0),
-                    getattr(path, "num_workers", 1), servers=getattr(path, "servers_traced", ()))
-    return Run(config, plan, reporter, list(path.devices), first_step, backups,
-               watch or preemption.Watch(), path.stall, train_split, test_split, tracer)
+    started.reporter = report.Reporter(config.run_dir, plan.facts(config), path.devices,
+                                       path.is_chief, history=history,
+                                       eval_note=plan.eval_note)
+    return started
 
 
 def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
@@ -149,19 +147,19 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
 
     line = run.reporter.final_line()
     try:
-        path = export()
+        version = export()
     except (OSError, tf.errors.OpError) as e:
         reason = _reason(e)
         kept = f"the trained weights are kept in {backups.folder}; " if backups else ""
         raise UserError(f"cannot write the export under {run.config.export_root} ({reason}): "
                         f"{kept}make room and run the same command again to export") from None
-    run.reporter.record_export(path)
-    if path:
-        print(f"exported {path}", flush=True)
+    run.reporter.record_export(version)
+    if version:
+        print(f"exported {version}", flush=True)
     records = run.reporter.records
     return Result(test_accuracy=records[-1]["test_acc"] if records else float("nan"),
                   sec_per_epoch=run.reporter.sec_per_epoch() if records else float("nan"),
-                  history=[dict(r) for r in records], export_path=path,
+                  history=[dict(r) for r in records], export_path=version,
                   devices=run.reporter.devices, run_dir=run.config.run_dir, final_line=line,
                   plan=run.plan, weights=weights)
 

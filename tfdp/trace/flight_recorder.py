@@ -2,10 +2,11 @@
 ``--collective_timeout``), the last steps' times go to ``flight_recorder.json`` in the run
 folder, and the one-line error names that file.
 
-A path keeps the times in a recorder of its own (the from-scratch path's per-replica arrivals,
-``tfdp.training.arrivals``; the parameter-server path's per-worker steps,
+A path keeps the times in a ``FlightRecorder`` of its own (the synchronous paths' per-replica
+arrivals, ``tfdp.trace.arrivals``; the parameter-server path's per-worker steps,
 ``tfdp.parameter_server.pace``): ``describes`` says what they are, ``dump(why)`` writes them
-with ``write`` and returns the file's path ('' when there is nothing to write).
+with ``write`` and returns the file's path ('' when there is nothing to write), and
+``recorded(why)`` ends the lost cluster's line with it.
 """
 
 import json
@@ -30,7 +31,16 @@ def write(run_dir: str, record: dict) -> str:
     return path
 
 
-def recorded(recorder, why: str) -> str:
-    """The end of a lost cluster's line: the recorder's file, written now, if any."""
-    path = recorder.dump(why) if recorder is not None else ""
-    return f" (the last steps' {recorder.describes}: {path})" if path else ""
+class FlightRecorder:
+    """What every path's recorder shares: the line's end. A recorder sets ``describes`` and
+    implements ``dump``."""
+
+    describes = "times"
+
+    def dump(self, why: str = "") -> str:
+        raise NotImplementedError
+
+    def recorded(self, why: str) -> str:
+        """The end of a lost cluster's line: this recorder's file, written now, if any."""
+        path = self.dump(why)
+        return f" (the last steps' {self.describes}: {path})" if path else ""

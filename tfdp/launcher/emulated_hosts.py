@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 from tfdp.errors import UserError
-from tfdp.training.workdir import process_alive
+from tfdp.files import process_alive
 
 PREFIX = "tfdp-"
 _NAME = re.compile(r"^tfdp-(?P<pid>\d+)-(?P<role>sw|h\d+)$")

@@ -1,6 +1,6 @@
 """A local cluster for ``python -m tfdp.launch``: its processes, their ``TF_CONFIG``, cores and
 hosts, and the run from start to end (``tfdp.launch`` has the command line and the whole
-story; ``tfdp.cluster.supervise`` the watch over the processes, ``tfdp.cluster.output`` their
+story; ``tfdp.launcher.supervise`` the watch over the processes, ``tfdp.launcher.output`` their
 lines)."""
 
 import dataclasses
@@ -14,9 +14,9 @@ import sys
 import threading
 import time
 
-from tfdp.cluster import emulated_hosts, isolation, supervise
-from tfdp.cluster.children import prepare_child
-from tfdp.cluster.output import pump, say
+from tfdp.launcher import emulated_hosts, isolation, supervise
+from tfdp.launcher.children import prepare_child
+from tfdp.launcher.output import pump, say
 from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
 from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
 
@@ -114,8 +114,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
     failure's, ``PREEMPTED_EXIT_CODE`` when they were preempted and saved, 130 after Ctrl-C.
 
     With ``isolate`` this process first moves into a private network namespace (its workers
-    inherit it: ``tfdp.cluster.isolation``). With ``hosts`` every worker runs on an emulated host of
-    its own, its link shaped to ``link`` (``tfdp.cluster.emulated_hosts``)."""
+    inherit it: ``tfdp.launcher.isolation``). With ``hosts`` every worker runs on an emulated host of
+    its own, its link shaped to ``link`` (``tfdp.launcher.emulated_hosts``)."""
     problem = _check(num_workers, hosts, link, train_args, num_ps)
     if problem:
         say(f"tfdp.launch: error: {problem}")

@@ -1,8 +1,8 @@
-"""``timeline.png``: the traced steps of a merged timeline (``tfdp.training.timeline``) drawn by
+"""``timeline.png``: the traced steps of a merged timeline (``tfdp.trace.timeline``) drawn by
 tfdp, every worker's lanes against time, coloured by class, with the step boundaries and each
 step's communication share."""
 
-from tfdp.training.timeline import CLASSES, lane_order
+from tfdp.trace.timeline import CLASSES, lane_order
 
 COLOURS = {"input": "#8c8c8c", "forward": "#4c72b0", "backward": "#dd8452",
            "communication": "#c44e52", "update": "#55a868", "host wait": "#e8d166",

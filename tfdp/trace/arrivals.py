@@ -29,7 +29,7 @@ import statistics
 import numpy as np
 import tensorflow as tf
 
-from tfdp.cluster import flight_recorder
+from tfdp.trace import flight_recorder
 
 LAST_SHARE = 0.6
 LATE_MS = 2.0
@@ -74,7 +74,7 @@ def replica_names(devices: list) -> list:
     return names
 
 
-class Arrivals:
+class Arrivals(flight_recorder.FlightRecorder):
     """The per-replica times of the steps read so far: this epoch's, and the last kept."""
     describes = "arrival times per replica"
 

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 
-from tfdp.training import timeline
+from tfdp.trace import timeline
 
 logger = logging.getLogger("tfdp")
 # Before the first traced step: the servers start recording when the request reaches them.

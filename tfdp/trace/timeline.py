@@ -14,7 +14,7 @@ Written into the run folder:
   one for the host; every event classed (its ``cat``) as input, forward, backward,
   communication, update or host wait, with the parameter it concerns in its ``args`` where
   there is one.
-* ``timeline.png``: the traced steps drawn by tfdp (``tfdp.training.timeline_png``), lanes
+* ``timeline.png``: the traced steps drawn by tfdp (``tfdp.trace.timeline_png``), lanes
   against time, coloured by class, with the step boundaries and each step's communication
   share.
 

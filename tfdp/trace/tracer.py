@@ -1,5 +1,5 @@
 """``--trace_steps=A:B``: record global steps A to B (counted from 1) with TensorFlow's profiler,
-then write their timeline (``tfdp.training.timeline``) into the run folder.
+then write their timeline (``tfdp.trace.timeline``) into the run folder.
 
 Every loop asks its ``Tracer`` the same three things: how many steps it may run before the
 traced range needs one step a call (``room``), to mark a step (``step``: the profiler starts
@@ -13,7 +13,7 @@ the chief merges every part present into ``timeline.json`` and draws ``timeline.
 up to ``MERGE_WAIT`` seconds for the other workers' parts (they finish their last traced step
 at about the same time). The servers a chief drives (``servers``: the from-scratch path's
 workers across machines, parameter servers and their workers) run no loop: the chief captures
-their profiles (``tfdp.training.server_capture``) and cuts them into steps by its own markers.
+their profiles (``tfdp.trace.server_capture``) and cuts them into steps by its own markers.
 """
 
 import contextlib
@@ -23,8 +23,8 @@ import logging
 import os
 import time
 
-from tfdp.training import timeline, timeline_png
-from tfdp.training.server_capture import ServerCapture, duration_ms
+from tfdp.trace import timeline, timeline_png
+from tfdp.trace.server_capture import ServerCapture, duration_ms
 
 logger = logging.getLogger("tfdp")
 MERGE_WAIT = 60
@@ -141,13 +141,3 @@ def _part_order(path: str):
     """The chief first, then workers, then parameter servers, each by index."""
     job, _, index = os.path.basename(path)[:-len(".json")].partition("-")
     return ({"chief": 0, "worker": 1, "ps": 2}.get(job, 3), int(index or 0))
-
-
-def parse_steps(text: str) -> tuple:
-    """``"A:B"`` or ``"A"`` -> (A, B), global steps counted from 1; ValueError when not."""
-    first, colon, last = text.partition(":")
-    first = int(first)
-    last = int(last) if colon else first
-    if first < 1 or last < first:
-        raise ValueError(text)
-    return first, last

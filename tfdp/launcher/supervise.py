@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 
-from tfdp.cluster.output import say
+from tfdp.launcher.output import say
 from tfdp.errors import PREEMPTED_EXIT_CODE
 
 # How often one parameter-server worker is started again after dying while its chief runs.

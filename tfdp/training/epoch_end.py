@@ -1,0 +1,38 @@
+"""The end of every epoch on every path, written once: evaluate, report, back up, and stop
+there if the run was asked to (preemption).
+
+The epoch loop (``tfdp.training.loop``: the from-scratch and parameter-server paths) calls it
+after its last step of the epoch is collected; under Keras ``fit`` tfdp's one callback
+(``tfdp.keras_path.callback``) calls it from ``on_epoch_end``. Divergence is each caller's, per
+step: a diverged epoch never reaches its end.
+"""
+
+from tfdp.cluster.stall import watching
+
+
+class EpochEnd:
+    """``evaluate()`` -> (test loss, test accuracy); ``weights()`` the weights to back up, in
+    Keras order; ``figures()`` -> (a path's own figures of the epoch for its record, words for
+    its line); ``preempted()`` whether to stop after this epoch (default: this process's
+    ``Watch``; across workers, their agreement)."""
+
+    def __init__(self, run, evaluate, weights, figures=None, preempted=None):
+        self.run, self.evaluate, self.weights = run, evaluate, weights
+        self.figures = figures or (lambda: ({}, ""))
+        self.preempted = preempted or (lambda: run.watch.requested)
+
+    def __call__(self, epoch: int, step: int, *, loss: float, train_acc: float, seconds: float,
+                 examples: int, resumed_at: int = 0) -> None:
+        """End ``epoch`` (from 0) after global step ``step``: ``seconds`` of training over
+        ``examples`` examples at a running ``loss`` and ``train_acc``, resumed ``resumed_at``
+        steps into the epoch. Raises ``Preempted`` after the backup when asked to stop."""
+        run = self.run
+        with watching(run.stall, f"evaluating epoch {epoch + 1}"):
+            test_loss, test_acc = self.evaluate()
+        extra, note = self.figures()
+        run.reporter.epoch_end(epoch, loss=loss, train_acc=train_acc, test_loss=test_loss,
+                               test_acc=test_acc, seconds=seconds, examples=examples,
+                               resumed_at=resumed_at, extra=extra, note=note)
+        saved = run.backups.save(step, self.weights()) if run.backups else None
+        if self.preempted():
+            raise run.watch.preempted(step, saved)

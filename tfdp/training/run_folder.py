@@ -1,0 +1,64 @@
+"""A run folder: named once per run, and held by one run at a time.
+
+``with_run_dir`` chooses the default folder, ``runs/<strategy>-<model>-<n>dev-<date>-<time>``.
+``claim`` takes an exclusive lock per worker (``.lock-worker-<i>``, a ``tfdp.files.locked``
+``flock`` the kernel drops when the process dies, however it dies), so a second run given the
+same ``--workdir`` is refused in one line instead of colliding with the first or silently
+resuming from its backups.
+"""
+
+import contextlib
+import dataclasses
+import os
+import time
+
+from tfdp.cluster import tf_config
+from tfdp.config import RUN_STAMP_ENV, Config
+from tfdp.errors import UserError
+from tfdp.files import locked, read_start
+
+_HELD = {}  # path -> fd, for the claims of this process
+
+
+@contextlib.contextmanager
+def claim(run_dir: str, worker_index: int = 0):
+    """Hold ``run_dir`` for this run (worker ``worker_index``) until the block ends."""
+    path = os.path.join(run_dir, f".lock-worker-{worker_index}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        fd = locked(path, wait=False)
+    except BlockingIOError:
+        holder = read_start(path).strip() or "?"
+        raise UserError(f"--workdir={run_dir} is in use by another run (pid {holder}): wait for "
+                        "it to end, or give this run its own --workdir") from None
+    except OSError as e:
+        raise UserError(f"--workdir={run_dir} is not writable ({e.strerror or e}): give a "
+                        "--workdir you can write to") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[path] = fd
+    try:
+        yield
+    finally:
+        _HELD.pop(path, None)
+        os.close(fd)  # Releases the lock; the file stays (removing it would race a new claim).
+
+
+def with_run_dir(config: Config) -> Config:
+    """``config`` with ``workdir`` set: a new folder per run by default,
+    ``runs/<strategy>-<model>-<n>dev-<date>-<time>``, so runs never overwrite each other and
+    ``tensorboard --logdir runs`` compares them. To resume a run, pass its folder as
+    ``--workdir``."""
+    if config.workdir is not None:
+        return config
+    stamp = os.environ.get(RUN_STAMP_ENV)
+    if stamp is None and config.strategy == "multi_worker" and tf_config.num_workers() > 1:
+        raise UserError("--strategy=multi_worker with several workers needs --workdir: every "
+                        "worker must use the same run folder (tfdp.launch chooses one for you)")
+    base = os.path.join("runs", f"{config.strategy}-{config.model}-{config.num_gpus}dev-"
+                                f"{stamp or time.strftime('%Y%m%d-%H%M%S')}")
+    path, n = base, 1
+    while stamp is None and os.path.exists(path):  # Two runs started in the same second.
+        n += 1
+        path = f"{base}-{n}"
+    return dataclasses.replace(config, workdir=path)
