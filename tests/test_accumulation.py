@@ -9,7 +9,8 @@ import pytest
 import keras
 import tensorflow as tf
 
-from conftest import DEVICES, comparable_start, head, train_manual, update_difference
+from conftest import DEVICES
+from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data
 from tfdp.config import Config
 from tfdp.errors import UserError

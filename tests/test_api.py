@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import REPO, run_module
+from conftest import REPO
+from processes import run_module
 import tfdp
 
 # A fresh process (logical devices are fixed once per process), made to look like a notebook:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import run_module
+from processes import run_module
 from tfdp.launcher import emulated_hosts
 from tfdp.bench import host_allreduce as host_bench
 

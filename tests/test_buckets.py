@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from conftest import DEVICES, comparable_start, head, train_manual, update_difference
+from conftest import DEVICES
+from same_model import comparable_start, head, train_manual, update_difference
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.manual.buckets import backward_order, buckets

@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import head
+from same_model import head
 from tfdp import data, fashion_mnist, plan
 from tfdp.keras_path import distributed_input as sharding
 from tfdp.errors import UserError

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, ROOT, child_env
+from conftest import REPO, ROOT
+from processes import child_env
 from tfdp import flags
 
 README = os.path.join(REPO, "README.md")

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, child_env, run_module
+from conftest import REPO
+from processes import child_env, run_module
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.models import lenet

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from conftest import REPO, cut_off
-from conftest import launch as launch_cluster
+from conftest import REPO
+from processes import launch as launch_cluster
 from tfdp.launcher import emulated_hosts
 
 pytestmark = [pytest.mark.root("emulated hosts: network namespaces"), pytest.mark.cluster]
@@ -143,33 +143,3 @@ def test_without_root_or_with_a_bad_rate_the_launcher_refuses_in_one_line(tmp_pa
     assert as_nobody.stderr.strip() == (
         "tfdp.launch: error: --hosts needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create "
         "network namespaces, links and a switch: run the launcher as root")
-
-
-def test_a_host_cut_off_mid_run_ends_it_naming_the_peer_and_the_same_command_resumes(tmp_path,
-                                                                                     data_dir):
-    train = ["--collective_timeout=10", "--epochs=2", "--steps_per_epoch=100",
-             "--batch_size=64", "--eval_steps=1"]
-    run = launch(data_dir, tmp_path, "--num_workers=2", "--hosts", train=train)
-    backups = [tmp_path / "run" / "backup" / f"worker-{i}" for i in (0, 1)]
-    deadline = time.time() + 240
-    while not all(b.is_dir() and os.listdir(b) for b in backups) and time.time() < deadline:
-        time.sleep(0.1)
-    # The processes stay alive; only the link goes: a different fault from a dead worker.
-    host, cut = cut_off(run.pid, 1)
-    out, err = run.communicate(timeout=120)
-    assert run.returncode != 0
-    assert time.time() - cut < 10 + 30  # --collective_timeout plus a margin.
-    address = re.search(rf"host 1 \({host}\) at ([\d.]+) ", err)[1]
-    assert re.search(rf"^\[0\] tfdp\.train: error: lost contact with the cluster \(\w+\): "
-                     rf"unreachable now: worker 1 \({re.escape(address)}:\d+\); the backup of "
-                     r"step 100 is kept: run the same command again to resume once every worker "
-                     r"is reachable \(the last steps' arrival times per replica: "
-                     r"\S+flight_recorder\.json\)$", err, re.M), err[-3000:]
-    assert "Traceback" not in err
-    assert ours(run.pid) == []
-
-    rerun = launch(data_dir, tmp_path, "--num_workers=2", "--hosts", train=train)
-    out, err = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, err[-3000:]
-    assert "[0] resuming at epoch 2/2, step 0/100 (global step 100)" in out
-    assert os.listdir(tmp_path / "export") == ["1"]

@@ -10,8 +10,9 @@ import pytest
 import keras
 import tensorflow as tf
 
-from conftest import (DEVICES, comparable_start, head, run_module, train_manual,
-                      update_difference)
+from conftest import DEVICES
+from processes import run_module
+from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data
 from tfdp.training.backups import Backups
 from tfdp.training import report

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import DEVICES, comparable_start, head, train_manual, update_difference
+from conftest import DEVICES
+from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data
 from tfdp.training import report
 from tfdp.config import Config

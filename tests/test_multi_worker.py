@@ -5,19 +5,17 @@ still need the Keras workaround."""
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from conftest import (DEVICES, REPO, children, comparable_start, lanes_by_step,
-                      runtimes_agree, serve_in_clients, served_disagreement, slow_then_stop,
-                      train_manual)
-from conftest import launch as launch_cluster
-from tfdp.training.backups import Backups
+from conftest import DEVICES, REPO
+from exports import runtimes_agree, serve_in_clients
+from same_model import comparable_start, served_disagreement, train_manual
+from traces import lanes_by_step
+from processes import launch as launch_cluster
 from tfdp.training import report
 from tfdp.config import Config
 from tfdp.keras_path import keras_mwms_fix
@@ -58,7 +56,7 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
         result.stderr[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]  # Exported once, by the chief.
     # Each worker's replica stamped its steps; the chief's record holds both, read at steps
-    # 5 and 10 (Guard's checks).
+    # 5 and 10 (the callback's checks).
     record = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
     assert record["replicas"] == ["worker 0 (replica 0)", "worker 1 (replica 1)"]
     assert all(ms > 0 for ms in record["replica_compute_ms"]), record
@@ -83,29 +81,6 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
 
 
 @pytest.mark.cluster
-def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
-                                                                            data_dir):
-    """Worker 1 stopped 35 of every 40 ms through the first epoch (real SIGSTOP and SIGCONT),
-    then for good: the chief's first epoch line names it, and the collective that waits for
-    it ends the run in one line naming the flight recorder's file."""
-    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=25",
-                 "--batch_size=64", "--eval_steps=1", "--collective_timeout=10", popen=True)
-    out, err = slow_then_stop(run, tmp_path, "worker", 1)
-    assert run.returncode != 0, err[-3000:]
-    assert re.search(r"^\[0\] epoch 1/3: .*; straggler: worker 1 \(replica 1\) reaches the "
-                     r"allreduce \d+\.\d ms after the others on average, last in \d+% of steps$",
-                     out, re.M), out[-3000:]
-    stopped = re.search(r"^\[0\] tfdp\.train: error: lost contact with the cluster .* \(the "
-                        r"last steps' arrival times per replica: (\S+flight_recorder\.json)\)$",
-                        err, re.M)
-    assert stopped, err[-3000:]
-    record = json.loads(open(stopped[1]).read())
-    assert [s["step"] for s in record["steps"]][:5] == [5, 10, 15, 20, 25]  # Guard's checks.
-    late = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
-    assert late["replica_late_ms"][1] > late["replica_late_ms"][0]
-
-
-@pytest.mark.cluster
 def test_a_worker_with_an_empty_shard_adds_nothing(tmp_path, data_dir):
     # 10,000 test examples in batches of 3,333: the last batch holds 1 example, split 1 + 0.
     result = launch(tmp_path, "--batch_size=3333", "--epochs=1", "--steps_per_epoch=1",
@@ -114,40 +89,6 @@ def test_a_worker_with_an_empty_shard_adds_nothing(tmp_path, data_dir):
     assert "global batch 3333 = 1667 + 1666 per replica" in result.stderr
     record = report.load_history(str(tmp_path / "run"), 1)[0]
     assert 0 < record["test_acc"] < 1 and np.isfinite(record["loss"])
-
-
-@pytest.mark.cluster
-def test_killed_worker_stops_the_launcher_and_a_rerun_resumes(tmp_path, data_dir):
-    train = ["--epochs=4", "--steps_per_epoch=15", "--eval_steps=1", f"--data_dir={data_dir}"]
-    launcher = launch(tmp_path, *train, popen=True, stderr=subprocess.STDOUT)
-    backups = Backups(str(tmp_path / "run"), 1, {})
-    deadline = time.time() + 180
-    while not backups.steps() and time.time() < deadline:
-        time.sleep(0.2)
-    assert backups.steps(), "no epoch finished in time"
-    launched = children(launcher.pid)
-    assert len(launched) == 2, launched
-    worker = launched[1]
-    os.kill(worker, signal.SIGKILL)
-    killed = time.time()
-    first_out, _ = launcher.communicate(timeout=120)
-    assert launcher.returncode != 0
-    assert time.time() - killed < 60
-    assert "exited with -9" in first_out, first_out[-3000:]
-    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
-
-    rerun = launch(tmp_path, *train)
-    assert rerun.returncode == 0, rerun.stderr[-4000:]
-    # Killed, not preempted: it resumes from the last epoch every worker backed up.
-    resumed = re.search(r"^\[0\] resuming at epoch (\d)/4, step 0/15 ", rerun.stdout, re.M)
-    assert resumed, rerun.stdout[-3000:]
-    finished = int(resumed[1]) - 1
-    assert 1 <= finished < 4
-    assert f"[0] epoch {finished}/4: loss" not in rerun.stdout  # Finished epochs are not redone.
-    assert "[0] epoch 4/4: loss" in rerun.stdout
-    assert os.listdir(tmp_path / "export") == ["1"]
-    records = report.load_history(str(tmp_path / "run"), 4)
-    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
 
 
 @pytest.mark.cluster

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, lanes_by_step,
-                      run_module, runtimes_agree, serve_in_clients, served_disagreement,
-                      slow_then_stop, task_pid, train_manual, wait_for_first_backup)
-from conftest import launch as launch_cluster
+from conftest import DEVICES, REPO
+from exports import runtimes_agree, serve_in_clients
+from processes import (child_env, run_module, task_pid, wait_for_first_backup)
+from same_model import comparable_start, served_disagreement, train_manual
+from traces import lanes_by_step
+from processes import launch as launch_cluster
 from tfdp import data
 from tfdp.training import report
-from tfdp.launcher import emulated_hosts
 from tfdp.config import Config
 from tfdp.parameter_server.pace import WorkerPace
 
@@ -131,80 +132,6 @@ def test_killed_workers_are_started_again_and_the_run_finishes_whatever_the_chie
     assert "lost contact" not in err and "Traceback" not in err, err[-3000:]
     assert sum(line.startswith("[chief] epoch ") for line in out.splitlines()) == 5
     assert os.listdir(tmp_path / "export") == ["1"]
-
-
-@pytest.mark.cluster
-def test_a_dead_parameter_server_ends_the_run_in_one_line_and_the_same_command_resumes(
-        tmp_path, data_dir):
-    train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=40", "--eval_steps=1"]
-    run = launch(tmp_path, *train, popen=True)
-    wait_for_first_backup(run, tmp_path)
-    os.kill(task_pid(run.pid, "ps", 0), signal.SIGKILL)
-    killed = time.time()
-    out, err = run.communicate(timeout=240)
-    assert run.returncode == 1, err[-4000:]
-    assert time.time() - killed < 120
-    assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(\w+\): "
-                     r"unreachable now: ps 0 \(127\.0\.0\.1:\d+\); the backup of step \d+ is "
-                     r"kept: run the same command again", err, re.M), err[-3000:]
-    assert "Traceback" not in err
-    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
-
-    rerun = launch(tmp_path, *train)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert re.search(r"^\[chief\] resuming at epoch [23]/3, step 0/40 ", rerun.stdout, re.M)
-    assert os.listdir(tmp_path / "export") == ["1"]
-
-
-@pytest.mark.cluster
-@pytest.mark.root("emulated hosts: network namespaces")
-def test_a_parameter_server_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path,
-                                                                              data_dir):
-    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=40",
-                 "--eval_steps=1", "--collective_timeout=10", popen=True, on_hosts=True)
-    wait_for_first_backup(run, tmp_path)
-    # Hosts: the chief, 2 workers, then the server. Its process stays alive; only the link goes.
-    host, cut = cut_off(run.pid, 3)
-    out, err = run.communicate(timeout=120)
-    assert run.returncode == 1, err[-4000:]
-    assert time.time() - cut < 10 + 20
-    address = re.search(rf"host 3 \({host}\) at ([\d.]+) runs ps 0", err)[1]
-    assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(no answer "
-                     r"for 10 s while \w+ [^)]*--collective_timeout\): unreachable now: ps 0 "
-                     rf"\({re.escape(address)}:\d+\); the backup of step \d+ is kept", err,
-                     re.M), err[-3000:]
-    # The server, alive but cut off, cannot reach the chief either, and says so.
-    assert re.search(r"^\[ps 0\] tfdp\.server: error: lost the chief at [\d.]+:\d+: no answer "
-                     r"for 3 s \(a link down, or its machine gone\); stopping$", err + out,
-                     re.M), (out + err)[-3000:]
-    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
-    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-")
-                   for n in emulated_hosts.namespaces())
-
-
-@pytest.mark.cluster
-def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
-                                                                            data_dir):
-    """Worker 1 stopped 35 of every 40 ms through the first epoch, then for good: asynchronous
-    SGD gives it fewer steps, and the epoch's line names its pace; the step it holds then ends
-    the run in one line naming the flight recorder's file."""
-    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=24",
-                 "--batch_size=64", "--eval_steps=1", "--collective_timeout=8", popen=True)
-    out, err = slow_then_stop(run, tmp_path, "worker", 1)
-    assert run.returncode == 1, err[-3000:]
-    assert re.search(r"^\[chief\] epoch 1/3: .*, staleness mean [\d.]+ max \d+; straggler: "
-                     r"worker 1 takes \d+\.\d ms a step, \d+\.\dx the others' \d+\.\d ms; it "
-                     r"ran \d+% of the steps$", out, re.M), out[-3000:]
-    stopped = re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster .* \(the "
-                        r"last steps' step times per worker: (\S+flight_recorder\.json)\)$",
-                        err, re.M)
-    assert stopped, err[-3000:]
-    record = json.loads(open(stopped[1]).read())
-    assert record["steps"][-1]["step"] >= 24
-    assert {s["worker"] for s in record["steps"]} <= {"worker 0", "worker 1"}
-    first = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
-    assert sum(first["worker_steps"]) == 24
-    assert first["worker_step_ms"][1] > first["worker_step_ms"][0]
 
 
 def test_a_workers_pace_names_a_straggler_only_when_it_is_clearly_slower(tmp_path):

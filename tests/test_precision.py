@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import DEVICES, comparable_start, run_module, update_difference
+from conftest import DEVICES
+from processes import run_module
+from same_model import comparable_start, update_difference
 import tfdp
 from tfdp import devices
 from tfdp.config import Config

@@ -7,15 +7,15 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from conftest import (DEVICES, REPO, child_env, comparable_start, cut_off, lanes_by_step,
-                      run_module, served_disagreement, slow_then_stop, task_pid, train_manual,
-                      wait_for_first_backup)
-from conftest import launch as launch_cluster
+from conftest import DEVICES, REPO
+from processes import (child_env, run_module, wait_for_first_backup)
+from same_model import comparable_start, served_disagreement, train_manual
+from traces import lanes_by_step
+from processes import launch as launch_cluster
 from tfdp.training.backups import Backups
 from tfdp.training import report
 from tfdp.launcher import emulated_hosts
@@ -70,32 +70,6 @@ def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir,
     local = train_manual(config, DEVICES[:2], train_split, test_split, reporter, params=start)
     assert served_disagreement(tmp_path / "export" / "1", local, start,
                                test_split.images[:500]) < 1e-5
-
-
-def test_a_killed_worker_ends_the_run_naming_it_and_the_same_command_resumes(tmp_path,
-                                                                             data_dir):
-    train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=20", "--eval_steps=1"]
-    run = launch(tmp_path, *train, popen=True)
-    wait_for_first_backup(run, tmp_path)
-    server = task_pid(run.pid, "worker", 1)
-    os.kill(server, signal.SIGKILL)
-    killed = time.time()
-    out, err = run.communicate(timeout=120)
-    assert run.returncode == 1, err[-3000:]
-    assert time.time() - killed < 60
-    assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(\w+Error\): "
-                     r"unreachable now: worker 1 \(127\.0\.0\.1:\d+\); the backup of step \d+ is "
-                     r"kept: run the same command again to resume once every worker is reachable "
-                     r"\(the last steps' arrival times per replica: \S+flight_recorder\.json\)$",
-                     err, re.M), err[-3000:]
-    assert "tfdp.launch: worker 1 exited with -9 while the chief runs" in err
-    assert "Traceback" not in err
-    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
-
-    rerun = launch(tmp_path, *train)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert re.search(r"^\[chief\] resuming at epoch [23]/3, step 0/20 ", rerun.stdout, re.M)
-    assert os.listdir(tmp_path / "export") == ["1"]
 
 
 def test_sigterm_to_the_launcher_saves_on_the_chief_before_the_workers_stop(tmp_path, data_dir):
@@ -214,48 +188,3 @@ def test_on_emulated_hosts_the_images_never_pass_through_the_client(tmp_path, da
     # client.
     assert min(moved[1][0], moved[2][0]) > moved[0][1], moved
     assert not any(n.startswith(emulated_hosts.PREFIX) for n in emulated_hosts.namespaces())
-
-
-@root
-def test_a_worker_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, data_dir):
-    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=30",
-                 "--batch_size=64", "--eval_steps=1", "--collective_timeout=10",
-                 launcher=("--num_workers=2", "--hosts"), popen=True)
-    wait_for_first_backup(run, tmp_path)
-    host, cut = cut_off(run.pid, 2)  # worker 1's host; the processes stay alive.
-    out, err = run.communicate(timeout=120)
-    assert run.returncode == 1, err[-3000:]
-    assert time.time() - cut < 10 + 20
-    address = re.search(rf"host 2 \({host}\) at ([\d.]+) ", err)[1]
-    assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(no answer "
-                     r"for 10 s while training steps? [\d-]+, --collective_timeout\): unreachable "
-                     rf"now: worker 1 \({re.escape(address)}:2222\)", err, re.M), err[-3000:]
-    assert not (tmp_path / "export").exists() or os.listdir(tmp_path / "export") == []
-    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-")
-                   for n in emulated_hosts.namespaces())
-
-
-def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
-                                                                            data_dir):
-    """Worker 1's server stopped 35 of every 40 ms (real SIGSTOP and SIGCONT from outside: a
-    host with an eighth of a CPU) through the first epoch, then stopped for good: the first
-    epoch's line names it, and the hang ends in one line naming the flight recorder's file."""
-    run = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=24",
-                 "--batch_size=64", "--eval_steps=1", "--collective_timeout=8", popen=True)
-    out, err = slow_then_stop(run, tmp_path, "worker", 1)
-    assert run.returncode == 1, err[-3000:]
-    assert re.search(r"^\[chief\] epoch 1/3: .*; straggler: worker 1 \(replica 1\) reaches the "
-                     r"allreduce \d+\.\d ms after the others on average, last in \d+% of steps$",
-                     out, re.M), out[-3000:]
-    stopped = re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster \(no answer "
-                        r"for 8 s while training steps? [\d-]+, --collective_timeout\): .* \(the "
-                        r"last steps' arrival times per replica: (\S+flight_recorder\.json)\)$",
-                        err, re.M)
-    assert stopped, err[-3000:]
-    record = json.loads(open(stopped[1]).read())
-    assert record["steps"] and record["steps"][-1]["step"] >= 24
-    assert [r["replica"] for r in record["steps"][-1]["replicas"]] == ["worker 0 (replica 0)",
-                                                                        "worker 1 (replica 1)"]
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    late = metrics["epochs"][0]["replica_late_ms"]
-    assert late[1] > late[0]

@@ -3,7 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from conftest import DEVICES, head, train_manual
+from conftest import DEVICES
+from same_model import head, train_manual
 from tfdp import plan as schedule
 from tfdp.training import report
 from tfdp.config import Config

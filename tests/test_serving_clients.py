@@ -10,7 +10,8 @@ import stat
 
 import pytest
 
-from conftest import run_module, runtimes_agree, serve_in_clients
+from exports import runtimes_agree, serve_in_clients
+from processes import run_module
 
 CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
             "outputs": {"logits": ["float32", [-1, 10]], "probabilities": ["float32", [-1, 10]],

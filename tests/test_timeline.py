@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from conftest import child_env, lanes_by_step
+from processes import child_env
+from traces import lanes_by_step
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.trace import timeline
@@ -44,7 +45,7 @@ def test_traced_steps_have_a_lane_per_replica_with_every_phase(tmp_path, data_di
     assert [e["name"] for e in steps] == ["step 3", "step 4"]
     assert (tmp_path / "run" / "timeline.png").read_bytes().startswith(PNG)
     # Both paths stamp when each replica starts and has its gradients (mirrored: at step 5,
-    # Guard's check, of the 6).
+    # the callback's check, of the 6).
     record = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
     assert record["replicas"] == ["replica 0", "replica 1"]
     assert all(ms > 0 for ms in record["replica_compute_ms"]), record

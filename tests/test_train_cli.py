@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_module
+from conftest import REPO
+from processes import run_module
 from tfdp import fashion_mnist
 
 # Runs in a fresh interpreter that never imports tfdp: what a serving system would do.

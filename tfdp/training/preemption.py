@@ -13,7 +13,7 @@ Interrupting a notebook's kernel is a Ctrl-C: ``tfdp.run`` saves and raises ``Pr
 
 Under MultiWorkerMirroredStrategy every worker must stop after the same step: the workers
 exchange their flags with one small all-reduce every ``check_every`` steps (``agree`` in
-``tfdp.keras_path.guard``), so a SIGTERM to any one worker stops all of them at the same step.
+``tfdp.keras_path.callback``), so a SIGTERM to any one worker stops all of them at the same step.
 TensorFlow's ``PreemptionCheckpointHandler`` was not used: it probes the GCP metadata server
 over the network when it is created, and on GCP CPU machines it does nothing at all
 (``failure_handling.py``, ``detect_platform``/``save_checkpoint_if_preempted``).

@@ -1,0 +1,152 @@
+"""Real processes for the tests: a child's environment, ``python -m`` a module, a launched
+cluster and its tasks (found by their ``TF_CONFIG``), and faults from outside them: a task
+slowed then stopped by real signals, an emulated host's link cut."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+
+
+def child_env(**extra) -> dict:
+    """The environment of a process a test starts: this one's, TensorFlow's C++ INFO hidden."""
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **extra)
+
+
+def run_module(module, *args, env=None, timeout=600, cwd=None):
+    """Run ``python -m module args`` in a fresh process; return the CompletedProcess."""
+    full_env = dict(os.environ, **(env or {}))
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd or REPO)
+
+
+def launch(folder, strategy, *train_args, launcher=("--num_workers=2",), popen=False,
+           timeout=300, stderr=subprocess.PIPE, env=None):
+    """``python -m tfdp.launch <launcher> -- --strategy=<strategy> --workdir=<folder>/run
+    --export_dir=<folder>/export <train_args>``: finished (a CompletedProcess), or running
+    (``popen``: a Popen with its output piped; ``stderr=subprocess.STDOUT`` merges it).
+    ``env``: variables to add to the launcher's environment."""
+    args = [sys.executable, "-m", "tfdp.launch", *launcher, "--", f"--strategy={strategy}",
+            f"--workdir={folder / 'run'}", f"--export_dir={folder / 'export'}", *train_args]
+    environment = child_env(**(env or {}))
+    if popen:
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                env=environment, cwd=REPO)
+    return subprocess.run(args, capture_output=True, text=True, env=environment, cwd=REPO,
+                          timeout=timeout)
+
+
+def children(pid) -> list:
+    """The pids of process ``pid``'s children (none once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_for_first_backup(run, tmp_path, timeout=180, step=1):
+    """Until the run in ``tmp_path / "run"`` has saved its first backup (an epoch's end), or
+    one of global step ``step`` or later."""
+    from tfdp.training.backups import Backups
+
+    backups = Backups(str(tmp_path / "run"), 0, {})
+    deadline = time.time() + timeout
+    while (max(backups.steps(), default=0) < step and run.poll() is None
+           and time.time() < deadline):
+        time.sleep(0.05)
+    assert max(backups.steps(), default=0) >= step, "no epoch finished in time"
+
+
+def cut_off(launcher: int, host: int) -> tuple:
+    """Set the link of the launcher's emulated host ``host`` down, its processes left alive:
+    (the host's namespace, when)."""
+    from tfdp.launcher import emulated_hosts
+
+    name = f"{emulated_hosts.PREFIX}{launcher}-h{host}"
+    subprocess.run(["ip", "-n", name, "link", "set", "eth0", "down"], check=True)
+    return name, time.time()
+
+
+def task_pid(launcher: int, kind: str, index: int) -> int:
+    """The pid of the launcher's child that runs task ``kind`` ``index`` (by its TF_CONFIG)."""
+    launched = children(launcher)
+    for pid in launched:
+        config = tf_config_of(pid)
+        if config and config["task"] == {"type": kind, "index": index}:
+            return pid
+    raise AssertionError(f"no {kind} {index} among {launched}")
+
+
+def slow_then_stop(run, folder, kind: str, index: int) -> tuple:
+    """Task ``kind`` ``index`` of a launched ``run`` stopped 35 of every 40 ms (real SIGSTOP and
+    SIGCONT from outside: a host with an eighth of a CPU) from the moment the cluster has
+    started until the run's first backup (its first epoch's end), then stopped for good: hung,
+    alive, never answering. The run's (stdout, stderr) once it has ended."""
+    from tfdp.training.backups import Backups
+
+    task = None
+    try:
+        deadline = time.time() + 60
+        while task is None and time.time() < deadline:
+            try:
+                task = task_pid(run.pid, kind, index)
+            except AssertionError:
+                time.sleep(0.1)
+        # Once the cluster has started (the chief's reporter writes its folder), not before:
+        # an eighth of a CPU takes TensorFlow's start-up past the timeout.
+        while not (folder / "run" / "tensorboard").exists() and run.poll() is None:
+            time.sleep(0.05)
+        backups = Backups(str(folder / "run"), 0, {})
+        while not backups.steps() and run.poll() is None and time.time() < deadline + 120:
+            os.kill(task, signal.SIGSTOP)
+            time.sleep(0.035)
+            os.kill(task, signal.SIGCONT)
+            time.sleep(0.005)
+        os.kill(task, signal.SIGSTOP)
+        return run.communicate(timeout=120)
+    finally:
+        if task:
+            try:
+                os.kill(task, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # Stopped by the launcher, with the rest of the cluster.
+
+
+def tf_config_of(pid: int):
+    """Process ``pid``'s TF_CONFIG, or None: gone, or between fork and exec (a launched child
+    then still has the launcher's environment, without its TF_CONFIG)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+    except OSError:
+        return None
+    return json.loads(env[b"TF_CONFIG"]) if b"TF_CONFIG" in env else None
+
+
+def train_command(data_dir, folder, *flags):
+    """``python -m tfdp.train`` on ``data_dir``, its run and export folders in ``folder``."""
+    return [sys.executable, "-m", "tfdp.train", f"--data_dir={data_dir}",
+            f"--workdir={folder / 'run'}", f"--export_dir={folder / 'export'}", *flags]
+
+
+def run_train(command):
+    return subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=REPO,
+                          timeout=300)
+
+
+def wait_for(predicate, seconds, what):
+    """Until ``predicate()`` holds; fail naming ``what`` after ``seconds``."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")

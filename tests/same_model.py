@@ -1,0 +1,64 @@
+"""Comparing runs: small real slices, starting weights that make float32 runs comparable, how
+far two runs' updates disagree, the manual loop on given splits, and an export's logits
+against trained parameters."""
+
+import numpy as np
+
+from tfdp import data
+from tfdp.models import lenet
+
+
+def head(split, n):
+    """The first ``n`` examples of a split: a small real slice."""
+    return data.Split(split.images[:n], split.labels[:n])
+
+
+def comparable_start(seed=3, dtype=np.float32):
+    """Glorot weights with the first conv bias at 0.05, for comparing runs in float32.
+
+    Fashion-MNIST is mostly exact-zero background, where the first conv's input to ReLU is
+    exactly b1. The textbook starts b1 at zero; float32 rounding then leaves b1 entries of either
+    sign, flipping ReLU's derivative at ~10^5 positions per batch, so two correct runs that
+    differ only in summation order drift apart by percents within a few dozen steps (float64,
+    too fine to flip, does not). Away from zero the runs agree to ~1e-6 per update, until the
+    same happens one layer up: all background positions share one conv-2 input per channel,
+    and when a channel's crosses zero the float32 runs may cross it a step apart (seen after 2
+    steps on one CPU, 10-15 on another). Whole runs are therefore compared in float64, and
+    float32 one step at a time from equal weights (tests/test_manual_trainer.py).
+    """
+    params = lenet.init_params(seed, dtype, "glorot")
+    params["b1"] = np.full_like(params["b1"], 0.05)
+    return params
+
+
+def update_difference(a, b, start):
+    """max over parameters of |a - b| / |b - start|: how far two runs' updates disagree."""
+    return max(np.linalg.norm(a[n] - b[n]) / np.linalg.norm(b[n] - start[n]) for n in a)
+
+
+def train_manual(config, devices, train_split, test_split, reporter, params=None):
+    """The manual path's loop on given splits, with the plan its ``run`` would make."""
+    from tfdp.manual import trainer
+    from tfdp.plan import make_plan
+    from tfdp.training.skeleton import Run
+
+    plan = make_plan(config, len(devices), len(train_split.labels), len(test_split.labels))
+    return trainer.train(Run(config, plan, reporter, devices, train_split=train_split,
+                             test_split=test_split), params)
+
+
+def served_disagreement(version, trained, start, images) -> float:
+    """|served logits - ``trained``'s logits| / |how far training moved them|, on ``images``
+    (uint8), for an export ``version`` folder against float64 LeNet parameters: the export
+    computes in float64 and serves float32 logits, so that rounding only (~1e-7)."""
+    import tensorflow as tf
+
+    images = tf.constant(images)
+    served = tf.saved_model.load(str(version)).signatures["serving_default"](
+        images=images)["logits"].numpy()
+
+    def logits(params):
+        return lenet.apply(params, data.to_float(images, tf.float64)).numpy()
+
+    moved = np.linalg.norm(logits(trained) - logits(start))
+    return np.linalg.norm(served - logits(trained)) / moved

@@ -1,0 +1,181 @@
+"""Three faults every path that spans processes meets, written once and run on each: a worker
+slowed and then hung (named as the straggler, then the run ends naming its flight recorder), a
+peer killed (the run ends, or the launcher stops it, and the same command resumes), and a peer's
+link cut with its process alive (the run ends within ``--collective_timeout`` naming it).
+
+Real processes started by ``tfdp.launch``; real SIGSTOP, SIGCONT and SIGKILL from outside; and,
+as root, emulated hosts whose link goes down. The paths: ``manual`` (the from-scratch client of
+``tfdp.server`` workers), ``parameter_server`` (a coordinator, workers and servers) and
+``multi_worker`` (Keras fit on every worker).
+"""
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from processes import (children, cut_off, launch, slow_then_stop, task_pid,
+                       wait_for_first_backup)
+from tfdp.launcher import emulated_hosts
+from tfdp.training import report
+
+pytestmark = pytest.mark.cluster
+
+
+@dataclasses.dataclass(frozen=True)
+class Path:
+    strategy: str
+    launcher: tuple           # tfdp.launch's flags
+    chief: str                # the prefix of the chief's lines
+    straggler: str            # the first epoch's line names worker 1 so
+    recorder: str             # what its flight recorder holds, as the lost line says
+    victim: tuple             # the task killed, and the one whose host is cut off
+    victim_name: str          # as the lost line names it
+    first_host: int           # the victim's emulated host (the chief's is 0 where it has one)
+
+
+PATHS = {
+    "manual": Path(
+        "manual", ("--num_workers=2",), "[chief]",
+        r"straggler: worker 1 \(replica 1\) reaches the allreduce \d+\.\d ms after the others on "
+        r"average, last in \d+% of steps", "arrival times per replica",
+        ("worker", 1), "worker 1", 2),
+    "parameter_server": Path(
+        "parameter_server", ("--num_workers=2", "--num_ps=1"), "[chief]",
+        r"straggler: worker 1 takes \d+\.\d ms a step, "
+        r"\d+\.\dx the others' \d+\.\d ms; it ran \d+% of the steps", "step times per worker",
+        ("ps", 0), "ps 0", 3),
+    "multi_worker": Path(
+        "multi_worker", ("--num_workers=2",), "[0]",
+        r"straggler: worker 1 \(replica 1\) reaches the allreduce \d+\.\d ms after the others on "
+        r"average, last in \d+% of steps", "arrival times per replica",
+        ("worker", 1), "worker 1", 1),
+}
+by_path = pytest.mark.parametrize("path", PATHS.values(), ids=list(PATHS))
+
+
+def lost_line(path: Path, err: str, why: str = r"[^)]*", peer: str = None):
+    """The chief's one line for a lost cluster, or None."""
+    peer = peer or rf"{path.victim_name} \([\d.]+:\d+\)"
+    return re.search(rf"^{re.escape(path.chief)} tfdp\.train: error: lost contact with the "
+                     rf"cluster \({why}\): unreachable now: {peer}; the backup of step \d+ is "
+                     r"kept: run the same command again to resume once every worker is "
+                     r"reachable", err, re.M)
+
+
+def nothing_exported(folder) -> bool:
+    return not (folder / "export").exists() or os.listdir(folder / "export") == []
+
+
+@by_path
+def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
+                                                                            data_dir, path):
+    """Worker 1 stopped 35 of every 40 ms (real SIGSTOP and SIGCONT from outside: a host with
+    an eighth of a CPU) through the first epoch, then for good: the first epoch's line names
+    it, and the hang ends the run in one line naming the flight recorder's file."""
+    run = launch(tmp_path, path.strategy, f"--data_dir={data_dir}", "--epochs=3",
+                 "--steps_per_epoch=25", "--batch_size=64", "--eval_steps=1",
+                 "--collective_timeout=10", launcher=path.launcher, popen=True)
+    out, err = slow_then_stop(run, tmp_path, "worker", 1)
+    # multi_worker: the launcher stops the workers once the chief has ended.
+    assert run.returncode != 0 if path.strategy == "multi_worker" else run.returncode == 1, \
+        err[-3000:]
+    first_line = re.search(rf"^{re.escape(path.chief)} epoch 1/3: .*; {path.straggler}$", out,
+                           re.M)
+    assert first_line, out[-3000:]
+    if path.strategy == "parameter_server":  # Asynchronous SGD: the staleness, with the pace.
+        assert re.search(r", staleness mean [\d.]+ max \d+; straggler", first_line[0])
+    stopped = re.search(rf"^{re.escape(path.chief)} tfdp\.train: error: lost contact with the "
+                        rf"cluster .* \(the last steps' {path.recorder}: "
+                        r"(\S+flight_recorder\.json)\)$", err, re.M)
+    assert stopped, err[-3000:]
+    record = json.loads(open(stopped[1]).read())
+    assert record["steps"] and record["steps"][-1]["step"] >= 25
+    first = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
+    if path.strategy == "parameter_server":
+        assert sum(first["worker_steps"]) == 25
+        assert first["worker_step_ms"][1] > first["worker_step_ms"][0]
+        assert {s["worker"] for s in record["steps"]} <= {"worker 0", "worker 1"}
+    else:
+        assert first["replica_late_ms"][1] > first["replica_late_ms"][0]
+        assert [r["replica"] for r in record["steps"][-1]["replicas"]] == [
+            "worker 0 (replica 0)", "worker 1 (replica 1)"]
+    if path.strategy == "multi_worker":  # Keras reads the times at its callback's checks.
+        assert [s["step"] for s in record["steps"]][:5] == [5, 10, 15, 20, 25]
+
+
+@by_path
+def test_a_killed_peer_ends_the_run_and_the_same_command_resumes(tmp_path, data_dir, path):
+    """SIGKILL to one peer after the first epoch's backup: the run ends within a minute or two
+    (multi_worker: the launcher stops the others), nothing is exported, and the same command
+    resumes from an epoch every worker backed up, finishes and exports once."""
+    train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=20", "--eval_steps=1"]
+    run = launch(tmp_path, path.strategy, *train, launcher=path.launcher, popen=True)
+    wait_for_first_backup(run, tmp_path)
+    if path.strategy == "multi_worker":  # Every worker has backed up its first epoch.
+        worker_1 = tmp_path / "run" / "backup" / "worker-1"
+        deadline = time.time() + 60
+        while not (worker_1.is_dir() and os.listdir(worker_1)) and time.time() < deadline:
+            time.sleep(0.05)
+        victim = children(run.pid)[1]
+    else:
+        victim = task_pid(run.pid, *path.victim)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.time()
+    out, err = run.communicate(timeout=240)
+    assert run.returncode != 0, err[-3000:]
+    assert time.time() - killed < 120
+    kind, index = path.victim
+    if path.strategy == "multi_worker":
+        assert "exited with -9" in err, err[-3000:]
+    else:
+        assert run.returncode == 1
+        assert lost_line(path, err, why=r"\w+"), err[-3000:]
+    if path.strategy == "manual":
+        assert f"tfdp.launch: {kind} {index} exited with -9 while the chief runs" in err
+        assert re.search(r"\(the last steps' arrival times per replica: \S+flight_recorder"
+                         r"\.json\)$", err, re.M), err[-3000:]
+    assert "Traceback" not in err
+    assert nothing_exported(tmp_path)
+
+    rerun = launch(tmp_path, path.strategy, *train, launcher=path.launcher)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    resumed = re.search(rf"^{re.escape(path.chief)} resuming at epoch ([23])/3, step 0/20 ",
+                        rerun.stdout, re.M)
+    assert resumed, rerun.stdout[-3000:]
+    finished = int(resumed[1]) - 1
+    assert f"{path.chief} epoch {finished}/3: loss" not in rerun.stdout  # Not redone.
+    assert f"{path.chief} epoch 3/3: loss" in rerun.stdout
+    assert [r["epoch"] for r in report.load_history(str(tmp_path / "run"), 3)] == [1, 2, 3]
+    assert os.listdir(tmp_path / "export") == ["1"]
+
+
+@by_path
+@pytest.mark.root("emulated hosts: network namespaces")
+def test_a_peer_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, data_dir, path):
+    """The victim's emulated host loses its link, its process alive: the run ends within
+    ``--collective_timeout`` (plus a margin) in one line naming it, and leaves no namespace."""
+    run = launch(tmp_path, path.strategy, f"--data_dir={data_dir}", "--epochs=3",
+                 "--steps_per_epoch=30", "--batch_size=64", "--eval_steps=1",
+                 "--collective_timeout=10", launcher=(*path.launcher, "--hosts"), popen=True)
+    wait_for_first_backup(run, tmp_path)
+    host, cut = cut_off(run.pid, path.first_host)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode != 0, err[-3000:]
+    assert time.time() - cut < 10 + 30
+    address = re.search(rf"host {path.first_host} \({host}\) at ([\d.]+) ", err)[1]
+    peer = rf"{path.victim_name} \({re.escape(address)}:\d+\)"
+    assert lost_line(path, err, peer=peer), err[-3000:]
+    if path.strategy == "parameter_server":
+        # The server, alive but cut off, cannot reach the chief either, and says so.
+        assert re.search(r"^\[ps 0\] tfdp\.server: error: lost the chief at [\d.]+:\d+: no "
+                         r"answer for 3 s \(a link down, or its machine gone\); stopping$",
+                         err + out, re.M), (out + err)[-3000:]
+    assert "Traceback" not in err
+    assert nothing_exported(tmp_path)
+    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-")
+                   for n in emulated_hosts.namespaces())

@@ -1,0 +1,172 @@
+"""The package's layers, read from its imports (without importing it): imports go one way, from
+the commands down to the ground floor, with no cycle between tfdp's top-level packages and
+modules; the process launcher never imports TensorFlow; every ``--strategy`` has a registered
+path; and docs/design.md names only modules and names that exist."""
+
+import ast
+import os
+import re
+
+from conftest import REPO
+
+PACKAGE = os.path.join(REPO, "tfdp")
+# Bottom to top; a unit may import its own layer's units and those of the layers below.
+LAYERS = [
+    {"errors", "logs", "files"},                                  # the ground floor
+    {"config_checks", "formats", "config", "flags", "plan"},     # flags, checks, arithmetic
+    {"fashion_mnist", "data", "devices", "models"},              # data, devices, models
+    {"cluster", "launcher"},                                     # in-process runtime; launcher
+    {"trace"},                                                   # seeing the steps
+    {"training"},                                                # what every run does
+    {"manual", "keras_path", "parameter_server"},                # the paths
+    {"paths", "api", "train", "launch", "server", "export", "bench"},  # the commands
+]
+LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+
+
+def modules() -> dict:
+    """Every module of tfdp: dotted name -> its file."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                dotted = os.path.relpath(path[:-3], REPO).replace(os.sep, ".")
+                found[dotted.removesuffix(".__init__")] = path
+    return found
+
+
+def imports(path: str, known: dict) -> set:
+    """The tfdp modules ``path`` imports, at its top or inside functions."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("tfdp")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfdp"):
+            for alias in node.names:  # "from tfdp import data" imports the module tfdp.data.
+                child = f"{node.module}.{alias.name}"
+                found.add(child if child in known else node.module)
+    return found
+
+
+def unit(module: str) -> str:
+    """The top-level module or package a module belongs to: tfdp.training.loop -> training."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def unit_edges() -> dict:
+    known = modules()
+    edges = {}
+    for module, path in known.items():
+        if module == "tfdp":  # The package's face re-exports the API.
+            continue
+        for target in imports(path, known):
+            if unit(target) and unit(target) != unit(module):
+                edges.setdefault((unit(module), unit(target)), []).append(f"{module} -> {target}")
+    return edges
+
+
+def test_every_unit_has_a_layer():
+    units = {unit(m) for m in modules()} - {""}
+    assert units == set(LAYER), f"add to or remove from LAYERS: {units ^ set(LAYER)}"
+
+
+def test_imports_go_down_the_layers_only():
+    upward = [why for (a, b), whys in unit_edges().items() if LAYER[b] > LAYER[a] for why in whys]
+    assert not upward, "imports that go up a layer:\n" + "\n".join(sorted(upward))
+
+
+def test_no_cycle_between_top_level_units():
+    graph = {}
+    for a, b in unit_edges():
+        graph.setdefault(a, set()).add(b)
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n)))
+                   for n in graph.get(start, ()))
+
+    cycles = sorted(a for a in graph if reaches(a, a))
+    assert not cycles, f"units in an import cycle: {cycles}"
+
+
+def test_the_launcher_runs_without_tensorflow():
+    known = modules()
+    for module, path in known.items():
+        if unit(module) != "launcher":
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        named = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        named |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {n for n in named if n.split(".")[0] in ("tensorflow", "keras")}, module
+        # Nor through tfdp: only modules that import no TensorFlow themselves.
+        for target in imports(path, known):
+            assert unit(target) in ("launcher", "errors", "config", "config_checks",
+                                    "formats", "files", "logs"), (module, target)
+
+
+def test_every_strategy_has_a_registered_path():
+    from tfdp import config_checks, paths
+    from tfdp.training.training_path import TrainingPath
+
+    assert set(paths.PATHS) == set(config_checks.STRATEGIES)
+    assert all(issubclass(p, TrainingPath) for p in paths.PATHS.values())
+
+
+def defined(module_path: str) -> set:
+    """The names a module defines at its top level, and its classes' members."""
+    with open(module_path) as f:
+        tree = ast.parse(f.read())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                names |= {f"{node.name}.{m.name}" for m in node.body
+                          if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        elif isinstance(node, ast.ImportFrom):  # A package's face: tfdp.run is tfdp.api.run.
+            names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def resolve(reference: str, known: dict) -> bool:
+    """Whether ``a/b.py``, ``a/b/``, ``a.b``, ``a.b.Name`` or ``a.b.Class.method`` (relative to
+    tfdp or the repository) names a file, folder, module or a name one defines."""
+    if reference.endswith((".py", "/")):
+        reference = reference.rstrip("/")
+        return (any(os.path.exists(os.path.join(base, reference)) for base in (REPO, PACKAGE))
+                or any(p.endswith(os.sep + reference) for p in known.values()))
+    dotted = reference.replace("/", ".")
+    if not dotted.startswith("tfdp."):  # Relative to tfdp, or a module named by its own name.
+        first = dotted.split(".")[0]
+        bases = ["tfdp"] + sorted({m.rsplit(".", 1)[0] for m in known
+                                   if m.rsplit(".", 1)[-1] == first})
+        return any(resolve(f"{base}.{dotted}", known) for base in bases)
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        if module in known:
+            rest = ".".join(parts[cut:])
+            return not rest or rest in defined(known[module])
+    return False
+
+
+def test_the_design_page_names_only_what_exists():
+    with open(os.path.join(REPO, "docs", "design.md")) as f:
+        text = f.read()
+    known = modules()
+    names = {m.rsplit(".", 1)[-1] for m in known}
+    # Code spans and the layout block's names that look like tfdp's modules or files.
+    spans = re.findall(r"`([^`\n]+)`", text)
+    references = {s for s in spans if re.fullmatch(r"(tfdp[./])?[a-z_]+(/[a-z_0-9]+)*"
+                                                   r"(\.py|/|(\.[A-Za-z_]+)+)?", s)
+                  and ("/" in s or s.startswith("tfdp.") or s.split(".")[0] in names)}
+    missing = sorted(r for r in references if not resolve(r, known))
+    assert len(references) > 20, references
+    assert not missing, f"docs/design.md names what does not exist: {missing}"

@@ -1,0 +1,287 @@
+"""Preemption, as a scheduler or a user sends it: real SIGTERM from outside, the launcher's
+signals, and Ctrl-C typed in a real terminal; every worker saves one step, and the same command
+resumes from it to the same model."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, ROOT
+from processes import (child_env, children, launch, run_module, run_train, tf_config_of,
+                       train_command, wait_for)
+from terminal import Terminal
+from tfdp.errors import PREEMPTED_EXIT_CODE, Preempted
+from tfdp.training import preemption
+from tfdp.training.backups import Backups
+
+
+def served_logits(version, images):
+    return tf.saved_model.load(str(version)).signatures["serving_default"](
+        images=tf.constant(images))["logits"].numpy()
+
+
+# --- Preemption ---------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["manual", "mirrored"])
+def test_sigterm_preempts_mid_epoch_and_the_same_command_resumes_to_the_same_model(
+        tmp_path, data_dir, test_split, strategy):
+    flags = [f"--strategy={strategy}", "--num_gpus=2", "--epochs=2", "--steps_per_epoch=200",
+             "--batch_size=64", "--eval_steps=1", "--init=glorot"]
+    command = train_command(data_dir, tmp_path, *flags)
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=child_env(), cwd=REPO)
+    backups = Backups(str(tmp_path / "run"), 0, {})
+    wait_for(lambda: 200 in backups.steps() or run.poll() is not None, 240, "the first epoch")
+    time.sleep(0.3)  # Into the second epoch.
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
+    stopped = re.search(r"^tfdp\.train: preempted \(SIGTERM\) at step (\d+): state of step \1 "
+                        r"saved in .*step-\1\.npz; run the same command again to resume$",
+                        err, re.M)
+    assert stopped, err[-3000:]
+    step = int(stopped[1])
+    assert 200 < step < 400, f"stopped at step {step}, not within the second epoch"
+    assert "Traceback" not in err
+    assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")
+
+    resumed = run_train(command)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (f"resuming at epoch 2/2, step {step - 200}/200 (global step {step})"
+            in resumed.stdout)
+    assert "epoch 1/2: loss" not in resumed.stdout
+    assert f"(resumed: steps after {step - 200} only)" in resumed.stdout
+    assert os.listdir(tmp_path / "export") == ["1"]
+    assert not (tmp_path / "run" / "backup").exists()  # Spent once the run is complete.
+    history = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"]
+    assert [r["epoch"] for r in history] == [1, 2]
+
+    # The same model as a run that was never interrupted: same batches, same steps, same bits.
+    whole = subprocess.run(train_command(data_dir, tmp_path / "whole", *flags),
+                           capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    images = test_split.images[:200]
+    np.testing.assert_array_equal(served_logits(tmp_path / "export" / "1", images),
+                                  served_logits(tmp_path / "whole" / "export" / "1", images))
+
+
+def test_sigterm_outside_training_raises_at_once_and_inside_waits_for_the_step():
+    with preemption.Watch() as watch:
+        with watch.training(first_step=0):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # Python runs the handler at the next bytecode.
+            assert watch.requested
+            watch.reached(7)
+        with pytest.raises(Preempted, match="at step 7: nothing new to save"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # Restored afterwards.
+
+
+# --- The launcher and its workers ----------------------------------------------------------------
+
+def launcher(data_dir, folder, *flags):
+    return launch(folder, "multi_worker", f"--data_dir={data_dir}", *flags, popen=True)
+
+
+def workers_of(pid, count=2):
+    """The launcher's worker processes (its start-up watchdogs are their children, not its),
+    once each runs its own program: between fork and exec a child still has the launcher's
+    environment, without its TF_CONFIG."""
+    def started():
+        found = children(pid)
+        return len(found) == count and all(tf_config_of(child) for child in found)
+
+    wait_for(started, 60, "the workers")
+    return children(pid)
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(not ROOT and not os.path.exists("/proc/self/ns/user"),
+                    reason="needs root or user namespaces to isolate the workers")
+def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(tmp_path, data_dir):
+    flags = ["--epochs=2", "--steps_per_epoch=100", "--batch_size=64", "--eval_steps=1"]
+    run = launcher(data_dir, tmp_path, *flags)
+    chief, other = workers_of(run.pid)
+    # Isolated: the workers live in a network namespace of their own, and their servers
+    # (which bind every interface) cannot be reached from this one.
+    assert os.readlink(f"/proc/{other}/ns/net") != os.readlink("/proc/self/ns/net")
+    config = json.loads(open(f"/proc/{other}/environ", "rb").read().split(b"TF_CONFIG=")[1]
+                        .split(b"\0")[0])
+    port = int(config["cluster"]["worker"][1].rsplit(":", 1)[1])
+    backups = Backups(str(tmp_path / "run"), 1, {})
+    wait_for(lambda: 100 in backups.steps() or run.poll() is not None, 240, "the first epoch")
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    time.sleep(0.3)
+    signalled = time.time()
+    os.kill(other, signal.SIGTERM)  # One worker only: the other must stop at the same step.
+    out, err = run.communicate(timeout=60)
+    assert time.time() - signalled < 20
+    assert run.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
+    steps = {worker: int(step) for worker, step in re.findall(
+        r"^\[(\d)\] tfdp\.train: preempted \(SIGTERM\) at step (\d+): state of step \d+ saved",
+        err, re.M)}
+    assert set(steps) == {"0", "1"} and steps["0"] == steps["1"], err[-3000:]
+    step = steps["0"]
+    assert 100 <= step < 200
+    assert "in a private network namespace" in err
+    for index in (0, 1):
+        assert step in Backups(str(tmp_path / "run"), index, {}).steps()
+    assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")
+    assert not alive(chief) and not alive(other)
+
+    rerun = launcher(data_dir, tmp_path, *flags)
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err[-3000:]
+    assert f"[0] resuming at epoch 2/2, step {step - 100}/100 (global step {step})" in out
+    digests = dict(re.findall(r"^\[\d\] final weights sha256 (\w+) \(worker (\d)\)", err, re.M))
+    assert len(digests) == 1, err[-2000:]  # Both workers ended with the same weights.
+    assert os.listdir(tmp_path / "export") == ["1"]
+
+
+@pytest.mark.cluster
+def test_sigterm_to_the_launcher_preempts_and_sigkill_takes_the_workers_with_it(tmp_path,
+                                                                               data_dir):
+    run = launcher(data_dir, tmp_path, "--epochs=3", "--steps_per_epoch=100", "--batch_size=64",
+                   "--eval_steps=1")
+    backups = Backups(str(tmp_path / "run"), 0, {})
+    wait_for(lambda: backups.steps() or run.poll() is not None, 240, "the first epoch")
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
+    assert "tfdp.launch: SIGTERM; asking the workers to save and stop" in err, err[-3000:]
+    assert len(re.findall(r"^\[\d\] tfdp\.train: preempted", err, re.M)) == 2, err[-3000:]
+
+    # SIGKILL cannot be caught: the kernel ends the workers with their launcher.
+    run = launcher(data_dir, tmp_path / "killed", "--epochs=1")
+    workers = workers_of(run.pid)
+    run.kill()
+    run.communicate(timeout=30)
+    wait_for(lambda: not any(alive(w) for w in workers), 10, "the orphaned workers to die")
+
+
+@pytest.mark.cluster
+def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(tmp_path,
+                                                                               data_dir):
+    """A real pseudo-terminal: Ctrl-C there signals the terminal's foreground process group,
+    the launcher's; the workers, in sessions of their own, are asked by the launcher."""
+    run = Terminal(
+        [sys.executable, "-m", "tfdp.launch", "--num_workers=2", "--", "--strategy=multi_worker",
+         "--epochs=3", "--steps_per_epoch=100", "--batch_size=64", "--eval_steps=1",
+         f"--data_dir={data_dir}", f"--workdir={tmp_path / 'run'}",
+         f"--export_dir={tmp_path / 'export'}"])
+    backups = Backups(str(tmp_path / "run"), 0, {})
+    run.wait_for(lambda t: backups.steps(), 240, "the first epoch")
+    run.type(b"\x03")  # Ctrl-C, typed.
+    returncode = run.finish(60)
+    text = run.text
+    assert returncode == 130, text[-3000:]
+    assert "tfdp.launch: interrupted; asking the workers to save and stop" in text
+    assert len(re.findall(r"\[\d\] tfdp\.train: preempted \(SIGTERM\) at step", text)) == 2
+    assert "\r[0] epoch 1/3 " in text  # The chief's live progress line, in a terminal.
+    assert "Traceback" not in text
+
+# --- Ctrl-C in a terminal -----------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, moment", [  # The start and a second Ctrl-C: every path's.
+    ("manual", "starting"), ("manual", "training"), ("mirrored", "training"), ("manual", "twice")])
+def test_ctrl_c_in_a_terminal_saves_like_sigterm_and_a_second_stops_at_once(
+        tmp_path, data_dir, strategy, moment):
+    """Typed into a real pseudo-terminal: at four moments of the start (nothing to save, or the
+    first steps), mid-epoch (the step under way finishes and is saved; the same command
+    resumes), and twice mid-step (steps of a large batch: the second stops at once, one line,
+    exit 130)."""
+    batch = 4096 if moment == "twice" else 64  # Steps long enough to type twice during one.
+    command = train_command(data_dir, tmp_path, f"--strategy={strategy}", "--num_gpus=2",
+                            "--epochs=1", "--steps_per_epoch=400", f"--batch_size={batch}",
+                            "--eval_steps=1")
+    if moment == "starting":
+        # Python's start, TensorFlow's import, TFDS' import, the data, the replicas: whatever
+        # was running, one line. (TFDS' __init__ swallows any Exception: a Ctrl-C there once
+        # left it half-imported, and a traceback followed.)
+        for delay in (0.3, 1.2, 2.1, 3.0):
+            run = Terminal(command)
+            time.sleep(delay)
+            run.type(b"\x03")
+            returncode = run.finish(60)
+            assert "Traceback" not in run.text and "KeyboardInterrupt" not in run.text, run.text
+            endings = re.findall(r"(?m)^tfdp\.train: .*", run.text)
+            assert len(endings) == 1 and re.match(
+                r"tfdp\.train: preempted \(Ctrl-C\) at step (0: nothing new to save|\d+: state of "
+                r"step \d+ saved in )", endings[0]), (delay, run.text[-3000:])
+            assert returncode == PREEMPTED_EXIT_CODE, (delay, run.text[-3000:])
+        return
+    run = Terminal(command)
+    run.wait_for(lambda t: re.search(r"\repoch 1/1 +\d+/\d+ ", t.text), 120, "training")
+    run.type(b"\x03")
+    if moment == "twice":
+        time.sleep(0.2)
+        run.type(b"\x03")
+    returncode = run.finish(60)
+    text = run.text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    endings = re.findall(r"(?m)^tfdp\.train: .*", text)
+    assert len(endings) == 1, text[-3000:]
+    if moment == "twice":
+        assert returncode == 130, text[-3000:]
+        assert endings[0].startswith("tfdp.train: stopped at once (a second Ctrl-C): the steps "
+                                     "since the newest backup are lost"), endings
+        assert not os.path.exists(tmp_path / "export" / "1")
+        return
+    assert returncode == PREEMPTED_EXIT_CODE, text[-3000:]
+    step = int(re.match(r"tfdp\.train: preempted \(Ctrl-C\) at step (\d+): state of step \d+ "
+                        r"saved in \S+; run the same command again to resume", endings[0])[1])
+    assert 0 < step < 400
+    assert Backups(str(tmp_path / "run"), 0, {}).steps() == [step]
+    resumed = run_train(command)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming at epoch 1/1, step {step}/400 (global step {step})" in resumed.stdout
+    assert "exported " in resumed.stdout
+
+
+@pytest.mark.parametrize("module, strategy, task", [
+    ("tfdp.server", None, "worker"),
+    ("tfdp.train", "manual", "chief"),
+    ("tfdp.train", "parameter_server", "chief"),
+])
+def test_a_server_or_chief_whose_port_is_taken_says_which_in_one_line(tmp_path, module, strategy,
+                                                                      task):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    own = f"127.0.0.1:{port}"
+    cluster = {"chief": [own if task == "chief" else "127.0.0.1:1"],
+               "worker": [own if task == "worker" else "127.0.0.1:1"]}
+    if strategy == "parameter_server":
+        cluster["ps"] = ["127.0.0.1:2"]
+    args = [f"--strategy={strategy}", f"--workdir={tmp_path}"] if strategy else []
+    try:
+        result = run_module(module, *args, timeout=120, env={"TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": task, "index": 0}})})
+    finally:
+        holder.close()
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"{module}: error: port {port} of TF_CONFIG's {task} 0 ({own}) is already in use: stop "
+        "what holds it or give this task another port"), result.stderr[-2000:]
