@@ -12,6 +12,7 @@ import tensorflow as tf
 from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data
+from tfdp import paths
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.keras_path import train_step
@@ -20,7 +21,6 @@ from tfdp.manual.replicate import replicate
 from tfdp.manual.step import make_train_step
 from tfdp.models import lenet
 from tfdp.plan import make_plan
-from tfdp import paths
 from tfdp.training import report
 
 

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from processes import run_module
-from tfdp.launcher import emulated_hosts
 from tfdp.bench import host_allreduce as host_bench
+from tfdp.launcher import emulated_hosts
 
 
 @pytest.mark.slow

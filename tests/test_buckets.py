@@ -9,10 +9,10 @@ import pytest
 
 from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
+from tfdp import paths
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.manual.buckets import backward_order, buckets
-from tfdp import paths
 from tfdp.training import report
 
 

@@ -10,10 +10,10 @@ import threading
 import numpy as np
 import pytest
 
+from tfdp import paths
 from tfdp.config import Config
 from tfdp.errors import Diverged, Preempted, UserError
 from tfdp.manual.trainer import ReplicaSteps
-from tfdp import paths
 
 
 def settings(tmp_path, data_dir, name, **overrides):

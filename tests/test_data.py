@@ -8,8 +8,8 @@ import pytest
 
 from same_model import head
 from tfdp import data, fashion_mnist, plan
-from tfdp.keras_path import distributed_input as sharding
 from tfdp.errors import UserError
+from tfdp.keras_path import distributed_input as sharding
 
 
 def copy_manual_dir(manual_dir, tmp_path):

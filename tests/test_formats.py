@@ -10,10 +10,10 @@ import pytest
 
 from conftest import REPO
 from processes import child_env, run_module
+from tfdp import formats
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.models import lenet
-from tfdp import formats
 from tfdp.training import export
 
 

@@ -14,13 +14,13 @@ from conftest import DEVICES
 from processes import run_module
 from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data
-from tfdp.training.backups import Backups
-from tfdp.training import report
+from tfdp import paths
 from tfdp.config import Config
 from tfdp.keras_path import distributed_input, evaluation, keras_mwms_fix
-from tfdp import paths
 from tfdp.models import lenet, resnet
 from tfdp.models.replicated_batch_norm import ReplicatedBatchNormalization
+from tfdp.training import report
+from tfdp.training.backups import Backups
 
 
 def common(tmp_path, data_dir, name, **overrides):

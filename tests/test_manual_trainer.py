@@ -9,10 +9,10 @@ import tensorflow as tf
 from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data
-from tfdp.training import report
 from tfdp.config import Config
-from tfdp.manual.step import make_train_step
 from tfdp.manual.replicate import replicate
+from tfdp.manual.step import make_train_step
+from tfdp.training import report
 
 
 def start_params(dtype=np.float32):

@@ -16,9 +16,9 @@ from exports import runtimes_agree, serve_in_clients
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
-from tfdp.training import report
 from tfdp.config import Config
 from tfdp.keras_path import keras_mwms_fix
+from tfdp.training import report
 
 
 def launch(tmp_path, *train_args, **how):

@@ -20,9 +20,9 @@ from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
 from tfdp import data
-from tfdp.training import report
 from tfdp.config import Config
 from tfdp.parameter_server.pace import WorkerPace
+from tfdp.training import report
 
 def launch(tmp_path, *train_args, workers=2, ps=1, on_hosts=False, **how):
     return launch_cluster(tmp_path, "parameter_server", *train_args, launcher=(

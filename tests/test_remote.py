@@ -16,11 +16,11 @@ from processes import (child_env, run_module, wait_for_first_backup)
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
-from tfdp.training.backups import Backups
-from tfdp.training import report
-from tfdp.launcher import emulated_hosts
 from tfdp.config import Config
+from tfdp.launcher import emulated_hosts
 from tfdp.launcher.local_cluster import free_ports
+from tfdp.training import report
+from tfdp.training.backups import Backups
 
 pytestmark = pytest.mark.cluster
 

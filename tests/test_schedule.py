@@ -6,9 +6,9 @@ import tensorflow as tf
 from conftest import DEVICES
 from same_model import head, train_manual
 from tfdp import plan as schedule
-from tfdp.training import report
 from tfdp.config import Config
 from tfdp.plan import make_plan
+from tfdp.training import report
 
 
 def test_warmup_rises_linearly_to_the_scaled_rate():

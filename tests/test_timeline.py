@@ -10,10 +10,10 @@ import pytest
 
 from processes import child_env
 from traces import lanes_by_step
+from tfdp import paths
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.trace import timeline
-from tfdp import paths
 from tfdp.trace.tracer import Tracer
 
 PNG = b"\x89PNG\r\n\x1a\n"

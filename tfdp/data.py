@@ -21,11 +21,11 @@ from typing import NamedTuple, Optional
 import numpy as np
 import tensorflow as tf
 
+from tfdp import files
 from tfdp import logs
 from tfdp.fashion_mnist import DATASET, damaged_preparation, prepare
 from tfdp.logs import logger
 from tfdp.plan import steps_per_epoch
-from tfdp import files
 
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10

@@ -12,10 +12,10 @@ import sys
 
 from absl import app, flags
 
+from tfdp import formats
 from tfdp import logs
 from tfdp.errors import UserError
 from tfdp.flags import help_parser
-from tfdp import formats
 
 flags.DEFINE_string("formats", "onnx,litert", "Formats to add: onnx, litert (comma-separated).")
 FLAGS = flags.FLAGS

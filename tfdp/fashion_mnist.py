@@ -16,10 +16,10 @@ import threading
 import urllib.parse
 from typing import Optional
 
+from tfdp import files
 from tfdp import logs
 from tfdp.errors import UserError
 from tfdp.logs import logger
-from tfdp import files
 
 DATASET = "fashion_mnist"
 # The checksums TFDS registers for the fashion_mnist release files.

@@ -34,8 +34,8 @@ import sys
 
 from absl import app, flags
 
-from tfdp.launcher.local_cluster import launch
 from tfdp.flags import help_parser
+from tfdp.launcher.local_cluster import launch
 
 flags.DEFINE_integer("num_workers", 2, "Workers to start on this machine: tfdp.train processes "
                      "(multi_worker), or tfdp.server processes for one tfdp.train client (manual, "

@@ -10,9 +10,9 @@ import sys
 from absl import app
 
 from tfdp import flags, logs
-from tfdp.training import preemption
 from tfdp.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Interrupted, Preempted,
                          UserError)
+from tfdp.training import preemption
 
 
 def main(argv):

@@ -35,9 +35,9 @@ import sys
 import threading
 import time
 
+from tfdp.errors import UserError
 from tfdp.launcher import emulated_hosts
 from tfdp.launcher.children import prepare_child
-from tfdp.errors import UserError
 
 TFDP_ALGORITHMS = ("add_n", "sharded", "ring")
 TF_ALGORITHM = "tf_collective_ring"

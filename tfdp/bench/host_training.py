@@ -39,9 +39,9 @@ import subprocess
 import sys
 import tempfile
 
-from tfdp.launcher import emulated_hosts
 from tfdp.bench.host_allreduce import predict
 from tfdp.errors import UserError
+from tfdp.launcher import emulated_hosts
 
 PATHS = ("manual", "multi_worker", "parameter_server")
 _SENT = re.compile(r"^tfdp\.launch: host \d+ \((?:worker|ps)[^)]*\) sent ([\d.]+) MB", re.M)

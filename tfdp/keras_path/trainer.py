@@ -22,16 +22,16 @@ import tensorflow as tf
 from tfdp import data
 from tfdp.cluster import tf_config
 from tfdp.keras_path import evaluation, keras_mwms_fix
-from tfdp.keras_path.distributed_input import distribute
 from tfdp.keras_path.callback import FitCallback, TraceSteps
+from tfdp.keras_path.distributed_input import distribute
 from tfdp.keras_path.strategy import make_distribution
 from tfdp.keras_path.train_step import global_batch_model
 from tfdp.logs import logger
 from tfdp.models import lenet, resnet
 from tfdp.models.precision import input_dtype
 from tfdp.plan import learning_rate, steps_per_epoch
-from tfdp.training import export
 from tfdp.trace.arrivals import Arrivals
+from tfdp.training import export
 from tfdp.training.backups import KEEP
 from tfdp.training.training_path import TrainingPath
 

@@ -14,11 +14,11 @@ import sys
 import threading
 import time
 
+from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
+from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
 from tfdp.launcher import emulated_hosts, isolation, supervise
 from tfdp.launcher.children import prepare_child
 from tfdp.launcher.output import pump, say
-from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
-from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
 
 # Seconds the workers get to save and exit after a SIGTERM before they are killed.
 PREEMPT_GRACE = 30.0

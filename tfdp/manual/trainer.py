@@ -1,10 +1,10 @@
 """``--strategy=manual``: the from-scratch path, on this machine's devices or on a cluster's.
 
-``FromScratchPath`` (a ``TrainingPath``) sets up the devices (``tfdp.devices``, or the workers of ``tfdp.server``s:
-``tfdp.manual.remote``); ``train`` copies LeNet's parameters onto every device, makes the
-step (``tfdp.manual.step``) and runs the shared epoch loop (``tfdp.training.loop``) with it;
-``export`` puts the trained parameters into LeNet's Keras twin and exports it. The run skeleton
-(``tfdp.training.skeleton``) does the rest.
+``FromScratchPath`` (a ``TrainingPath``) sets up the devices (``tfdp.devices``, or the
+workers of ``tfdp.server``s: ``tfdp.manual.remote``); ``train`` copies LeNet's parameters onto
+every device, makes the step (``tfdp.manual.step``) and runs the shared epoch loop
+(``tfdp.training.loop``) with it; ``export`` puts the trained parameters into LeNet's Keras
+twin and exports it. The run skeleton (``tfdp.training.skeleton``) does the rest.
 """
 
 import numpy as np
@@ -12,12 +12,12 @@ import tensorflow as tf
 
 from tfdp.cluster.stall import watching
 from tfdp.devices import configure_devices
-from tfdp.trace.arrivals import Arrivals
 from tfdp.manual import remote
 from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import replicate
 from tfdp.manual.step import make_eval_step, make_train_step, make_train_window
 from tfdp.models import lenet
+from tfdp.trace.arrivals import Arrivals
 from tfdp.training import export, loop
 from tfdp.training.training_path import TrainingPath
 

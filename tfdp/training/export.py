@@ -32,8 +32,8 @@ import keras
 import tensorflow as tf
 
 from tfdp import data
-from tfdp.errors import UserError
 from tfdp import formats
+from tfdp.errors import UserError
 from tfdp.files import process_alive
 
 SIGNATURE = "serving_default"
