@@ -96,7 +96,7 @@ def test_interrupting_a_jupyter_kernel_saves_and_raises_preempted_then_the_same_
     lives on, and the same call resumes from that step."""
     from jupyter_client import KernelManager
 
-    from conftest import child_env
+    from processes import child_env
 
     kernel = KernelManager(kernel_name="python3")
     kernel.start_kernel(env=child_env(), cwd=str(tmp_path))

@@ -66,7 +66,9 @@ def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy,
     # Exact, but for examples whose top two logits tie to rounding (another device count,
     # another client's kernels). A run whose replicas evaluated with batch-norm statistics of
     # their own failed here (tfdp/models/replicated_batch_norm.py).
-    allowed = seen["ties"] / examples + 1e-9
+    # A bfloat16 run evaluated in bfloat16 on its replicas' shards, the export on one batch:
+    # bfloat16's rounding (the margin) breaks near ties either way between the two.
+    allowed = seen["near_ties" if precision == "bfloat16" else "ties"] / examples + 1e-9
     for client in ("tf1_session", "saved_model_cli", "tf2_loader", "tfsm_layer"):
         assert seen[client] == pytest.approx(reported["test_acc"], abs=allowed), (
             client, seen, reported["test_acc"])
