@@ -10,7 +10,7 @@ to watch, no servers to trace and no flight recorder.
 """
 
 import abc
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from tfdp.cluster.stall import Stall
 from tfdp.trace.flight_recorder import FlightRecorder
@@ -26,7 +26,7 @@ class TrainingPath(abc.ABC):
     engine: str
     is_chief: bool = True
     # The cluster whose loss ends the run in one line, [(name, "host:port")]; empty on one machine.
-    peers: list = []
+    peers: Sequence = ()
     # tfdp.cluster.stall's deadline on every call into a cluster, or None.
     stall: Optional[Stall] = None
     # (train, test) sizes when the data lives on a cluster's workers; None: the skeleton loads it.
@@ -34,7 +34,7 @@ class TrainingPath(abc.ABC):
     # gather(steps) -> [steps of every worker]: the collective that agrees on a resume step.
     gather_steps: Optional[Callable] = None
     # The servers whose profiles the chief captures for --trace_steps, as peers.
-    servers_traced: list = []
+    servers_traced: Sequence = ()
     # What a lost cluster's line points to (tfdp.trace.flight_recorder), or None.
     recorder: Optional[FlightRecorder] = None
     worker_index: int = 0
