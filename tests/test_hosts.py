@@ -12,6 +12,7 @@ import pytest
 
 from conftest import REPO
 from processes import launch as launch_cluster
+from processes import wait_for
 from tfdp.launcher import emulated_hosts
 
 pytestmark = [pytest.mark.root("emulated hosts: network namespaces"), pytest.mark.cluster]
@@ -103,10 +104,7 @@ def test_a_failed_or_interrupted_launch_removes_everything(tmp_path, data_dir):
     assert ours(failed.pid) == []
 
     run = launch(data_dir, tmp_path, "--num_workers=2", "--hosts", train=["--epochs=5"])
-    deadline = time.time() + 60
-    while len(ours(run.pid)) < 3 and time.time() < deadline:
-        time.sleep(0.1)
-    assert len(ours(run.pid)) == 3
+    wait_for(lambda: len(ours(run.pid)) == 3, 60, "the switch's and two hosts' namespaces")
     run.send_signal(signal.SIGINT)
     run.communicate(timeout=120)
     assert ours(run.pid) == []
@@ -114,9 +112,7 @@ def test_a_failed_or_interrupted_launch_removes_everything(tmp_path, data_dir):
 
 def test_what_a_killed_launcher_left_is_removed_by_the_next(tmp_path, data_dir):
     run = launch(data_dir, tmp_path, "--num_workers=2", "--hosts", train=["--epochs=5"])
-    deadline = time.time() + 60
-    while len(ours(run.pid)) < 3 and time.time() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: len(ours(run.pid)) == 3, 60, "the switch's and two hosts' namespaces")
     run.kill()  # SIGKILL: it cannot clean up.
     run.communicate(timeout=60)
     left = ours(run.pid)
