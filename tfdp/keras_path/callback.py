@@ -75,18 +75,21 @@ class FitCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._start  # Training only: evaluation comes next.
-        self._divergence.check(float(logs["loss"]), self._step, self.steps, exact=False)
-        self.run.watch.reached(self._step)
+        self._read_loss(logs)
         self.epoch_end(epoch, self._step, loss=logs["loss"], train_acc=logs["accuracy"],
                        seconds=seconds, resumed_at=self.resumed_at,
                        examples=min((self.steps - self.resumed_at) * self.batch, self.examples))
         self.resumed_at = 0
 
-    def _check(self, logs):
-        """Every few steps: a loss that has become non-finite (it is the epoch's running mean,
-        so it stays so), then a SIGTERM anywhere."""
+    def _read_loss(self, logs):
+        """Stop at a loss that has become non-finite or exploded (it is the epoch's running
+        mean, so it stays so); the step reached, for a signal's message."""
         self._divergence.check(float(logs["loss"]), self._step, self.steps, exact=False)
         self.run.watch.reached(self._step)
+
+    def _check(self, logs):
+        """Every few steps: the loss, then a SIGTERM anywhere."""
+        self._read_loss(logs)
         if self._preempted():
             self.run.watch.stop(self._step, self.run.backups, self.model.get_weights)
 
