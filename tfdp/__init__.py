@@ -13,8 +13,9 @@ Every path has the same entry, ``run(config) -> Result`` (``tfdp.paths``):
 """
 
 from tfdp.api import configure_devices, run
-from tfdp.errors import Diverged, Preempted, UserError
+from tfdp.errors import Diverged, Finished, Preempted, UserError
 from tfdp.training.result import Result
 
 __version__ = "0.1.0"
-__all__ = ["run", "configure_devices", "Result", "UserError", "Diverged", "Preempted"]
+__all__ = ["run", "configure_devices", "Result", "UserError", "Diverged", "Preempted",
+           "Finished"]

@@ -27,6 +27,16 @@ class Diverged(UserError):
         self.epoch, self.step = epoch, step
 
 
+class Finished(UserError):
+    """The run folder holds a run that finished and exported: a rerun of the same command
+    trains and exports nothing (``python -m tfdp.train`` says so and exits 0)."""
+
+    def __init__(self, run_dir: str, export_path: str):
+        super().__init__(f"the run in {run_dir} has finished (exported {export_path}): nothing "
+                         "to train or export; give a new --workdir to train again")
+        self.run_dir, self.export_path = run_dir, export_path
+
+
 # A second Ctrl-C stopped the run at once: 128 + SIGINT, as a shell reports it.
 INTERRUPTED_EXIT_CODE = 130
 

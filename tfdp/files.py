@@ -3,7 +3,8 @@
 ``write_atomic`` writes through a temporary file created exclusively (``mkstemp``: a name nobody
 else can have planted, so a symlink in a shared folder is never followed) and renames it over
 the target. ``locked`` takes an exclusive ``flock`` the kernel drops when the process dies,
-however it dies. ``process_alive`` tells whether a leftover's writer still runs.
+however it dies, and ``unlock`` removes the lock file as it lets go, so nothing is left behind.
+``process_alive`` tells whether a leftover's writer still runs.
 """
 
 import contextlib
@@ -16,14 +17,34 @@ def locked(path: str, wait: bool = True) -> int:
     """An exclusive ``flock`` on ``path``, created if need be: waited for, or (``wait=False``)
     ``BlockingIOError`` while another process holds it. Closing the returned fd releases it,
     and so does the process's death, however it dies. ``O_NOFOLLOW`` and no truncation: a
-    symlink planted in a shared folder is never followed."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    symlink planted in a shared folder is never followed.
+
+    The holder removes the file when it lets go (``unlock``): a process that opened it just
+    before then holds a lock on a file no longer there, so the lock counts only while ``path``
+    is still the file locked; otherwise it is taken again on the file now at ``path``."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            held = os.fstat(fd)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)  # Removed by its holder meanwhile: lock the one at path now.
+
+
+def unlock(path: str, fd: int) -> None:
+    """Let go of ``locked(path)``'s ``fd`` and remove the lock file (while still holding it, so
+    nobody else holds it: see ``locked``)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+    os.close(fd)
 
 
 def read_start(path: str) -> str:

@@ -27,7 +27,7 @@ from absl import app, flags
 
 from tfdp import logs
 from tfdp.cluster import tf_config
-from tfdp.cluster.tf_server import JOBS, serve
+from tfdp.cluster.tf_server import JOBS, Stopped, serve
 from tfdp.errors import UserError
 from tfdp.flags import help_parser
 
@@ -47,7 +47,8 @@ def main(argv):
     if len(argv) > 1:
         sys.exit(f"tfdp.server: error: unexpected arguments {argv[1:]}; flags look like "
                  "--name=value")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # Stopped: a normal end for a server.
+    # Stopped before serving: a normal end for a server (serving, see tf_server.serve).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if not FLAGS.verbose:
         # TensorFlow's C++ warnings from a server are about its clients' functions ("Local
         # rendezvous is aborting ... Cleanup" after each one): its errors still show.
@@ -58,6 +59,9 @@ def main(argv):
         chief = serve(task, FLAGS.num_gpus, FLAGS.data_dir, FLAGS.manual_dir, FLAGS.data)
     except UserError as e:
         sys.exit(f"tfdp.server: error: {e}")
+    except Stopped as e:
+        print(f"tfdp.server: {e}", flush=True)
+        sys.exit(e.code)
     except KeyboardInterrupt:
         sys.exit(130)
     print(f"tfdp.server: the chief at {chief} has finished; stopping", flush=True)

@@ -10,8 +10,8 @@ import sys
 from absl import app
 
 from tfdp import flags, logs
-from tfdp.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Interrupted, Preempted,
-                         UserError)
+from tfdp.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Finished, Interrupted,
+                         Preempted, UserError)
 from tfdp.training import preemption
 
 
@@ -19,7 +19,7 @@ def main(argv):
     if len(argv) > 1:
         sys.exit(f"tfdp.train: error: unexpected arguments {argv[1:]}; flags look like --name=value")
     try:
-        with preemption.preempt_on_ctrl_c():  # Until the run's Watch takes Ctrl-C over.
+        with preemption.preempt_outside_runs():
             config = flags.config_from_flags()
             logs.configure(config.verbose)
             logs.import_tensorflow()
@@ -27,6 +27,8 @@ def main(argv):
                 from tfdp import paths  # TensorFlow, after logs hid its start-up.
 
                 paths.run(config)
+    except Finished as e:
+        print(f"tfdp.train: {e}", flush=True)
     except UserError as e:
         sys.exit(f"tfdp.train: error: {e}")
     except Preempted as e:

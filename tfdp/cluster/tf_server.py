@@ -4,16 +4,30 @@ is its command line): its devices, its data, and its life until the chief has go
 It prepares the data where the worker is (the client's steps read each device's shard here,
 ``tfdp.manual.remote``; the parameter-server path's per-worker datasets too), starts the server
 with ``--num_gpus`` devices, and serves until the client, seen once, has gone.
+
+SIGTERM to a server whose client listens for it (the from-scratch path's chief writes
+``LISTENING`` into the server's in-memory file system when it joins) is a preemption of the
+whole cluster: the server writes ``PREEMPTED`` there and goes on serving; the chief, which
+looks for it every second (an op placed on this server's CPU reads this process's ``ram://``
+files), saves the step every replica finished and exits 75; then the server exits 75 too. A
+second SIGTERM, or a client that does not listen (parameter servers'), stops it at once.
 """
 
 import os
+import signal
 import time
 
 from tfdp import logs
 from tfdp.cluster import tf_config
-from tfdp.errors import UserError
+from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
 
 JOBS = ("worker", "ps")
+# Files in the server process's own memory (TensorFlow's ram:// file system): nothing is left on
+# a disk, and no two servers on one machine share them.
+LISTENING = "ram://tfdp/chief-listens-for-preemption"
+PREEMPTED = "ram://tfdp/preempted"
+# How long a preempted server waits for its chief to save and go.
+PREEMPT_GRACE = 60.0
 # How often the client's port is probed: often enough to see a client that connects and
 # refuses to run within a second (a wrong --num_gpus), which would otherwise be missed and
 # leave the server waiting for ever. How long the port must stay shut before the client counts
@@ -44,12 +58,56 @@ def serve(task: tf_config.Task, num_gpus: int, data_dir=None, manual_dir=None,
     data = f"data in {where}" if where else "no data"
     print(f"tfdp.server: {task.type} {task.index} at {task.address} serves {', '.join(names)}; "
           f"{data}; until the chief at {chief} finishes", flush=True)
-    how = _wait_for_client(chief)
+    stop = _Stop(tf, chief)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        how = _wait_for_client(chief, stop)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     del server
+    if stop.preempted:
+        raise stop.ended(how == tf_config.REFUSES)
     if how == tf_config.SILENT:
         raise UserError(f"lost the chief at {chief}: no answer for {_GONE_AFTER_SECONDS:g} s (a "
                         "link down, or its machine gone); stopping")
     return chief
+
+
+class Stopped(Exception):
+    """The server ends with ``code`` and one line, ``message``."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class _Stop:
+    """The server's SIGTERM handler: a preemption the chief saves for, when it listens."""
+
+    def __init__(self, tf, chief: str):
+        self.tf, self.chief, self.preempted, self.since = tf, chief, False, None
+
+    def __call__(self, signum, frame):
+        chief_gone = tf_config.answer(self.chief, timeout=0.5) != tf_config.ACCEPTS
+        if self.preempted:  # Again: from a launcher whose chief has stopped, or to hurry.
+            raise self.ended(chief_gone, "stopped at once (a second SIGTERM)")
+        if not self.tf.io.gfile.exists(LISTENING):
+            raise Stopped(0, "stopped (SIGTERM)")
+        if chief_gone:
+            raise Stopped(0, f"stopped (SIGTERM): the chief at {self.chief} has gone")
+        self.tf.io.write_file(PREEMPTED, "SIGTERM")
+        self.preempted, self.since = True, time.monotonic()
+        print(f"tfdp.server: SIGTERM: asking the chief at {self.chief} to save the cluster's "
+              "step; stopping when it has", flush=True)
+
+    def ended(self, chief_gone: bool, otherwise: str = None) -> Stopped:
+        """How a preempted server ends: its chief gone, or ``otherwise`` (default: the
+        chief outlived the grace)."""
+        if chief_gone:
+            return Stopped(PREEMPTED_EXIT_CODE,
+                           f"preempted (SIGTERM); the chief at {self.chief} has stopped")
+        return Stopped(PREEMPTED_EXIT_CODE, otherwise or f"preempted (SIGTERM); the chief at "
+                       f"{self.chief} did not stop within {PREEMPT_GRACE:g} s")
 
 
 def _prepare_data(data_dir, manual_dir) -> str:
@@ -90,14 +148,21 @@ def _session_config(tf, num_gpus: int):
     return config
 
 
-def _wait_for_client(chief: str) -> str:
-    """Until the chief's port has answered once and then stopped answering; how it last
-    answered: ``tf_config.REFUSES`` (the chief has gone) or ``tf_config.SILENT`` (cut off)."""
+def _wait_for_client(chief: str, stop: _Stop) -> str:
+    """Until the chief's port has answered once and then stopped answering (once preempted: at
+    its first refusal, or after ``PREEMPT_GRACE``); how it last answered: ``tf_config.REFUSES``
+    (the chief has gone), ``tf_config.SILENT`` (cut off), or ``tf_config.ACCEPTS`` (preempted,
+    and the chief still there)."""
     last_answer = None
     while True:
         found = tf_config.answer(chief)
+        now = time.monotonic()
         if found == tf_config.ACCEPTS:
-            last_answer = time.monotonic()
-        elif last_answer is not None and time.monotonic() - last_answer >= _GONE_AFTER_SECONDS:
+            last_answer = now
+        elif stop.preempted and found == tf_config.REFUSES:
+            return found
+        elif last_answer is not None and now - last_answer >= _GONE_AFTER_SECONDS:
+            return found
+        if stop.preempted and now - stop.since >= PREEMPT_GRACE:
             return found
         time.sleep(_POLL_SECONDS)

@@ -6,7 +6,9 @@ own bar would print its line around tfdp's and under other metric names). Every
 ``check_every`` steps and at every epoch's end it reads the loss, and stops the run once it is
 non-finite or has exploded (``Diverged``: nothing is exported), then looks for a SIGTERM
 (``tfdp.training.preemption.Watch``): if one has come, it saves the state of the step just
-finished and raises ``Preempted``. Not after every step: reading a step's loss waits for that
+finished and raises ``Preempted``. A check that falls on an epoch's last step leaves the stop
+to the epoch's end, which evaluates and records the epoch first (a resumed run starts after it
+and would never record it). Not after every step: reading a step's loss waits for that
 step, and doing so every step made mirrored fit 8 % slower (docs/benchmarks.md). The replicas'
 arrival times (stragglers, the flight recorder) are sampled at those same checks, where the
 step is waited for already.
@@ -71,7 +73,8 @@ class FitCallback(keras.callbacks.Callback):
                                   [("loss", float(logs["loss"])),
                                    ("train_acc", float(logs["accuracy"]))])
         if checked:
-            self._check(logs)
+            # At an epoch's last step the epoch's end stops the run, after its record.
+            self._check(logs, last=self.resumed_at + batch + 1 == self.steps)
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._start  # Training only: evaluation comes next.
@@ -87,10 +90,11 @@ class FitCallback(keras.callbacks.Callback):
         self._divergence.check(float(logs["loss"]), self._step, self.steps, exact=False)
         self.run.watch.reached(self._step)
 
-    def _check(self, logs):
-        """Every few steps: the loss, then a SIGTERM anywhere."""
+    def _check(self, logs, last: bool):
+        """Every few steps: the loss, then a SIGTERM anywhere (except at the epoch's ``last``
+        step: ``EpochEnd`` evaluates and records the epoch, then stops)."""
         self._read_loss(logs)
-        if self._preempted():
+        if not last and self._preempted():
             self.run.watch.stop(self._step, self.run.backups, self.model.get_weights)
 
     def _preempted(self) -> bool:

@@ -15,7 +15,7 @@ import threading
 import time
 
 from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
-from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
+from tfdp.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, UserError
 from tfdp.launcher import emulated_hosts, isolation, supervise
 from tfdp.launcher.children import prepare_child
 from tfdp.launcher.output import pump, say
@@ -111,7 +111,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
            isolate: bool = True, grace: float = PREEMPT_GRACE, hosts: bool = False,
            link: str = None, num_ps: int = None) -> int:
     """Run the workers to the end; return 0 if all succeeded, else an exit code: the first
-    failure's, ``PREEMPTED_EXIT_CODE`` when they were preempted and saved, 130 after Ctrl-C.
+    failure's; ``PREEMPTED_EXIT_CODE`` when SIGTERM or Ctrl-C preempted them and every one saved;
+    ``INTERRUPTED_EXIT_CODE`` after a second Ctrl-C, which stops them at once.
 
     With ``isolate`` this process first moves into a private network namespace (its workers
     inherit it: ``tfdp.launcher.isolation``). With ``hosts`` every worker runs on an emulated host of
@@ -180,13 +181,18 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             f"{'chief' if client else 'workers'} to save and stop")
         # The client saves what it reads from the workers or servers: they stay up until it has.
         codes = supervise.preempt(procs[:1] if client else procs, grace)
-        if interrupted:
-            return 130
-        return PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE} else 128 + 15
+        if supervise.second_ctrl_c():
+            say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
+                "backup are lost; run the same command again to resume from it")
+            return INTERRUPTED_EXIT_CODE
+        if set(codes) == {PREEMPTED_EXIT_CODE}:
+            return PREEMPTED_EXIT_CODE
+        return 128 + (signal.SIGINT if interrupted else signal.SIGTERM)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        supervise.stop(procs, [spec.role for spec in specs])
+        supervise.stop(procs, [spec.role for spec in specs],
+                       grace=0 if supervise.second_ctrl_c() else 5.0)
         for copier in copiers:
             copier.join(timeout=5)
         if emulated:

@@ -92,12 +92,20 @@ def preempt(procs, grace) -> list:
     return wait(procs, grace)
 
 
+def second_ctrl_c() -> bool:
+    """Whether Ctrl-C has come twice: stop waiting for the workers to save."""
+    return SIGNALLED.count(signal.SIGINT) >= 2
+
+
 def wait(procs, grace) -> list:
-    """Exit codes, waiting up to ``grace`` seconds in all (None for a worker still running)."""
+    """Exit codes, waiting up to ``grace`` seconds in all, or until a second Ctrl-C (None for a
+    worker still running)."""
     deadline = time.time() + grace
-    for p in procs:
+    while time.time() < deadline and not second_ctrl_c():
+        if all(p.poll() is not None for p in procs):
+            break
         try:
-            p.wait(timeout=max(0.1, deadline - time.time()))
+            procs[[p.poll() for p in procs].index(None)].wait(timeout=0.1)
         except subprocess.TimeoutExpired:
             pass
     return [p.poll() for p in procs]
@@ -107,6 +115,7 @@ def stop(procs, roles, grace: float = 5.0):
     """SIGTERM every process still running, SIGKILL those alive ``grace`` seconds later."""
     for i, code in enumerate(preempt(procs, grace)):
         if code is None:
-            say(f"tfdp.launch: {roles[i]} did not stop; killing it")
+            if grace:
+                say(f"tfdp.launch: {roles[i]} did not stop; killing it")
             procs[i].kill()
             procs[i].wait()

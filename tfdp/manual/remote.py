@@ -12,10 +12,12 @@ workers directly. This process, the client, holds no replica.
    its own disk (``tfdp.server`` prepared them; ``data.read_npy`` placed on the worker) into a
    variable there; each step the client sends only the global batch's example indices, and
    every device gathers its shard from its worker's arrays. No image passes through the client.
-3. Faults: a worker that dies makes the next step raise (``UnavailableError``); a worker cut
-   off makes it wait, and TensorFlow sets no deadline, so ``tfdp.cluster.stall.Stall`` ends
-   the process when one call outlasts ``--collective_timeout``. Both end in one line naming
-   the unreachable workers.
+3. Faults: SIGTERM to a worker's ``tfdp.server`` preempts the cluster: the chief finds its
+   flag (``preempted_worker``, asked every second between calls), saves the step every replica
+   finished and exits 75 (``tfdp.cluster.tf_server``). A worker that dies makes the next step
+   raise (``UnavailableError``); a worker cut off makes it wait, and TensorFlow sets no
+   deadline, so ``tfdp.cluster.stall.Stall`` ends the process when one call outlasts
+   ``--collective_timeout``. Both end in one line naming the unreachable workers.
 """
 
 import dataclasses
@@ -27,6 +29,7 @@ import tensorflow as tf
 from tfdp import data
 from tfdp.cluster import tf_config
 from tfdp.cluster.stall import STARTING, Stall
+from tfdp.cluster.tf_server import LISTENING, PREEMPTED
 from tfdp.errors import UserError
 from tfdp.logs import logger
 from tfdp.manual.feed import Feed
@@ -79,6 +82,16 @@ class Cluster:
                                               plan.eval_steps).map(lambda i: (i,)),
                     self.shards)
 
+    def preempted_worker(self) -> Optional[str]:
+        """What preempted the cluster, if a worker's ``tfdp.server`` got a SIGTERM ("SIGTERM to
+        worker 1 at host:port"; its flag is read where it is, one op on each worker)."""
+        with self.stall.watching("asking the workers whether one was preempted"):
+            for w, (name, address) in enumerate(self.stall.peers):
+                with tf.device(_cpu(w)):
+                    if int(tf.size(tf.io.matching_files(PREEMPTED))):
+                        return f"SIGTERM to {name} at {address}"
+        return None
+
     def describe(self) -> str:
         workers = ", ".join(f"worker {i} ({a})" for i, a in enumerate(self.task.cluster[JOB]))
         return f"{len(self.devices)} remote device(s) on {workers}: {self.devices}"
@@ -105,6 +118,9 @@ def connect(task: tf_config.Task, num_gpus: int, data_dir: Optional[str], timeou
                             f"with --num_gpus={num_gpus}")
         devices += own[:num_gpus]
         worker_of += [w] * num_gpus
+    for w in range(len(peers)):  # A SIGTERM to its server is now the cluster's preemption.
+        with tf.device(_cpu(w)):
+            tf.io.write_file(LISTENING, "")
     folder = data.prepared_dir(data_dir)
     arrays, examples = {}, {}
     for split in ("train", "test"):
@@ -117,10 +133,14 @@ def connect(task: tf_config.Task, num_gpus: int, data_dir: Optional[str], timeou
     return Cluster(task, devices, worker_of, arrays, examples, stall)
 
 
+def _cpu(worker: int) -> str:
+    return f"/job:{JOB}/replica:0/task:{worker}/device:CPU:0"
+
+
 def _load(worker: int, name: str, address: str, folder: str, split: str) -> tuple:
     """Variables on the worker's CPU holding its ``split`` arrays, read there from its disk."""
     try:
-        with tf.device(f"/job:{JOB}/replica:0/task:{worker}/device:CPU:0"):
+        with tf.device(_cpu(worker)):
             images, labels = data.read_arrays(folder, split)
             return (tf.Variable(images, trainable=False, name=f"{split}_images"),
                     tf.Variable(labels, trainable=False, name=f"{split}_labels"))

@@ -51,7 +51,10 @@ class FromScratchPath(TrainingPath):
         self.params = None
 
     def train(self, run, start_weights=None) -> list:
-        feed = self.cluster.feed(self.config, run.plan) if self.cluster else None
+        feed = None
+        if self.cluster:
+            feed = self.cluster.feed(self.config, run.plan)
+            run.watch.listen(self.cluster.preempted_worker)
         self.params = train(run, None if start_weights is None else
                             lenet.from_keras_weights(start_weights), feed, self.recorder)
         return lenet.to_keras_weights(self.params)

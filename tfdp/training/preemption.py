@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from tfdp.errors import INTERRUPTED_EXIT_CODE, Interrupted, Preempted
 
@@ -42,11 +43,32 @@ class Watch:
     training names it."""
 
     def __init__(self):
-        self.requested = False
+        self._requested = False
         self.signal = None  # What asked: "SIGTERM" or "Ctrl-C", for the messages.
         self.step = 0  # The last step reached, for the message when a signal comes outside.
         self._training = False
+        self._finished = False
         self._previous = {}
+        self._elsewhere, self._every, self._asked = None, 0.0, 0.0
+
+    @property
+    def requested(self) -> bool:
+        """Whether to stop after the step under way: a signal here, or one that ``listen``'s
+        poll found elsewhere."""
+        if not self._requested and self._elsewhere and self._training:
+            now = time.monotonic()
+            if now - self._asked >= self._every:
+                self._asked = now
+                by = self._elsewhere()
+                if by:
+                    self._requested, self.signal = True, self.signal or by
+        return self._requested
+
+    def listen(self, poll, every: float = 1.0) -> None:
+        """During training, also stop when ``poll()`` names a signal sent elsewhere (a worker
+        of the from-scratch path: ``tfdp.manual.remote``); asked at most every ``every``
+        seconds, where the loop looks for a signal."""
+        self._elsewhere, self._every = poll, every
 
     def __enter__(self):
         self.install()
@@ -80,10 +102,19 @@ class Watch:
     def reached(self, step: int) -> None:
         self.step = step
 
+    def finished(self) -> None:
+        """The run has exported: nothing is left to lose, and a signal from now on is ignored
+        (stopping now would only make a supervisor rerun a finished run; on the command line,
+        until the process exits: ``preempt_outside_runs``)."""
+        self._finished = True
+        _FINISHED.set()
+
     def _on_signal(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
+        if self._finished:
+            return
+        if self._requested and signum == signal.SIGINT:
             raise Interrupted()
-        self.requested, self.signal = True, self.signal or NAMES[signum]
+        self._requested, self.signal = True, self.signal or NAMES[signum]
         if not self._training:
             raise self.preempted(self.step)
 
@@ -97,24 +128,33 @@ class Watch:
         raise self.preempted(step, backups.save(step, weights()) if backups else None)
 
 
+_FINISHED = threading.Event()  # A run of this process has exported (``Watch.finished``).
+
+
 @contextlib.contextmanager
-def preempt_on_ctrl_c():
-    """Until a run's ``Watch`` takes Ctrl-C over: raise ``Preempted`` (nothing to save) rather
-    than ``KeyboardInterrupt``. A KeyboardInterrupt raised inside code that a C extension runs
-    (TensorFlow's import does) makes CPython kill itself with SIGINT at exit, whatever the
+def preempt_outside_runs():
+    """For a command line's whole life: a SIGTERM or Ctrl-C before a run's ``Watch`` takes them
+    over raises ``Preempted`` (nothing to save) rather than ending the process silently or
+    with ``KeyboardInterrupt``; once a run has exported, they are ignored until the process
+    exits (TensorFlow's teardown takes seconds: a signal then must not turn a finished run into
+    one a supervisor runs again). A KeyboardInterrupt raised inside code that a C extension
+    runs (TensorFlow's import does) makes CPython kill itself with SIGINT at exit, whatever the
     program exits with (seen: exit status -2 after tfdp's own one line)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def on_ctrl_c(signum, frame):
-        raise Preempted(0, by="Ctrl-C")
+    def outside_runs(signum, frame):
+        if not _FINISHED.is_set():
+            raise Preempted(0, by=NAMES[signum])
 
-    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    _FINISHED.clear()
+    previous = {signum: signal.signal(signum, outside_runs) for signum in SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_IGN if _FINISHED.is_set() else handler)
 
 
 @contextlib.contextmanager
@@ -147,6 +187,6 @@ def _count_ctrl_c(read_end: int, program: str) -> None:
         if not received:
             return
         seen += received.count(signal.SIGINT)
-        if seen >= 2:
+        if seen >= 2 and not _FINISHED.is_set():  # Exported: nothing to stop.
             os.write(sys.stderr.fileno(), f"\n{program}: {Interrupted()}\n".encode())
             os._exit(INTERRUPTED_EXIT_CODE)

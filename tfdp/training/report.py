@@ -199,6 +199,16 @@ def history_figure(records: list, epochs: int, title: str):
     return fig
 
 
+def exported(workdir: str):
+    """The export a finished run in ``workdir`` recorded in ``metrics.json``, or None (no run,
+    or one that has not exported yet)."""
+    try:
+        with open(os.path.join(workdir, METRICS_FILE)) as f:
+            return json.load(f).get("export_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def load_history(workdir: str, finished: int) -> list:
     """Records of the first ``finished`` epochs of an earlier (interrupted) run in ``workdir``."""
     path = os.path.join(workdir, METRICS_FILE)

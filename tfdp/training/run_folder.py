@@ -2,9 +2,9 @@
 
 ``with_run_dir`` chooses the default folder, ``runs/<strategy>-<model>-<n>dev-<date>-<time>``.
 ``claim`` takes an exclusive lock per worker (``.lock-worker-<i>``, a ``tfdp.files.locked``
-``flock`` the kernel drops when the process dies, however it dies), so a second run given the
-same ``--workdir`` is refused in one line instead of colliding with the first or silently
-resuming from its backups.
+``flock`` the kernel drops when the process dies, however it dies; the file is removed when the
+run ends, and a killed run's is taken over), so a second run given the same ``--workdir`` is
+refused in one line instead of colliding with the first or silently resuming from its backups.
 """
 
 import contextlib
@@ -15,7 +15,7 @@ import time
 from tfdp.cluster import tf_config
 from tfdp.config import RUN_STAMP_ENV, Config
 from tfdp.errors import UserError
-from tfdp.files import locked, read_start
+from tfdp.files import locked, read_start, unlock
 
 _HELD = {}  # path -> fd, for the claims of this process
 
@@ -41,7 +41,7 @@ def claim(run_dir: str, worker_index: int = 0):
         yield
     finally:
         _HELD.pop(path, None)
-        os.close(fd)  # Releases the lock; the file stays (removing it would race a new claim).
+        unlock(path, fd)
 
 
 def with_run_dir(config: Config) -> Config:

@@ -16,10 +16,10 @@ from typing import Optional
 
 from tfdp.cluster import tf_config
 from tfdp.config import Config
-from tfdp.errors import UserError
+from tfdp.errors import Finished, UserError
 from tfdp.logs import logger
 from tfdp.trace.tracer import Tracer
-from tfdp.training import preemption, run_folder
+from tfdp.training import preemption, report, run_folder
 from tfdp.training.backups import Backups, identity, resume_step
 from tfdp.training.result import Result
 from tfdp.training.training_path import TrainingPath
@@ -66,6 +66,9 @@ def run(config: Config, path_type, start_weights=None) -> Result:
     config = run_folder.with_run_dir(config)
     worker = tf_config.task().worker_index if config.strategy == "multi_worker" else 0
     with run_folder.claim(config.run_dir, worker):
+        done = report.exported(config.run_dir)
+        if done:
+            raise Finished(config.run_dir, done)
         backups = Backups(config.run_dir, worker, identity(config))
         with preemption.Watch() as watch:
             path = path_type(config, backups)
@@ -90,7 +93,7 @@ def run(config: Config, path_type, start_weights=None) -> Result:
                                                        backups.steps())
                                 + (path.recorder.recorded(why) if path.recorder else "")
                                 ) from None
-        backups.clear()
+            backups.clear()  # Signals are ignored by now (finish): the run is complete.
     return result
 
 
@@ -102,7 +105,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     from tfdp import data
     from tfdp.devices import bfloat16_speed
     from tfdp.plan import make_plan
-    from tfdp.training import export, report
+    from tfdp.training import export
 
     if path.is_chief:
         export.check_export_root(config.export_root)
@@ -141,8 +144,10 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
 
 def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
     """Print the final line, export (``export()`` returns the version's path, or None off the
-    chief) and return the run's ``Result``. An export that cannot be written is a one-line
-    error; the last backup keeps the trained weights for the same command to export."""
+    chief), record it in ``metrics.json`` (a rerun finds the run finished) and return the run's
+    ``Result``; a signal from then on is ignored. An export that cannot be written is a
+    one-line error; the last backup keeps the trained weights for the same command to
+    export."""
     import tensorflow as tf
 
     line = run.reporter.final_line()
@@ -153,6 +158,7 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
         kept = f"the trained weights are kept in {backups.folder}; " if backups else ""
         raise UserError(f"cannot write the export under {run.config.export_root} ({reason}): "
                         f"{kept}make room and run the same command again to export") from None
+    run.watch.finished()
     run.reporter.record_export(version)
     if version:
         print(f"exported {version}", flush=True)
