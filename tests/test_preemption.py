@@ -391,6 +391,7 @@ def test_ctrl_c_in_a_terminal_saves_like_sigterm_and_a_second_stops_at_once(
     ("tfdp.server", None, "worker"),
     ("tfdp.train", "manual", "chief"),
     ("tfdp.train", "parameter_server", "chief"),
+    ("tfdp.train", "multi_worker", "worker"),  # A cluster of one worker: a server all the same.
 ])
 def test_a_server_or_chief_whose_port_is_taken_says_which_in_one_line(tmp_path, module, strategy,
                                                                       task):
@@ -401,6 +402,8 @@ def test_a_server_or_chief_whose_port_is_taken_says_which_in_one_line(tmp_path, 
     own = f"127.0.0.1:{port}"
     cluster = {"chief": [own if task == "chief" else "127.0.0.1:1"],
                "worker": [own if task == "worker" else "127.0.0.1:1"]}
+    if strategy == "multi_worker":
+        del cluster["chief"]
     if strategy == "parameter_server":
         cluster["ps"] = ["127.0.0.1:2"]
     args = [f"--strategy={strategy}", f"--workdir={tmp_path}"] if strategy else []

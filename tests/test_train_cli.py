@@ -215,6 +215,9 @@ def assert_one_line_error(result, *words):
     (["--num_gpus=2", "--batch_size=1"], ["--batch_size=1", "2 replicas"]),
     (["--strategy=multi_worker", "--num_gpus=2"], ["--num_gpus=2", "one replica per CPU"]),
     (["--init=weights.h5"], ["--init=weights.h5"]),
+    (["--seed=-1"], ["--seed must be an integer from 0"]),
+    (["--epoch=3"], ["unknown flag --epoch (did you mean --epochs?); see tfdp.train --help"]),
+    (["--num_gpus=True"], ["flag --num_gpus=True: invalid literal for int()"]),
 ])
 def test_bad_flags_exit_with_one_line(args, words, tmp_path):
     result = run_module("tfdp.train", *args, f"--export_dir={tmp_path / 'exp'}",
@@ -245,6 +248,21 @@ def test_bad_export_dir_and_damaged_data(tmp_path, manual_dir, data_dir):
     result = run_module("tfdp.train", f"--manual_dir={tmp_path}",
                         f"--data_dir={tmp_path / 'fresh'}", f"--export_dir={tmp_path / 'exp'}")
     assert_one_line_error(result, "is missing", "--manual_dir")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--num_worker=2", "--", "--epochs=1"],
+     "unknown flag --num_worker (did you mean --num_workers?); see tfdp.launch --help"),
+    (["--num_workers=two"], "flag --num_workers=two: invalid literal for int() with base 10: "
+                            "'two'; see tfdp.launch --help"),
+    (["--num_workers=2", "--strategy=multi_worker"],
+     "--strategy is a flag of tfdp.train: give the workers' flags after --, as in python -m "
+     "tfdp.launch --num_workers=2 -- --strategy=...; see tfdp.launch --help"),
+])
+def test_launcher_flag_mistakes_are_one_line(args, line):
+    result = run_module("tfdp.launch", *args, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"tfdp.launch: error: {line}"], result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("script,args,words", [

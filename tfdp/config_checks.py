@@ -4,8 +4,10 @@ section 12.2. ``check(config)`` runs them all in that order, before any device, 
 work, and each refusal is one line naming the flag to change.
 """
 
+import dataclasses
 import math
 import os
+import typing
 
 from tfdp.errors import UserError
 
@@ -48,11 +50,30 @@ def parse_steps(text: str) -> tuple:
 
 def check(config) -> None:
     """All of a configuration's checks (its aliases already resolved)."""
+    types(config)
     common(config)
     from_scratch(config)
     keras_fit(config)
     parameter_server(config)
     cadence(config)
+
+
+def types(config) -> None:
+    """Every field of its declared type (``tfdp.run`` takes any Python value; the command line
+    parsed them already): a bool is no integer here, and an integer is a float."""
+    for field in dataclasses.fields(config):
+        value, kind = getattr(config, field.name), field.type
+        if typing.get_origin(kind) is typing.Union:  # Optional[X]
+            if value is None:
+                continue
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        accepted = (int, float) if kind is float else kind
+        if not isinstance(value, accepted) or (kind is not bool and isinstance(value, bool)):
+            raise UserError(f"--{field.name} must be {_NAMES[kind]}, got {value!r} "
+                            f"({type(value).__name__})")
+
+
+_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
 
 
 def common(config) -> None:
@@ -77,6 +98,8 @@ def common(config) -> None:
             positive(name, getattr(config, name))
     if not (isinstance(config.lr, (int, float)) and math.isfinite(config.lr) and config.lr > 0):
         raise UserError(f"--lr must be a positive finite number, got {config.lr}")
+    if not 0 <= config.seed < 2 ** 32:  # What NumPy's and TensorFlow's generators take.
+        raise UserError(f"--seed must be an integer from 0 to {2 ** 32 - 1}, got {config.seed}")
     if not (math.isfinite(config.warmup_epochs) and config.warmup_epochs >= 0):
         raise UserError(f"--warmup_epochs must be >= 0, got {config.warmup_epochs}")
     if config.manual_dir is not None and not os.path.isdir(config.manual_dir):

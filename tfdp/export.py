@@ -39,7 +39,7 @@ def main(argv):
 
 
 def run():
-    app.run(main, flags_parser=help_parser(__doc__))
+    app.run(main, flags_parser=help_parser("tfdp.export", __doc__))
 
 
 if __name__ == "__main__":

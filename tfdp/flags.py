@@ -11,10 +11,11 @@ checks that the committed page is current).
 
 import dataclasses
 import os
+import re
 import sys
 import typing
 
-from absl import app, flags
+from absl import flags
 
 from tfdp.config import Config
 
@@ -38,16 +39,24 @@ def define_flags() -> None:
 HELP_ARGS = ("-h", "--help", "-help", "--helpshort")
 
 
-def help_parser(doc: str, modules: list = None, parse=app.parse_flags_with_usage):
+def help_parser(program: str, doc: str, modules: list = None, parse=None):
     """A ``flags_parser`` for ``absl.app.run``: ``--help`` prints ``doc`` and the flags the
     named ``modules`` define (default: the ``__main__`` module's), and exits 0; anything else
-    goes to ``parse``. absl's own ``--help`` exits 1 and lists only ``__main__``'s flags (tfdp's
-    live in other modules: "Try --helpfull"); ``--helpfull`` still shows absl's too."""
+    goes to ``parse`` (default: absl's flags), and a flag it refuses ends ``program`` in one
+    line (``absl.flags.Error``: unknown, or a value of the wrong type), exit 2. absl's own
+    ``--help`` exits 1 and lists only ``__main__``'s flags (tfdp's live in other modules: "Try
+    --helpfull"); ``--helpfull`` still shows absl's too."""
 
     def parser(argv):
         own = argv[1:argv.index("--")] if "--" in argv else argv[1:]  # After it: another's.
         if not any(arg in HELP_ARGS for arg in own):
-            return parse(argv)
+            try:
+                return parse(argv) if parse else FLAGS(argv)
+            except flags.Error as e:
+                text = re.sub(r"^Unknown command line flag '(.*?)'", r"unknown flag --\1", str(e))
+                text = re.sub(r"\. Did you mean: (.*?) \?$", r" (did you mean --\1?)", text)
+                print(f"{program}: error: {text}; see {program} --help", file=sys.stderr)
+                sys.exit(2)
         try:
             print(doc.strip().replace("``", ""))
             print()

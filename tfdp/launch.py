@@ -30,10 +30,12 @@ with ``--link`` the rate of every host's link (``tfdp.launcher.emulated_hosts``)
   python -m tfdp.launch --num_workers=2 --num_ps=2 -- --strategy=parameter_server --ps_shards=2
 """
 
+import dataclasses
 import sys
 
 from absl import app, flags
 
+from tfdp.config import Config
 from tfdp.flags import help_parser
 from tfdp.launcher.local_cluster import launch
 
@@ -51,6 +53,7 @@ flags.DEFINE_boolean("hosts", False, "Run every worker on an emulated host of it
 flags.DEFINE_string("link", None, "With --hosts: every host's link rate, both directions, in tc "
                     "syntax (10mbit, 100mbit, 1gbit); default unshaped.")
 FLAGS = flags.FLAGS
+TRAIN_FLAGS = {field.name for field in dataclasses.fields(Config)}
 
 
 def main(argv):
@@ -60,7 +63,7 @@ def main(argv):
 
 def run():
     # Everything after "--" goes to the workers untouched.
-    app.run(main, flags_parser=help_parser(__doc__, parse=_parse))
+    app.run(main, flags_parser=help_parser("tfdp.launch", __doc__, parse=_parse))
 
 
 def _parse(argv):
@@ -69,7 +72,14 @@ def _parse(argv):
         own, rest = argv[:split], argv[split + 1:]
     else:
         own, rest = argv, []
-    return FLAGS(own) + rest
+    try:
+        return FLAGS(own) + rest
+    except flags.UnrecognizedFlagError as e:
+        if e.flagname in TRAIN_FLAGS:
+            raise flags.Error(f"--{e.flagname} is a flag of tfdp.train: give the workers' flags "
+                              "after --, as in python -m tfdp.launch --num_workers=2 -- "
+                              f"--{e.flagname}=...") from None
+        raise
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def main(argv):
 
 def run():
     flags.define_flags()
-    app.run(main, flags_parser=flags.help_parser(__doc__, [flags.__name__]))
+    app.run(main, flags_parser=flags.help_parser("tfdp.train", __doc__, [flags.__name__]))
 
 
 if __name__ == "__main__":

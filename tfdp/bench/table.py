@@ -213,7 +213,7 @@ def _write(base: str, rows: list, table: str) -> None:
 
 
 def run():
-    app.run(main, flags_parser=help_parser(__doc__, [__name__]))
+    app.run(main, flags_parser=help_parser("tfdp.bench", __doc__, [__name__]))
 
 
 if __name__ == "__main__":

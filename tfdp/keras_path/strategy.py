@@ -64,7 +64,7 @@ def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
         raise UserError(f"--num_gpus={num_gpus} with --strategy=multi_worker on a machine "
                         "without GPUs: MultiWorkerMirroredStrategy runs one replica per CPU "
                         "worker; use --num_gpus=1 and more workers")
-    if len(task.workers) > 1:
+    if ":" in task.address:  # Named in TF_CONFIG (one worker too): TensorFlow binds its port.
         tf_config.check_port_free(task)
     # Creating the strategy waits for every worker to register, and the first collective for
     # every worker to join: without a deadline a missing peer means waiting forever.
