@@ -9,10 +9,15 @@ CPUs where there are no GPUs). The data is prepared as for ``python -m tfdp.trai
 data dir: $TFDS_DATA_DIR or ~/tensorflow_datasets).
 """
 
-import keras
+from tfdp import logs
 
-from tfdp import data, plan
-from tfdp.keras_path import distributed_input, strategy, train_step
+logs.configure(verbose=False)
+logs.import_tensorflow()  # First: TensorFlow's C++ start-up banners hidden, as tfdp.train's.
+
+import keras  # noqa: E402 (after TensorFlow's quiet start)
+
+from tfdp import data, plan  # noqa: E402
+from tfdp.keras_path import distributed_input, strategy, train_step  # noqa: E402
 
 dist = strategy.make_distribution("mirrored", num_gpus=2)  # logical devices, thread pools
 train, test = data.load_splits()                             # Fashion-MNIST, uint8 arrays

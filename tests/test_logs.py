@@ -27,7 +27,7 @@ def test_tensorflow_still_prints_startup_banners_past_its_log_level():
     result = run_python("import tensorflow as tf; tf.config.list_physical_devices()",
                         **dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-2000:]
-    banners = [l for l in result.stderr.splitlines() if logs._STARTUP_BANNERS.match(l)]
+    banners = [l for l in result.stderr.splitlines() if logs.STARTUP_BANNERS.match(l)]
     assert any(BANNER in l for l in banners), result.stderr[-2000:]
 
 
@@ -38,7 +38,7 @@ from tfdp import logs
 
 logs.configure(verbose=False)
 try:
-    with logs._stderr_filtered(logs._STARTUP_BANNERS):
+    with logs._stderr_filtered(logs.STARTUP_BANNERS):
         os.write(2, b"%s\n")
         os.write(2, b"I0000 00:00:1795383548.576454   16187 port.cc:153] oneDNN custom ops\n")
         os.write(2, b"E0000 00:00:1795383565.583418   16203 cuda_platform.cc:52] no cuInit\n")

@@ -32,6 +32,7 @@ def main(argv):
             raise UserError(f"{version} holds no saved_model.pb: give a version folder that "
                             "tfdp.train exported")
         logs.configure(False)
+        logs.import_tensorflow()  # Its start-up banners hidden.
         for path in formats.convert(version, wanted):
             print(f"tfdp.export: wrote {path}", flush=True)
     except UserError as e:

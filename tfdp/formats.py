@@ -31,9 +31,11 @@ a version has all its formats or does not exist; ``python -m tfdp.export <versio
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
+from tfdp import logs
 from tfdp.errors import UserError
 
 FORMATS = ("saved_model", "onnx", "litert")
@@ -89,13 +91,23 @@ def _to_onnx(saved_model: str, path: str) -> None:
         raise UserError(f"tf2onnx could not convert {saved_model} to ONNX: {tail}")
 
 
+# What the LiteRT converter writes to fd 2 on every conversion: its shared library's own copy
+# of TensorFlow's start-up banners, and two warnings about options tf.lite itself passes.
+_CONVERTER_LINES = re.compile(
+    r"W\d{4} [\d:.]+ +\d+ tf_tfl_flatbuffer_helpers\.cc:\d+\] Ignored (output_format|"
+    r"drop_control_dependency)\.$")
+
+
 def _to_litert(saved_model: str, path: str) -> None:
     import tensorflow as tf
 
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model,
                                                          signature_keys=["serving_default"])
+    with logs.known_lines_dropped(re.compile(
+            f"{_CONVERTER_LINES.pattern}|{logs.STARTUP_BANNERS.pattern}")):
+        flatbuffer = converter.convert()
     with open(path, "wb") as f:
-        f.write(converter.convert())
+        f.write(flatbuffer)
 
 
 def _importable(module: str) -> bool:

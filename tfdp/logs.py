@@ -32,7 +32,7 @@ _verbose = False
 # Upstream: https://github.com/tensorflow/tensorflow/pull/102212 (call InitializeLog first) and
 # https://github.com/abseil/abseil-cpp/pull/1957 (honour the threshold before it).
 # tests/test_logs.py notices when TensorFlow stops printing them.
-_STARTUP_BANNERS = re.compile(
+STARTUP_BANNERS = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     r"|[IWE]\d{4} [\d:.]+ +\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc|cuda_executor\.cc"
     r"|cuda_platform\.cc|cuda_dnn\.cc|cuda_fft\.cc|cuda_blas\.cc)[:\]]"
@@ -104,15 +104,21 @@ def import_tensorflow():
     """Import TensorFlow and list its devices, dropping only the known C++ start-up banners.
 
     While TensorFlow starts, fd 2 goes to a temporary file; afterwards every line that is not one
-    of ``_STARTUP_BANNERS`` is written back to stderr, in order, whether the import succeeded or
+    of ``STARTUP_BANNERS`` is written back to stderr, in order, whether the import succeeded or
     raised. With ``--verbose`` nothing is captured.
     """
     started = "tensorflow" in sys.modules
-    with contextlib.nullcontext() if verbose() or started else _stderr_filtered(_STARTUP_BANNERS):
+    with contextlib.nullcontext() if verbose() or started else _stderr_filtered(STARTUP_BANNERS):
         import tensorflow as tf
 
         tf.config.list_physical_devices()  # The CUDA probe logs here, on first use.
     return tf
+
+
+def known_lines_dropped(pattern):
+    """Drop the lines matching ``pattern`` that C++ code writes to fd 2 in this block (unless
+    ``--verbose``): known, harmless chatter that no threshold hides."""
+    return contextlib.nullcontext() if verbose() else _stderr_filtered(pattern)
 
 
 @contextlib.contextmanager

@@ -104,6 +104,10 @@ def main(argv):
                     samples[config["name"]] += run_once(config, FLAGS)
                 except RuntimeError as e:
                     sys.exit(f"tfdp.bench: error: {e}")
+        from tfdp import logs
+
+        logs.configure(False)
+        logs.import_tensorflow()  # The ceilings are measured here: its start-up banners hidden.
         from tfdp.devices import matmul_gflops
 
         ceilings = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
