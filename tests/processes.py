@@ -16,7 +16,7 @@ from conftest import REPO
 
 def child_env(**extra) -> dict:
     """The environment of a process a test starts: this one's, TensorFlow's C++ INFO hidden."""
-    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **extra)
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
 
 
 def run_module(module, *args, env=None, timeout=600, cwd=None):

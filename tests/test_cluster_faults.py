@@ -114,7 +114,9 @@ def test_a_killed_peer_ends_the_run_and_the_same_command_resumes(tmp_path, data_
     (multi_worker: the launcher stops the others), nothing is exported, and the same command
     resumes from an epoch every worker backed up, finishes and exports once."""
     train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=20", "--eval_steps=1"]
-    run = launch(tmp_path, path.strategy, *train, launcher=path.launcher, popen=True)
+    # As from a user's shell: TensorFlow's C++ log at tfdp's own threshold, not the tests'.
+    run = launch(tmp_path, path.strategy, *train, launcher=path.launcher, popen=True,
+                 env={"TF_CPP_MIN_LOG_LEVEL": ""})
     wait_for_first_backup(run, tmp_path)
     if path.strategy == "multi_worker":  # Every worker has backed up its first epoch.
         worker_1 = tmp_path / "run" / "backup" / "worker-1"
@@ -140,6 +142,11 @@ def test_a_killed_peer_ends_the_run_and_the_same_command_resumes(tmp_path, data_
         assert re.search(r"\(the last steps' arrival times per replica: \S+flight_recorder"
                          r"\.json\)$", err, re.M), err[-3000:]
     assert "Traceback" not in err
+    # No wall of TensorFlow's C++ lines (gRPC statuses, aborted collectives) around tfdp's own.
+    assert not re.search(r"^\S+ [IWE]\d{4} [\d:.]+ +\d+ \S+\.cc:\d+\]", err, re.M), err[-3000:]
+    if path.strategy != "multi_worker":  # The chief's one line is the last it says.
+        chief = [line for line in err.splitlines() if line.startswith(path.chief)]
+        assert lost_line(path, chief[-1]), err[-3000:]
     assert nothing_exported(tmp_path)
 
     rerun = launch(tmp_path, path.strategy, *train, launcher=path.launcher)

@@ -8,7 +8,11 @@ when it prepares the data). Nothing at WARNING or above is hidden, except TFDS' 
 the folder it is writing while it prepares the data, and Python tracebacks are printed by
 Python, untouched.
 
-TensorFlow's C++ start-up banners are another matter: see :func:`import_tensorflow`.
+TensorFlow's C++ log (``TF_CPP_MIN_LOG_LEVEL``) shows only FATAL without ``--verbose``: its
+errors and warnings (a lost peer's gRPC status, a collective's abort, a full disk) repeat what
+the Python exception carries, which tfdp turns into its one line, and arrived as a wall of lines
+before it. A ``TF_CPP_MIN_LOG_LEVEL`` set by the user is kept. The C++ start-up banners print
+before that threshold applies: see :func:`import_tensorflow`.
 """
 
 import contextlib
@@ -71,7 +75,7 @@ def configure(verbose: bool) -> None:
     for name in ("matplotlib", "h5py"):  # Font searches and converters, even with --verbose.
         logging.getLogger(name).setLevel(logging.WARNING)
     if not verbose and not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"  # C++ INFO after start-up.
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # C++ FATAL only: read when TF is imported.
 
 
 @contextlib.contextmanager

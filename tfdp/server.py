@@ -19,7 +19,6 @@ TensorFlow's gRPC servers have no authentication: anyone who reaches the port ca
 operation as this process's user. Run them on a trusted network only.
 """
 
-import os
 import signal
 import sys
 
@@ -49,10 +48,6 @@ def main(argv):
                  "--name=value")
     # Stopped before serving: a normal end for a server (serving, see tf_server.serve).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    if not FLAGS.verbose:
-        # TensorFlow's C++ warnings from a server are about its clients' functions ("Local
-        # rendezvous is aborting ... Cleanup" after each one): its errors still show.
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = max(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), "2")
     try:
         logs.configure(FLAGS.verbose)
         task = tf_config.task(kinds=JOBS, program="tfdp.server")

@@ -56,7 +56,6 @@ def worker_env(index: int, addresses: list, run_stamp: str, live_progress: bool,
                **({"ps": list(ps)} if ps else {})}
     env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
                                                  "task": {"type": kind, "index": index}}))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env.setdefault(RUN_STAMP_ENV, run_stamp)  # One default run folder for all workers.
     reports = kind == "chief" or (index == 0 and not chief)
     if live_progress and reports:  # The chief's bar, when the launcher is in a terminal.
