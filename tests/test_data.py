@@ -106,7 +106,8 @@ def prepared_copy(data_dir, tmp_path):
     return copy, version
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not an array", "wrong shape"])
+@pytest.mark.parametrize("damage", ["truncated", "not an array", "wrong shape",
+                                    "a label out of range", "a pixel changed"])
 def test_a_damaged_array_cache_is_rebuilt_with_a_warning(data_dir, tmp_path, caplog, damage):
     copy, version = prepared_copy(data_dir, tmp_path)
     images = version / "tfdp-arrays" / "test-images.npy"
@@ -114,8 +115,16 @@ def test_a_damaged_array_cache_is_rebuilt_with_a_warning(data_dir, tmp_path, cap
         os.truncate(images, 1000)
     elif damage == "not an array":
         images.write_bytes(os.urandom(300))
-    else:
+    elif damage == "wrong shape":
         np.save(images, np.zeros((10, 28, 28), np.uint8))
+    else:  # One byte, the shapes and dtypes unchanged.
+        labels = version / "tfdp-arrays" / "test-labels.npy"
+        path = images if damage == "a pixel changed" else labels
+        with open(path, "r+b") as f:
+            f.seek(-8, os.SEEK_END)  # The last label's low byte; a pixel near the last image's.
+            byte = f.read(1)[0]
+            f.seek(-8, os.SEEK_END)
+            f.write(bytes([(byte + 200) % 256]))
     split = data.load_split("test", str(copy))
     assert "the cached test arrays in" in caplog.text and "are damaged" in caplog.text
     intact = data.load_split("test", data_dir)

@@ -14,6 +14,7 @@
 """
 
 import functools
+import hashlib
 import logging
 import os
 from typing import NamedTuple, Optional
@@ -62,6 +63,8 @@ def load_split(split: str, data_dir: Optional[str] = None,
             os.makedirs(cache, exist_ok=True)
             for path, array in zip(paths, (images, labels)):
                 files.write_atomic(path, lambda f, a=array: np.save(f, a), mode="wb")
+            # Last: a cache without it is one whose writing was cut short.
+            files.write_atomic(_digests_path(paths), lambda f: f.write(_digests(images, labels)))
         except OSError as e:
             logger.info("not caching %s as .npy in %s (%s): decoding it each run", split, cache,
                         e.strerror or e)
@@ -72,7 +75,9 @@ def load_split(split: str, data_dir: Optional[str] = None,
 
 def _cached_arrays(paths: list, split: str):
     """(images, labels) from ``load_split``'s cache, or None where there is none or it is
-    damaged (then it is rebuilt: a warning says so)."""
+    damaged (then it is rebuilt: a warning says so). Damage that keeps the shapes and dtypes
+    (a flipped byte, a label out of range) is caught by the arrays' SHA-256 digests, written
+    beside them."""
     if not all(os.path.exists(p) for p in paths):
         return None
     try:
@@ -81,11 +86,27 @@ def _cached_arrays(paths: list, split: str):
                 or labels.dtype != np.int64 or labels.shape != images.shape[:1]):
             raise ValueError(f"arrays of {images.dtype} {images.shape} and {labels.dtype} "
                              f"{labels.shape}")
+        with open(_digests_path(paths)) as f:
+            if f.read() != _digests(images, labels):
+                raise ValueError("their contents changed since they were written (SHA-256)")
+    except FileNotFoundError:  # Written by a tfdp before digests, or cut short: rebuilt.
+        logger.info("the cached %s arrays in %s have no digests: decoding the prepared data "
+                    "again", split, os.path.dirname(paths[0]))
+        return None
     except (OSError, ValueError, EOFError) as e:
         logger.warning("the cached %s arrays in %s are damaged (%s): decoding the prepared data "
                        "again", split, os.path.dirname(paths[0]), str(e).splitlines()[0])
         return None
     return images, labels
+
+
+def _digests_path(paths: list) -> str:
+    return paths[0].replace("-images.npy", ".sha256")
+
+
+def _digests(images: np.ndarray, labels: np.ndarray) -> str:
+    return "".join(f"{hashlib.sha256(np.ascontiguousarray(a)).hexdigest()}  {name}\n"
+                   for a, name in ((images, "images"), (labels, "labels")))
 
 
 def array_paths(prepared_dir: str, split: str) -> list:
