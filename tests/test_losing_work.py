@@ -218,6 +218,29 @@ def test_full_disks_are_one_line_errors_and_finished_training_is_never_lost(tmp_
         subprocess.run(["umount", str(small)], check=False)
 
 
+@needs_root
+def test_a_full_disk_while_preparing_the_data_is_one_line_and_leaves_nothing(tmp_path,
+                                                                           manual_dir):
+    """--manual_dir given, the --data_dir on a disk too small for TFDS' records: the line says
+    the disk is full (not to pass --manual_dir), and no partial preparation or lock stays."""
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], check=True)
+    try:
+        result = run_train(train_command(small, tmp_path, "--epochs=1", "--steps_per_epoch=1",
+                                         f"--manual_dir={manual_dir}"))
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"tfdp.train: error: could not prepare fashion_mnist in {small}: no space left on "
+            "the device; make room (it needs about 100 MB) or give another --data_dir, and run "
+            "again"), result.stderr[-3000:]
+        left = [os.path.join(folder, name) for folder, dirs, names in os.walk(small)
+                for name in dirs + names]
+        assert not [p for p in left if ".incomplete" in p or p.endswith(".lock")], left
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
 def test_stale_partial_exports_are_removed_and_live_ones_kept(tmp_path):
     gone = subprocess.Popen(["true"])
     gone.wait()

@@ -24,6 +24,7 @@ def test_the_notebook_runs_in_a_real_kernel(tmp_path, data_dir, monkeypatch):
     monkeypatch.setenv("TFDP_NOTEBOOK_QUICK", "1")
     monkeypatch.setenv("TFDS_DATA_DIR", data_dir)  # The kernel's TFDS reads the prepared data.
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # Its temporary folders, inside the test's own.
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
@@ -34,6 +35,9 @@ def test_the_notebook_runs_in_a_real_kernel(tmp_path, data_dir, monkeypatch):
     assert "compiled is" in text_of(code[1]) and "x faster" in text_of(code[1])
     assert any(o["output_type"] == "display_data" and "image/png" in o["data"]
                for c in code for o in c.outputs)  # The accuracy curves, drawn inline.
+    made = {name for name in os.listdir(tmp_path)}  # Runs, exports, the bench: all in here.
+    assert {"runs"} <= made and any(name.startswith("chapter12-exports-") for name in made)
+    assert not os.path.exists(os.path.join(REPO, "examples", "runs"))
 
 
 def test_the_saved_notebook_holds_a_full_runs_outputs():

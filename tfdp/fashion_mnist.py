@@ -7,10 +7,13 @@
    them, TFDS downloads, after a quick check that its server answers at all.
 """
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
 import re
+import shutil
 import socket
 import threading
 import urllib.parse
@@ -116,14 +119,42 @@ def _prepare_once(tfds, data_dir, manual_dir):
                 builder.download_and_prepare(
                     download_config=tfds.download.DownloadConfig(manual_dir=manual))
         except Exception as e:  # TFDS raises many kinds; all mean "could not get the data".
-            where = f"from --manual_dir={manual}" if manual else "by downloading"
-            raise UserError(
-                f"could not prepare {DATASET} in {builder.data_dir_root} {where} "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); without "
-                "internet pass --manual_dir=<folder with the four Fashion-MNIST .gz files>")
+            _remove_incomplete(builder)
+            raise _not_prepared(builder.data_dir_root, manual, e) from None
     finally:
-        os.close(lock)  # Releases the lock.
+        files.unlock(os.path.join(builder.data_dir_root, f".{DATASET}.lock"), lock)
     return builder
+
+
+def _not_prepared(root: str, manual: Optional[str], error: Exception) -> UserError:
+    """Why TFDS could not prepare the data, and the remedy that fits: room on the disk, the
+    manual files, or --manual_dir where there is no internet."""
+    text = str(getattr(error, "message", error))
+    reason = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+    if "No space left on device" in text or getattr(error, "errno", None) == errno.ENOSPC:
+        return UserError(f"could not prepare {DATASET} in {root}: no space left on the device; "
+                         "make room (it needs about 100 MB) or give another --data_dir, and "
+                         "run again")
+    if manual:
+        return UserError(f"could not prepare {DATASET} in {root} from --manual_dir={manual} "
+                         f"({reason}): check that it holds the four original Fashion-MNIST "
+                         ".gz files, and that the --data_dir is writable")
+    return UserError(f"could not prepare {DATASET} in {root} by downloading ({reason}); without "
+                     "internet pass --manual_dir=<folder with the four Fashion-MNIST .gz files>")
+
+
+def _remove_incomplete(builder) -> None:
+    """What a failed preparation left: TFDS' ``*.incomplete*`` folders and files of the
+    dataset's version (a finished preparation is renamed from one)."""
+    folder = os.path.dirname(builder.data_dir)
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        if ".incomplete" in name:
+            path = os.path.join(folder, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
 
 
 _REACH_SECONDS = 5

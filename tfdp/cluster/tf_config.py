@@ -12,6 +12,7 @@ import json
 import os
 import re
 import socket
+import time
 
 from tfdp.errors import UserError
 
@@ -79,15 +80,15 @@ def task(environ=None, kinds=("chief", "worker"), program="tfdp.train") -> Task:
     return Task(cluster, kind, index)
 
 
-def client_task(program: str, jobs: tuple, remedy: str) -> Task:
+def client_task(program: str, jobs: tuple, remedy: str, wait: float = 60.0) -> Task:
     """This process's task as the chief (the client) of a cluster of ``tfdp.server``s running
-    ``jobs``, each of which must name tasks (else one line ending with ``remedy``); its port
-    checked free."""
+    ``jobs``, each of which must name tasks (else one line ending with ``remedy``); its
+    addresses checked (``check_addresses``, waiting up to ``wait`` seconds for names)."""
     task_ = task(kinds=("chief",), program=program)
     for job in jobs:
         if not task_.cluster.get(job):
             raise UserError(f"{ENV} names no {job} tasks: {remedy}")
-    check_port_free(task_)
+    check_addresses(task_, wait)
     return task_
 
 
@@ -105,9 +106,31 @@ def num_workers(environ=None) -> int:
         return 0
 
 
-def check_port_free(task_: Task) -> None:
-    """Refuse at once, naming the port, when this task's port is taken (TensorFlow binds every
+def check_addresses(task_: Task, wait: float = 60.0) -> None:
+    """Refuse in one line what TensorFlow would only fail on later: a host of the cluster whose
+    name does not resolve within ``wait`` seconds (a typo; TensorFlow would wait the whole
+    --collective_timeout and then blame the peers it cannot reach; a peer's name may appear
+    late, as a Kubernetes pod's does), and this task's port taken (TensorFlow binds every
     interface and fails with "Could not start gRPC server")."""
+    deadline = time.monotonic() + wait
+    for job, addresses in task_.cluster.items():
+        for index, address in enumerate(addresses):
+            host = address.rpartition(":")[0].strip("[]")
+            while True:
+                try:
+                    socket.getaddrinfo(host, None)
+                    break
+                except (socket.gaierror, UnicodeError) as e:
+                    if time.monotonic() >= deadline:
+                        raise UserError(
+                            f"{ENV}'s {job} {index} ({address}): the host {host!r} does not "
+                            f"resolve ({getattr(e, 'strerror', None) or e}; waited {wait:g} "
+                            "s): give its address, or a name this machine resolves") from None
+                    time.sleep(1.0)
+    _check_port_free(task_)
+
+
+def _check_port_free(task_: Task) -> None:
     host, _, port = task_.address.rpartition(":")
     if not port.isdigit():
         raise UserError(f"{ENV}: {task_.type} {task_.index} address {task_.address!r} has no "

@@ -45,7 +45,7 @@ def serve(task: tf_config.Task, num_gpus: int, data_dir=None, manual_dir=None,
                         "running python -m tfdp.train")
     if num_gpus < 1:
         raise UserError(f"--num_gpus must be a positive integer, got {num_gpus}")
-    tf_config.check_port_free(task)
+    tf_config.check_addresses(task)
     tf = logs.import_tensorflow()
     where = _prepare_data(data_dir, manual_dir) if with_data and task.type == "worker" else None
     server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type,

@@ -65,7 +65,7 @@ def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
                         "without GPUs: MultiWorkerMirroredStrategy runs one replica per CPU "
                         "worker; use --num_gpus=1 and more workers")
     if ":" in task.address:  # Named in TF_CONFIG (one worker too): TensorFlow binds its port.
-        tf_config.check_port_free(task)
+        tf_config.check_addresses(task, collective_timeout)
     # Creating the strategy waits for every worker to register, and the first collective for
     # every worker to join: without a deadline a missing peer means waiting forever.
     deadline = watchdog.start(collective_timeout, task.peers) if task.peers else None

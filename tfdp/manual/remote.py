@@ -39,14 +39,15 @@ JOB = "worker"
 INDICES = tf.TensorSpec([None], tf.int32)
 
 
-def task_of() -> Optional[tf_config.Task]:
-    """This process's task when ``TF_CONFIG`` makes it the client of workers, else None."""
+def task_of(wait: float = 60.0) -> Optional[tf_config.Task]:
+    """This process's task when ``TF_CONFIG`` makes it the client of workers, else None (its
+    hosts' names waited for up to ``wait`` seconds)."""
     if not os.environ.get(tf_config.ENV):
         return None
     return tf_config.client_task(
         "tfdp.train --strategy=manual (the client; its workers run python -m tfdp.server)",
         (JOB,), "--strategy=manual trains on their devices: add their host:port under "
-                "\"worker\", or unset it to train here")
+                "\"worker\", or unset it to train here", wait)
 
 
 @dataclasses.dataclass

@@ -27,7 +27,7 @@ class FromScratchPath(TrainingPath):
 
     def __init__(self, config, backups):
         self.config = config
-        task = remote.task_of()
+        task = remote.task_of(config.collective_timeout)
         self.cluster = (remote.connect(task, config.num_gpus, config.data_dir,
                                        config.collective_timeout, backups.steps)
                         if task else None)

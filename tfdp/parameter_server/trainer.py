@@ -65,7 +65,8 @@ def task_of(config) -> tf_config.Task:
                         "chief (this process), workers and ps tasks; python -m tfdp.launch "
                         "--num_workers=2 --num_ps=1 -- --strategy=parameter_server starts one here")
     task = tf_config.client_task(PROGRAM, JOBS, "--strategy=parameter_server needs workers "
-                                                "and parameter servers (ps)")
+                                                "and parameter servers (ps)",
+                                 wait=config.collective_timeout)
     servers = len(task.cluster["ps"])
     if config.ps_shards > servers:
         raise UserError(f"--ps_shards={config.ps_shards} is more than the {servers} parameter "
