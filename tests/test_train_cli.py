@@ -225,6 +225,21 @@ def test_bad_flags_exit_with_one_line(args, words, tmp_path):
     assert_one_line_error(result, *words)
 
 
+@pytest.mark.parametrize("args, line", [
+    (["--batch_size=70000"], "a global batch of 70000 examples is larger than the 60000 "
+                             "training examples: give a --batch_size of at most 60000"),
+    (["--epochs=2", "--steps_per_epoch=5", "--trace_steps=11:20"],
+     "--trace_steps=11:20 starts after the run's last step: it trains steps 1 to 10 (2 epochs "
+     "of 5 steps)"),
+])
+def test_flags_that_cannot_fit_the_data_are_one_line(args, line, tmp_path, data_dir):
+    result = run_module("tfdp.train", *args, f"--data_dir={data_dir}",
+                        f"--workdir={tmp_path / 'work'}", f"--export_dir={tmp_path / 'exp'}")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == f"tfdp.train: error: {line}", \
+        result.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_bad_export_dir_and_damaged_data(tmp_path, manual_dir, data_dir):
     a_file = tmp_path / "file"

@@ -96,7 +96,16 @@ def make_plan(config, replicas: int, train_examples: int, test_examples: int) ->
     """The plan of ``config`` on ``replicas`` replicas (refuses a batch too small to split)."""
     micro = global_batch_size(config, replicas)
     batch = micro * config.accumulate_steps
+    if batch > train_examples:
+        raise UserError(f"a global batch of {batch} examples is larger than the "
+                        f"{train_examples} training examples: give a --batch_size of at most "
+                        f"{train_examples}")
     steps = steps_per_epoch(train_examples, batch, config.steps_per_epoch)
+    traced = config.traced_steps
+    if traced and traced[0] > steps * config.epochs:
+        raise UserError(f"--trace_steps={config.trace_steps} starts after the run's last step: "
+                        f"it trains steps 1 to {steps * config.epochs} ({config.epochs} epochs "
+                        f"of {steps} steps)")
     return Plan(
         strategy=config.strategy, replicas=replicas, global_batch=batch,
         per_replica_batch=tuple(shard_sizes(batch, replicas)),
