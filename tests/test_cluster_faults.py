@@ -95,6 +95,13 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
     assert stopped, err[-3000:]
     record = json.loads(open(stopped[1]).read())
     assert record["steps"] and record["steps"][-1]["step"] >= 25
+    if path.strategy == "manual":  # The chief asks each worker: the hung one is named.
+        assert re.search(r"lost contact with the cluster \(no answer for 10 s while training "
+                         r"steps? [\d-]+, --collective_timeout\): not answering now \(its port "
+                         r"open, its process stopped or hung\): worker 1 \([\d.]+:\d+\)",
+                         stopped[0]), stopped[0]
+        assert re.search(r"while training steps? [\d-]+, --collective_timeout; not answering: "
+                         r"worker 1$", record["why"]), record["why"]
     first = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
     if path.strategy == "parameter_server":
         assert sum(first["worker_steps"]) == 25
@@ -106,6 +113,26 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
             "worker 0 (replica 0)", "worker 1 (replica 1)"]
     if path.strategy == "multi_worker":  # Keras reads the times at its callback's checks.
         assert [s["step"] for s in record["steps"]][:5] == [5, 10, 15, 20, 25]
+
+
+def test_a_worker_paused_for_seconds_is_named_with_its_step(tmp_path, data_dir):
+    """The from-scratch path's worker 1 stopped for 4 s mid-epoch (real SIGSTOP, then SIGCONT,
+    from outside): once, so no straggler, but the epoch's line names the pause and its step."""
+    run = launch(tmp_path, "manual", f"--data_dir={data_dir}", "--epochs=2",
+                 "--steps_per_epoch=60", "--batch_size=64", "--eval_steps=1", "--sync_every=1",
+                 popen=True)
+    wait_for_first_backup(run, tmp_path)
+    time.sleep(0.3)
+    worker = task_pid(run.pid, "worker", 1)
+    os.kill(worker, signal.SIGSTOP)
+    time.sleep(4)
+    os.kill(worker, signal.SIGCONT)
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err[-3000:]
+    paused = re.search(r"^\[chief\] epoch 2/2: .*; pause: worker 1 \(replica 1\) reached the "
+                       r"allreduce (\d+\.\d) s after the others at step (\d+)$", out, re.M)
+    assert paused, out[-3000:]
+    assert 3.0 <= float(paused[1]) <= 6.0 and 60 < int(paused[2]) <= 120
 
 
 @by_path

@@ -32,6 +32,9 @@ class Stall:
     def __init__(self, seconds: float, peers: list, kept_steps=lambda: []):
         self.seconds, self.peers, self.kept_steps = seconds, peers, kept_steps
         self.recorder = None  # The path's tfdp.trace.flight_recorder.FlightRecorder.
+        # The path's ``unresponsive() -> [(name, address)]``: peers whose port is open but whose
+        # process runs nothing (stopped, hung), where the path can ask (an op on each worker).
+        self.unresponsive = None
         self._since = None
         self._doing = ""
         threading.Thread(target=self._keep, daemon=True, name="tfdp-stall").start()
@@ -56,7 +59,10 @@ class Stall:
                 else:
                     why = (f"no answer for {self.seconds:g} s while {self._doing}, "
                            "--collective_timeout")
-                    line = tf_config.lost_contact(why, self.peers, "", self.kept_steps())
+                    hung = self.unresponsive() if self.unresponsive is not None else []
+                    line = tf_config.lost_contact(why, self.peers, "", self.kept_steps(), hung)
+                    if hung:  # The record says which steps were in flight, and who held them.
+                        why += "; not answering: " + ", ".join(name for name, _ in hung)
                     line += self.recorder.recorded(why) if self.recorder is not None else ""
                 sys.stderr.write(f"tfdp.train: error: {line}\n")
                 sys.stderr.flush()

@@ -156,17 +156,29 @@ def silent_peers(peers: list) -> list:
     return [f"{name} ({address})" for name, address in peers if address in silent]
 
 
-def lost_contact(error_name: str, peers: list, error_text: str, kept_steps: list) -> str:
+def lost_contact(error_name: str, peers: list, error_text: str, kept_steps: list,
+                 hung: list = ()) -> str:
     """The one line for a run that lost its cluster: the ``peers`` it cannot reach now (else
-    those TensorFlow's ``error_text`` names) and the backup the same command resumes from."""
+    those that accept a connection but run nothing, ``hung``; else those TensorFlow's
+    ``error_text`` names) and the backup the same command resumes from."""
     named = silent_peers(peers)
+    if not named and hung:
+        return (f"lost contact with the cluster ({error_name}): not answering now (its port "
+                f"open, its process stopped or hung): "
+                + ", ".join(f"{name} ({address})" for name, address in hung)
+                + _resume(kept_steps))
     if not named:
         unhealthy = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", error_text)))
         named = [f"{job} {index} (reported unhealthy)" for job, index in unhealthy]
     return (f"lost contact with the cluster ({error_name}): "
             + (f"unreachable now: {', '.join(named)}" if named else "no peer named")
-            + (f"; the backup of step {kept_steps[-1]} is kept" if kept_steps else "")
-            + ": run the same command again to resume once every worker is reachable")
+            + _resume(kept_steps))
+
+
+def _resume(kept_steps: list) -> str:
+    return (
+        (f"; the backup of step {kept_steps[-1]} is kept" if kept_steps else "")
+        + ": run the same command again to resume once every worker is reachable")
 
 
 def did_not_start(seconds: float, peers: list, start: str = "every worker",

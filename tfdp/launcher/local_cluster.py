@@ -186,6 +186,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             return INTERRUPTED_EXIT_CODE
         if set(codes) == {PREEMPTED_EXIT_CODE}:
             return PREEMPTED_EXIT_CODE
+        if set(codes) == {0}:  # They had finished (and exported): nothing was interrupted.
+            return 0
         return 128 + (signal.SIGINT if interrupted else signal.SIGTERM)
     finally:
         for sig, handler in previous.items():

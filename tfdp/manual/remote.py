@@ -22,6 +22,8 @@ workers directly. This process, the client, holds no replica.
 
 import dataclasses
 import os
+import threading
+import time
 from typing import Optional
 
 import tensorflow as tf
@@ -93,6 +95,25 @@ class Cluster:
                         return f"SIGTERM to {name} at {address}"
         return None
 
+    def unresponsive(self, seconds: float = 3.0) -> list:
+        """The workers ``[(name, address)]`` that do not run a trivial op within ``seconds``:
+        a stopped or hung process, whose port the kernel still answers."""
+        answered = {}
+
+        def ask(w):
+            with tf.device(_cpu(w)):
+                tf.identity(tf.constant(0)).numpy()
+            answered[w] = True
+
+        askers = [threading.Thread(target=ask, args=(w,), daemon=True)
+                  for w in range(len(self.stall.peers))]
+        for asker in askers:
+            asker.start()
+        deadline = time.monotonic() + seconds
+        for asker in askers:
+            asker.join(max(0.0, deadline - time.monotonic()))
+        return [peer for w, peer in enumerate(self.stall.peers) if w not in answered]
+
     def describe(self) -> str:
         workers = ", ".join(f"worker {i} ({a})" for i, a in enumerate(self.task.cluster[JOB]))
         return f"{len(self.devices)} remote device(s) on {workers}: {self.devices}"
@@ -131,7 +152,9 @@ def connect(task: tf_config.Task, num_gpus: int, data_dir: Optional[str], timeou
             examples[split] = _check_same(split, arrays[split], peers)
     logger.info("data: %d training and %d test examples, read by each of the %d workers from "
                 "its own %s", examples["train"], examples["test"], len(peers), folder)
-    return Cluster(task, devices, worker_of, arrays, examples, stall)
+    cluster = Cluster(task, devices, worker_of, arrays, examples, stall)
+    stall.unresponsive = cluster.unresponsive  # For the line of a call that outlasts the timeout.
+    return cluster
 
 
 def _cpu(worker: int) -> str:

@@ -14,6 +14,11 @@ step's times; ``fit`` every few steps (reading a step's results waits for it). F
   after the others, is named in the epoch's line ("worker 1 reaches the allreduce 38.0 ms after
   the others on average, last in 92% of steps"): two logical devices sharing two cores take
   turns by a few milliseconds, which is not what a straggler is;
+* a **pause**, one step whose last replica reaches the exchange at least ``PAUSE_S`` seconds and
+  ``PAUSE_SHARE`` times the median compute after the others (a worker stopped, swapping, or
+  preempted and resumed for a while), is named with its step when no straggler is ("pause:
+  worker 1 (replica 1) reached the allreduce 19.8 s after the others at step 57"): once in an
+  epoch, it is no straggler, and yet it is what made the epoch slow;
 * the **flight recorder** keeps the last ``flight_recorder.KEPT`` steps' times; when the
   cluster is lost (a peer dies, or a step outlasts ``--collective_timeout``), ``dump`` writes
   them to ``flight_recorder.json`` in the run folder and the one-line error names that file.
@@ -34,6 +39,8 @@ from tfdp.trace import flight_recorder
 LAST_SHARE = 0.6
 LATE_MS = 2.0
 LATE_SHARE = 0.25
+PAUSE_S = 1.0
+PAUSE_SHARE = 20.0
 
 
 def stamp_after(pred, deps: list, anchor):
@@ -87,12 +94,13 @@ class Arrivals(flight_recorder.FlightRecorder):
     def add(self, step: int, times) -> None:
         """``times``: [replicas, 2] of (start, ready) Unix seconds, of global step ``step``."""
         times = np.asarray(times, np.float64)
-        self.epoch.append(times)
+        self.epoch.append((step, times))
         self.kept.append((step, times))
 
     def epoch_figures(self) -> tuple:
         """(the record's per-replica figures, the epoch line's words), and a new epoch."""
-        steps, self.epoch = np.array(self.epoch), []
+        numbers = [step for step, _ in self.epoch]
+        steps, self.epoch = np.array([times for _, times in self.epoch]), []
         if not len(steps):
             return {}, ""
         start, ready = steps[:, :, 0] * 1e3, steps[:, :, 1] * 1e3
@@ -112,6 +120,13 @@ class Arrivals(flight_recorder.FlightRecorder):
             return figures, (f"; straggler: {self.names[r]} reaches the allreduce "
                              f"{late[r]:.1f} ms after the others on average, last in "
                              f"{last[r]:.0%} of steps")
+        ordered = np.sort(ready, axis=1)
+        behind = ordered[:, -1] - ordered[:, -2]  # The last replica after the one before it.
+        i = int(behind.argmax())
+        if behind[i] >= max(PAUSE_S * 1e3, PAUSE_SHARE * statistics.median(compute.tolist())):
+            return figures, (f"; pause: {self.names[int(ready[i].argmax())]} reached the "
+                             f"allreduce {behind[i] / 1e3:.1f} s after the others at step "
+                             f"{numbers[i]}")
         return figures, ""
 
     def dump(self, why: str = "") -> str:
