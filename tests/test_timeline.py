@@ -121,6 +121,24 @@ def test_arrivals_name_a_replica_only_when_it_is_consistently_and_clearly_late(t
     assert [s["step"] for s in kept] == list(range(1, 21))
 
 
+def test_arrivals_name_a_pause_with_its_step_and_not_as_a_straggler(tmp_path):
+    from tfdp.trace.arrivals import Arrivals
+
+    arrivals = Arrivals(["/job:worker/task:0/device:CPU:0", "/job:worker/task:1/device:CPU:0"],
+                        str(tmp_path))
+    for step in range(61, 121):  # Taking turns by a millisecond; worker 1 stopped 4 s at 79.
+        late = 4.0 if step == 79 else 0.001 * (step % 2)
+        arrivals.add(step, [[100.0, 100.010], [100.0, 100.0105 + late]])
+    assert arrivals.epoch_figures()[1] == ("; pause: worker 1 (replica 1) reached the allreduce "
+                                           "4.0 s after the others at step 79")
+    for step in range(121, 131):  # A straggler that also paused: both named.
+        arrivals.add(step, [[100.0, 100.010], [100.0, 100.030 + (2.0 if step == 125 else 0)]])
+    assert arrivals.epoch_figures()[1] == (
+        "; straggler: worker 1 (replica 1) reaches the allreduce 20.0 ms after the others on "
+        "average, last in 100% of steps; pause: worker 1 (replica 1) reached the allreduce 2.0 s "
+        "after the others at step 125")
+
+
 def test_folded_times_unfold_near_the_hosts_clock():
     from tfdp.trace.arrivals import PERIOD, unfold
 

@@ -16,9 +16,9 @@ step's times; ``fit`` every few steps (reading a step's results waits for it). F
   turns by a few milliseconds, which is not what a straggler is;
 * a **pause**, one step whose last replica reaches the exchange at least ``PAUSE_S`` seconds and
   ``PAUSE_SHARE`` times the median compute after the others (a worker stopped, swapping, or
-  preempted and resumed for a while), is named with its step when no straggler is ("pause:
-  worker 1 (replica 1) reached the allreduce 19.8 s after the others at step 57"): once in an
-  epoch, it is no straggler, and yet it is what made the epoch slow;
+  preempted and resumed for a while), is named with its step ("pause: worker 1 (replica 1)
+  reached the allreduce 19.8 s after the others at step 57"), and the straggler rule judges the
+  other steps: averaged in, one pause made a straggler of a worker that is not one;
 * the **flight recorder** keeps the last ``flight_recorder.KEPT`` steps' times; when the
   cluster is lost (a peer dies, or a step outlasts ``--collective_timeout``), ``dump`` writes
   them to ``flight_recorder.json`` in the run folder and the one-line error names that file.
@@ -72,6 +72,12 @@ def unfold(folded, now: float):
     return now - ((now - folded + PERIOD / 2) % PERIOD - PERIOD / 2)
 
 
+def _late(ready: np.ndarray) -> np.ndarray:
+    """[steps, replicas]: how much later than the others' mean each replica was ready."""
+    k = ready.shape[1]
+    return ready - (ready.sum(1, keepdims=True) - ready) / (k - 1)
+
+
 def replica_names(devices: list) -> list:
     """"worker 1 (replica 2)" across machines, "replica 2" on one."""
     names = []
@@ -108,26 +114,30 @@ class Arrivals(flight_recorder.FlightRecorder):
         if ready.shape[1] < 2:
             return {"replica_compute_ms": compute.round(3).tolist(), "replicas": self.names}, ""
         wait = (ready.max(1, keepdims=True) - ready).mean(0)
-        k = ready.shape[1]
-        late = (ready - (ready.sum(1, keepdims=True) - ready) / (k - 1)).mean(0)
-        last = np.bincount(ready.argmax(1), minlength=k) / len(ready)
+        late = _late(ready).mean(0)
         figures = {"replica_compute_ms": compute.round(3).tolist(),
                    "replica_wait_ms": wait.round(3).tolist(),
                    "replica_late_ms": late.round(3).tolist(), "replicas": self.names}
-        r = int(late.argmax())
-        bar = max(LATE_MS, LATE_SHARE * statistics.median(compute.tolist()))
-        if last[r] >= LAST_SHARE and late[r] >= bar:
-            return figures, (f"; straggler: {self.names[r]} reaches the allreduce "
-                             f"{late[r]:.1f} ms after the others on average, last in "
-                             f"{last[r]:.0%} of steps")
+        words = ""
         ordered = np.sort(ready, axis=1)
         behind = ordered[:, -1] - ordered[:, -2]  # The last replica after the one before it.
         i = int(behind.argmax())
-        if behind[i] >= max(PAUSE_S * 1e3, PAUSE_SHARE * statistics.median(compute.tolist())):
-            return figures, (f"; pause: {self.names[int(ready[i].argmax())]} reached the "
-                             f"allreduce {behind[i] / 1e3:.1f} s after the others at step "
-                             f"{numbers[i]}")
-        return figures, ""
+        typical = float(np.median(ready - start))  # A step's compute, the pause aside.
+        if behind[i] >= max(PAUSE_S * 1e3, PAUSE_SHARE * typical):
+            words = (f"; pause: {self.names[int(ready[i].argmax())]} reached the allreduce "
+                     f"{behind[i] / 1e3:.1f} s after the others at step {numbers[i]}")
+            # A straggler is late in the other steps too.
+            start, ready = np.delete(start, i, axis=0), np.delete(ready, i, axis=0)
+            if not len(ready):
+                return figures, words
+        late = _late(ready).mean(0)
+        last = np.bincount(ready.argmax(1), minlength=ready.shape[1]) / len(ready)
+        r = int(late.argmax())
+        bar = max(LATE_MS, LATE_SHARE * statistics.median((ready - start).mean(0).tolist()))
+        if last[r] >= LAST_SHARE and late[r] >= bar:
+            words = (f"; straggler: {self.names[r]} reaches the allreduce {late[r]:.1f} ms "
+                     f"after the others on average, last in {last[r]:.0%} of steps") + words
+        return figures, words
 
     def dump(self, why: str = "") -> str:
         """Write the last steps' times to the flight recorder file; return its path ('' when
