@@ -6,6 +6,7 @@ import json
 import pytest
 
 from processes import run_module
+from tfdp import logs
 from tfdp.bench import host_allreduce as host_bench
 from tfdp.launcher import emulated_hosts
 
@@ -16,8 +17,11 @@ def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
                         "plain:1:bf16:spe=2:intra=1:inter=1",
                         "--steps=3", "--epochs=2", "--rounds=1", "--batch_size=64",
                         "--allreduce", "--allreduce_sizes=4096", f"--data_dir={data_dir}",
-                        f"--workdir={tmp_path}")
+                        f"--workdir={tmp_path}",
+                        env={"TF_CPP_MIN_LOG_LEVEL": ""})  # As from a user's shell.
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not [line for line in result.stderr.splitlines()
+                if logs.STARTUP_BANNERS.match(line)], result.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["name"]: r for r in report["rows"]}
     assert list(rows) == ["stock:1", "manual:1", "manual:2:ring", "manual:2:ring:bf16",

@@ -18,8 +18,9 @@ cores, prefixes each process's output, and waits. What it starts depends on the 
 
 Faults: if a worker fails, the others are stopped and the launcher exits with its code. SIGTERM
 or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every worker saves the
-same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and the same command resumes. Workers die
-with the launcher whatever kills it (``PR_SET_PDEATHSIG``).
+same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and so does the launcher; the same command
+resumes. A second Ctrl-C stops them at once (130). Workers die with the launcher whatever kills
+it (``PR_SET_PDEATHSIG``).
 
 With ``--hosts`` (Linux, root) every worker runs on an emulated host of its own instead,
 with ``--link`` the rate of every host's link (``tfdp.launcher.emulated_hosts``).
