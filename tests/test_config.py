@@ -30,6 +30,7 @@ from tfdp.plan import global_batch_size, peak_lr
     ({"steps_per_execution": 2}, "--steps_per_execution"),
     ({"strategy": "plain", "num_gpus": 2}, "--strategy=plain"),
     ({"seed": -1}, "--seed must be an integer from 0 to 4294967295, got -1"),
+    ({"target_accuracy": 1.5}, "--target_accuracy must be a fraction in (0, 1], got 1.5"),
     ({"workdir": 5}, "--workdir must be a string, got 5 (int)"),
     ({"num_gpus": True}, "--num_gpus must be an integer, got True (bool)"),
     ({"eager": 1}, "--eager must be True or False, got 1 (int)"),

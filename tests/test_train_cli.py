@@ -241,6 +241,41 @@ def test_flags_that_cannot_fit_the_data_are_one_line(args, line, tmp_path, data_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["manual", "mirrored"])
+def test_a_target_accuracy_stops_at_the_first_evaluation_that_reaches_it(tmp_path, data_dir,
+                                                                         strategy):
+    """Time to accuracy as MLPerf times it: every epoch's record holds the clock (started
+    before the data was read, so above the epochs' training seconds), the run stops at the
+    first evaluation at or above the target and exports that model; one below says so."""
+    flags = [f"--strategy={strategy}", "--num_gpus=2", "--epochs=6", "--steps_per_epoch=20",
+             "--init=glorot", "--eval_steps=8"]
+    result = run_module("tfdp.train", *flags, "--target_accuracy=0.55",
+                        f"--data_dir={data_dir}", f"--workdir={tmp_path / 'run'}",
+                        f"--export_dir={tmp_path / 'exp'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    epochs = metrics["epochs"]
+    reached = [r for r in epochs if r["test_acc"] >= 0.55]
+    assert reached and epochs[-1]["epoch"] == reached[0]["epoch"] < 6
+    clocks = [r["clock_s"] for r in epochs]
+    assert clocks == sorted(clocks) and clocks[0] > epochs[0]["seconds"] > 0
+    assert metrics["reached_at_epoch"] == epochs[-1]["epoch"] and metrics["startup_s"] > 0
+    note = f" (first {metrics['eval_examples']} of 10000 test examples)"
+    assert (f"reached 0.55 test accuracy{note} in {clocks[-1]:.1f} s (epoch "
+            f"{epochs[-1]['epoch']}: {epochs[-1]['test_acc']:.4f})"
+            in result.stdout.splitlines()), result.stdout[-2000:]
+    assert os.listdir(tmp_path / "exp") == ["1"]
+
+    below = run_module("tfdp.train", *flags[:2], "--epochs=1", "--steps_per_epoch=2",
+                       "--eval_steps=8", "--target_accuracy=0.99", f"--data_dir={data_dir}",
+                       f"--workdir={tmp_path / 'below'}", f"--export_dir={tmp_path / 'exp'}")
+    assert below.returncode == 0, below.stderr[-3000:]
+    assert re.search(r"^did not reach 0\.99 test accuracy \(first \d+ of 10000 test "
+                     r"examples\): the best was 0\.\d{4} \(epoch 1\), \d+\.\d s on the clock$",
+                     below.stdout, re.M), below.stdout[-2000:]
+
+
+@pytest.mark.slow
 def test_bad_export_dir_and_damaged_data(tmp_path, manual_dir, data_dir):
     a_file = tmp_path / "file"
     a_file.write_text("not a folder")

@@ -60,6 +60,10 @@ class Config:
     warmup_epochs: float = _flag(
         1.0, "Length of the --scale_lr warmup in epochs (fractions allowed; 0 for none).")
     epochs: int = _flag(10, "Training epochs.")
+    target_accuracy: Optional[float] = _flag(
+        None, "Stop at the first evaluation whose test accuracy reaches this (0 to 1), export "
+        "that model, and say how long it took, timed as MLPerf times it: loading the data, "
+        "compiling and every evaluation count (each epoch's record holds the clock, clock_s).")
     seed: int = _flag(0, "Seed for initial weights and the shuffling order.")
     init: Optional[str] = _flag(
         None, "Starting weights: textbook (normal x 0.01; the loss sits at ln 10 for about an "

@@ -98,6 +98,9 @@ def common(config) -> None:
             positive(name, getattr(config, name))
     if not (isinstance(config.lr, (int, float)) and math.isfinite(config.lr) and config.lr > 0):
         raise UserError(f"--lr must be a positive finite number, got {config.lr}")
+    if config.target_accuracy is not None and not 0 < config.target_accuracy <= 1:
+        raise UserError(f"--target_accuracy must be a fraction in (0, 1], got "
+                        f"{config.target_accuracy}")
     if not 0 <= config.seed < 2 ** 32:  # What NumPy's and TensorFlow's generators take.
         raise UserError(f"--seed must be an integer from 0 to {2 ** 32 - 1}, got {config.seed}")
     if not (math.isfinite(config.warmup_epochs) and config.warmup_epochs >= 0):

@@ -79,9 +79,11 @@ class FitCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._start  # Training only: evaluation comes next.
         self._read_loss(logs)
-        self.epoch_end(epoch, self._step, loss=logs["loss"], train_acc=logs["accuracy"],
-                       seconds=seconds, resumed_at=self.resumed_at,
-                       examples=min((self.steps - self.resumed_at) * self.batch, self.examples))
+        if self.epoch_end(epoch, self._step, loss=logs["loss"], train_acc=logs["accuracy"],
+                          seconds=seconds, resumed_at=self.resumed_at,
+                          examples=min((self.steps - self.resumed_at) * self.batch,
+                                       self.examples)):
+            self.model.stop_training = True  # --target_accuracy reached: fit ends here.
         self.resumed_at = 0
 
     def _read_loss(self, logs):

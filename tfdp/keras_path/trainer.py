@@ -123,7 +123,7 @@ class KerasFitPath(TrainingPath):
                 (first_epoch + (1 if offset else 0), config.epochs, 0)]
             with run.watch.training(run.first_step):
                 for begin, end, skip in parts:
-                    if begin >= end:
+                    if begin >= end or run.reached:  # Reached: --target_accuracy.
                         continue
                     train = data.train_batches(run.train_split, plan.global_batch, config.seed,
                                                begin, end, config.steps_per_epoch).skip(skip)

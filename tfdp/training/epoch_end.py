@@ -1,5 +1,6 @@
-"""The end of every epoch on every path, written once: evaluate, report, back up, and stop
-there if the run was asked to (preemption).
+"""The end of every epoch on every path, written once: evaluate, report (with the clock of
+``tfdp.training.clock``), back up, and stop there if the run was asked to (preemption) or has
+reached ``--target_accuracy``.
 
 The epoch loop (``tfdp.training.loop``: the from-scratch and parameter-server paths) calls it
 after its last step of the epoch is collected; under Keras ``fit`` tfdp's one callback
@@ -22,17 +23,27 @@ class EpochEnd:
         self.preempted = preempted or (lambda: run.watch.requested)
 
     def __call__(self, epoch: int, step: int, *, loss: float, train_acc: float, seconds: float,
-                 examples: int, resumed_at: int = 0) -> None:
+                 examples: int, resumed_at: int = 0) -> bool:
         """End ``epoch`` (from 0) after global step ``step``: ``seconds`` of training over
         ``examples`` examples at a running ``loss`` and ``train_acc``, resumed ``resumed_at``
-        steps into the epoch. Raises ``Preempted`` after the backup when asked to stop."""
+        steps into the epoch. Whether training is over: ``--target_accuracy`` reached (the
+        caller stops and the run exports). Raises ``Preempted`` after the backup when asked to
+        stop."""
         run = self.run
         with watching(run.stall, f"evaluating epoch {epoch + 1}"):
             test_loss, test_acc = self.evaluate()
+        clock = run.clock.reading()  # Stopped at the evaluation, as MLPerf's run_stop.
         extra, note = self.figures()
         run.reporter.epoch_end(epoch, loss=loss, train_acc=train_acc, test_loss=test_loss,
                                test_acc=test_acc, seconds=seconds, examples=examples,
-                               resumed_at=resumed_at, extra=extra, note=note)
+                               resumed_at=resumed_at, extra=dict(extra, clock_s=clock),
+                               note=note)
         saved = run.backups.save(step, self.weights()) if run.backups else None
+        target = run.config.target_accuracy
+        if target is not None and test_acc >= target:
+            # Every worker evaluated the same global accuracy: all stop here, and export.
+            run.reached = run.reporter.records[-1]
+            return True
         if self.preempted():
             raise run.watch.preempted(step, saved)
+        return False

@@ -66,7 +66,8 @@ def train(run, steps: Steps) -> int:
     batches = steps.batches(run.first_epoch, run.offset)
     with run.watch.training(run.first_step):
         for epoch in range(run.first_epoch, run.plan.epochs):
-            loop.epoch(epoch, run.offset if epoch == run.first_epoch else 0, batches)
+            if loop.epoch(epoch, run.offset if epoch == run.first_epoch else 0, batches):
+                break  # --target_accuracy reached.
     run.tracer.finish()  # A traced range past the last step ends with the run.
     return loop.done
 
@@ -101,7 +102,8 @@ class _Loop:
         self.divergence = divergence.Divergence()
         self.epoch_end = EpochEnd(run, steps.evaluate, steps.weights, steps.epoch_figures)
 
-    def epoch(self, epoch: int, first: int, batches) -> None:
+    def epoch(self, epoch: int, first: int, batches) -> bool:
+        """Train ``epoch`` from its step ``first``; whether training is over (its end's)."""
         run, plan = self.run, self.run.plan
         running = _Running(run.reporter.progress(epoch, plan.steps_per_epoch))
         start = time.perf_counter()
@@ -125,8 +127,8 @@ class _Loop:
                     self._collect(running)
         self._drain(running)
         seconds = time.perf_counter() - start  # Training only: evaluation comes next.
-        self.epoch_end(epoch, self.done, loss=running.loss, train_acc=running.accuracy,
-                       seconds=seconds, examples=running.seen, resumed_at=first)
+        return self.epoch_end(epoch, self.done, loss=running.loss, train_acc=running.accuracy,
+                              seconds=seconds, examples=running.seen, resumed_at=first)
 
     def _collect(self, running: _Running) -> None:
         pending, i, count = self.in_flight.popleft()

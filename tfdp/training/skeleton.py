@@ -21,6 +21,7 @@ from tfdp.logs import logger
 from tfdp.trace.tracer import Tracer
 from tfdp.training import preemption, report, run_folder
 from tfdp.training.backups import Backups, identity, resume_step
+from tfdp.training.clock import Clock
 from tfdp.training.result import Result
 from tfdp.training.training_path import TrainingPath
 
@@ -39,6 +40,8 @@ class Run:
     train_split: object = None   # None where the data lives on a cluster's workers
     test_split: object = None
     tracer: Tracer = dataclasses.field(default_factory=lambda: Tracer(None, ""))
+    clock: Clock = dataclasses.field(default_factory=Clock)
+    reached: Optional[dict] = None  # The record of the epoch that reached --target_accuracy.
 
     @property
     def first_epoch(self) -> int:
@@ -52,8 +55,9 @@ class Run:
 
     @property
     def trained(self) -> bool:
-        """Whether the run resumed after its last step: nothing is left to train."""
-        return self.first_epoch >= self.plan.epochs
+        """Whether the run resumed after its last step, or after the epoch that reached
+        ``--target_accuracy``: nothing is left to train."""
+        return self.reached is not None or self.first_epoch >= self.plan.epochs
 
 
 def run(config: Config, path_type, start_weights=None) -> Result:
@@ -109,6 +113,8 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
 
     if path.is_chief:
         export.check_export_root(config.export_root)
+    clock = Clock()
+    clock.start()  # Before the data is read: time to accuracy counts it (tfdp.training.clock).
     train_split = test_split = None
     examples = path.examples
     if not examples:
@@ -126,19 +132,26 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     tracer = Tracer(config.traced_steps, config.run_dir, path.worker_index, path.num_workers,
                     servers=path.servers_traced)
     started = Run(config, plan, None, list(path.devices), first_step, backups,
-                  watch or preemption.Watch(), path.stall, train_split, test_split, tracer)
+                  watch or preemption.Watch(), path.stall, train_split, test_split, tracer,
+                  clock)
     first_epoch, offset = started.first_epoch, started.offset
+    # Every worker reads the earlier epochs (one folder for all): whether one reached the
+    # target before an interruption (an export that failed, say) decides for all.
+    earlier = report.load_history(config.run_dir, first_epoch) if first_epoch else []
+    target = config.target_accuracy
+    if earlier and target is not None and earlier[-1]["test_acc"] >= target:
+        started.reached = earlier[-1]
+    clock.offset = earlier[-1].get("clock_s", 0.0) if earlier else 0.0
     if first_step and path.is_chief:
         print(f"resuming at epoch {first_epoch + 1}/{config.epochs}, step "
               f"{offset}/{plan.steps_per_epoch} (global step {first_step})"
               if not started.trained else
               f"resuming a run that finished training ({first_step} steps): exporting it",
               flush=True)
-    history = (report.load_history(config.run_dir, first_epoch)
-               if path.is_chief and first_epoch else ())
     started.reporter = report.Reporter(config.run_dir, plan.facts(config), path.devices,
-                                       path.is_chief, history=history,
+                                       path.is_chief, history=earlier if path.is_chief else (),
                                        eval_note=plan.eval_note)
+    started.reporter.add_facts(startup_s=clock.startup, resumed=bool(first_step))
     return started
 
 
@@ -151,6 +164,12 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
     import tensorflow as tf
 
     line = run.reporter.final_line()
+    target = run.config.target_accuracy
+    if target is not None:
+        run.reporter.add_facts(target_accuracy=target,
+                               reached_at_epoch=run.reached["epoch"] if run.reached else None)
+        if run.reporter.is_chief:
+            print(_target_line(run, target), flush=True)
     try:
         version = export()
     except (OSError, tf.errors.OpError) as e:
@@ -168,6 +187,20 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
                   history=[dict(r) for r in records], export_path=version,
                   devices=run.reporter.devices, run_dir=run.config.run_dir, final_line=line,
                   plan=run.plan, weights=weights)
+
+
+def _target_line(run: Run, target: float) -> str:
+    """Whether the run reached ``target``, and on the clock when (tfdp.training.clock)."""
+    note = run.plan.eval_note
+    if run.reached:
+        r = run.reached
+        return (f"reached {target:g} test accuracy{note} in {r.get('clock_s', 0.0):.1f} s "
+                f"(epoch {r['epoch']}: {r['test_acc']:.4f})")
+    records = run.reporter.records
+    best = max(records, key=lambda r: r["test_acc"]) if records else None
+    return (f"did not reach {target:g} test accuracy{note}"
+            + (f": the best was {best['test_acc']:.4f} (epoch {best['epoch']}), "
+               f"{records[-1].get('clock_s', 0.0):.1f} s on the clock" if best else ""))
 
 
 def _reason(error) -> str:
