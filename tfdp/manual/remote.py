@@ -95,7 +95,7 @@ class Cluster:
                         return f"SIGTERM to {name} at {address}"
         return None
 
-    def unresponsive(self, seconds: float = 3.0) -> list:
+    def unresponsive(self, seconds: float = 10.0) -> list:
         """The workers ``[(name, address)]`` that do not run a trivial op within ``seconds``:
         a stopped or hung process, whose port the kernel still answers."""
         answered = {}
