@@ -301,14 +301,19 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
                                                                                data_dir, times):
     """A real pseudo-terminal: Ctrl-C there signals the terminal's foreground process group,
     the launcher's; the workers, in sessions of their own, are asked by the launcher, and all
-    saved is a preemption (75). A second Ctrl-C stops them at once (130)."""
+    saved is a preemption (75). A second Ctrl-C, typed while they finish a step (a large
+    batch: seconds here), stops them at once (130)."""
+    batch = 8192 if times == 2 else 64
     run = Terminal(
         [sys.executable, "-m", "tfdp.launch", "--num_workers=2", "--", "--strategy=multi_worker",
-         "--epochs=3", "--steps_per_epoch=100", "--batch_size=64", "--eval_steps=1",
+         "--epochs=3", "--steps_per_epoch=100", f"--batch_size={batch}", "--eval_steps=1",
          f"--data_dir={data_dir}", f"--workdir={tmp_path / 'run'}",
          f"--export_dir={tmp_path / 'export'}"])
     backups = Backups(str(tmp_path / "run"), 0, {})
-    run.wait_for(lambda t: backups.steps(), 240, "the first epoch")
+    if times == 2:  # Into the first epoch's long steps.
+        run.wait_for(lambda t: "\r[0] epoch 1/3 " in t.text, 240, "training")
+    else:
+        run.wait_for(lambda t: backups.steps(), 240, "the first epoch")
     run.type(b"\x03")  # Ctrl-C, typed.
     if times == 2:
         run.wait_for(lambda t: "asking the workers to save" in t.text, 10, "the first Ctrl-C")

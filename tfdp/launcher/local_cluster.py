@@ -180,9 +180,7 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             f"{'chief' if client else 'workers'} to save and stop")
         # The client saves what it reads from the workers or servers: they stay up until it has.
         codes = supervise.preempt(procs[:1] if client else procs, grace)
-        if supervise.second_ctrl_c():
-            say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
-                "backup are lost; run the same command again to resume from it")
+        if supervise.second_ctrl_c():  # Said last, below, after what the workers said.
             return INTERRUPTED_EXIT_CODE
         if set(codes) == {PREEMPTED_EXIT_CODE}:
             return PREEMPTED_EXIT_CODE
@@ -200,6 +198,9 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             for line in emulated.traffic([spec.role for spec in specs]):
                 say(f"tfdp.launch: {line}")
             emulated.remove()
+        if supervise.second_ctrl_c():
+            say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
+                "backup are lost; run the same command again to resume from it")
 
 
 def _roles(specs: list) -> list:

@@ -14,6 +14,7 @@ import sys
 import threading
 
 _OUTPUT = threading.Lock()
+_LINE_OPEN = [False]  # Whether the last output left a line open (a progress bar's redraw).
 
 # TensorFlow 2.21's C++ runtime, when a remote worker cannot be reached: a head line, then
 # gRPC's detail on lines of their own.
@@ -44,8 +45,10 @@ def say(line: str) -> None:
     """One line of the launcher's own on stderr, in a single write (``print`` makes two, and a
     worker's output could land between them)."""
     with _OUTPUT:
-        sys.stderr.write(line + "\n")
+        # On a line of its own, not at the end of a worker's progress bar.
+        sys.stderr.write(("\n" if _LINE_OPEN[0] else "") + line + "\n")
         sys.stderr.flush()
+        _LINE_OPEN[0] = False
 
 
 def pump(stream, prefix, out):
@@ -79,3 +82,4 @@ def emit(text, prefix, out):
     with _OUTPUT:
         out.write("".join(pieces))
         out.flush()
+        _LINE_OPEN[0] = not text.endswith("\n")
