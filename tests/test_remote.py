@@ -150,8 +150,9 @@ def test_by_hand_a_server_and_a_client_refuse_what_cannot_work_in_one_line(tmp_p
     assert done.stderr.count("tfdp.train: error") == 0
 
     # No server at all: the client gives up after --collective_timeout, naming the worker.
-    lonely = run_module("tfdp.train", f"--data_dir={data_dir}", *client[:-1],
-                        "--collective_timeout=5", env=tf_config("chief"), timeout=120)
+    lonely = run_module("tfdp.train", f"--data_dir={data_dir}", "--epochs=1",
+                        f"--workdir={tmp_path / 'lonely'}", "--collective_timeout=5",
+                        env=tf_config("chief"), timeout=120)
     assert lonely.returncode == 1
     assert lonely.stderr.strip().splitlines()[-1] == (
         "tfdp.train: error: the cluster did not start within --collective_timeout=5 s: never "
