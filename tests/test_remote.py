@@ -182,9 +182,10 @@ def test_on_emulated_hosts_the_images_never_pass_through_the_client(tmp_path, da
     assert set(moved) == {0, 1, 2}, err
     # The devices read 16 MB of pixels (20 steps of 1,024 images). What the client sends does
     # not grow with them: the starting parameters for 4 replicas (1 MB), the compiled steps,
-    # and 4 KB of indices a step.
+    # 4 KB of indices a step, and a look for a worker's SIGTERM every second (4.06 MB in all
+    # here, 3.98 without the looks: a bound of a quarter of the pixels was 1 % away).
     pixels = steps * batch * 28 * 28
-    assert moved[0][0] < pixels / 4, (moved, pixels)
+    assert moved[0][0] < pixels / 3, (moved, pixels)
     # The workers' ring moves the gradients (LeNet's: 0.52 MB) between them, not through the
     # client.
     assert min(moved[1][0], moved[2][0]) > moved[0][1], moved

@@ -87,7 +87,8 @@ class Cluster:
 
     def preempted_worker(self) -> Optional[str]:
         """What preempted the cluster, if a worker's ``tfdp.server`` got a SIGTERM ("SIGTERM to
-        worker 1 at host:port"; its flag is read where it is, one op on each worker)."""
+        worker 1 at host:port"; its flag is read where it is, one eager op on each worker: in
+        a ``tf.function`` Grappler folds the file listing into a constant, read once)."""
         with self.stall.watching("asking the workers whether one was preempted"):
             for w, (name, address) in enumerate(self.stall.peers):
                 with tf.device(_cpu(w)):
