@@ -143,3 +143,34 @@ def test_files_written_through_a_temporary_name_never_follow_a_planted_symlink(t
     files.write_atomic(str(target), lambda f: f.write("{}"))
     assert victim.read_text() == "precious"
     assert not os.path.islink(target) and target.read_text() == "{}"
+
+
+@pytest.mark.parametrize("module, strategy, task", [
+    ("tfdp.server", None, "worker"),
+    ("tfdp.train", "manual", "chief"),
+    ("tfdp.train", "parameter_server", "chief"),
+    ("tfdp.train", "multi_worker", "worker"),  # A cluster of one worker: a server all the same.
+])
+def test_a_server_or_chief_whose_port_is_taken_says_which_in_one_line(tmp_path, module, strategy,
+                                                                      task):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    own = f"127.0.0.1:{port}"
+    cluster = {"chief": [own if task == "chief" else "127.0.0.1:1"],
+               "worker": [own if task == "worker" else "127.0.0.1:1"]}
+    if strategy == "multi_worker":
+        del cluster["chief"]
+    if strategy == "parameter_server":
+        cluster["ps"] = ["127.0.0.1:2"]
+    args = [f"--strategy={strategy}", f"--workdir={tmp_path}"] if strategy else []
+    try:
+        result = run_module(module, *args, timeout=120, env={"TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": task, "index": 0}})})
+    finally:
+        holder.close()
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"{module}: error: port {port} of TF_CONFIG's {task} 0 ({own}) is already in use: stop "
+        "what holds it or give this task another port"), result.stderr[-2000:]
