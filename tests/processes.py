@@ -14,6 +14,11 @@ import pytest
 from conftest import REPO
 
 
+# TensorFlow's C++ log threshold left to tfdp, as in a user's shell (tfdp counts an empty value
+# as unset): for the tests of what a user sees, e.g. env=AS_FROM_A_SHELL or child_env(**it).
+AS_FROM_A_SHELL = {"TF_CPP_MIN_LOG_LEVEL": ""}
+
+
 def child_env(**extra) -> dict:
     """The environment of a process a test starts: this one's, TensorFlow's C++ INFO hidden."""
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **extra}

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from processes import run_module
+from processes import AS_FROM_A_SHELL, run_module
 from tfdp import logs
 from tfdp.bench import host_allreduce as host_bench
 from tfdp.launcher import emulated_hosts
@@ -18,7 +18,7 @@ def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
                         "--steps=3", "--epochs=2", "--rounds=1", "--batch_size=64",
                         "--allreduce", "--allreduce_sizes=4096", f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}",
-                        env={"TF_CPP_MIN_LOG_LEVEL": ""})  # As from a user's shell.
+                        env=AS_FROM_A_SHELL)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not [line for line in result.stderr.splitlines()
                 if logs.STARTUP_BANNERS.match(line)], result.stderr[-3000:]

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from processes import (children, cut_off, launch, slow_then_stop, task_pid,
+from processes import (AS_FROM_A_SHELL, children, cut_off, launch, slow_then_stop, task_pid,
                        wait_for_first_backup)
 from tfdp.launcher import emulated_hosts
 from tfdp.training import report
@@ -146,7 +146,7 @@ def test_a_killed_peer_ends_the_run_and_the_same_command_resumes(tmp_path, data_
     train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=20", "--eval_steps=1"]
     # As from a user's shell: TensorFlow's C++ log at tfdp's own threshold, not the tests'.
     run = launch(tmp_path, path.strategy, *train, launcher=path.launcher, popen=True,
-                 env={"TF_CPP_MIN_LOG_LEVEL": ""})
+                 env=AS_FROM_A_SHELL)
     wait_for_first_backup(run, tmp_path)
     if path.strategy == "multi_worker":  # Every worker has backed up its first epoch.
         worker_1 = tmp_path / "run" / "backup" / "worker-1"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from processes import child_env, run_module
+from processes import AS_FROM_A_SHELL, child_env, run_module
 from tfdp import formats
 from tfdp.config import Config
 from tfdp.errors import UserError
@@ -53,10 +53,9 @@ def test_tfdp_export_adds_the_formats_to_an_earlier_version(tmp_path):
     model = lenet.serving_model(lenet.start_params("glorot", 0), "float32")
     version = export.export(model, str(tmp_path / "exp"))
     assert not os.path.exists(os.path.join(version, "model.onnx"))
-    shell = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # A user's.
     done = subprocess.run([sys.executable, "-m", "tfdp.export", version,
                            "--formats=onnx,litert"], capture_output=True, text=True,
-                          env=shell, cwd=REPO, timeout=300)
+                          env=child_env(**AS_FROM_A_SHELL), cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr == ""  # Not TensorFlow's start-up banners, nor the converter's chatter.
     assert done.stdout.splitlines() == [f"tfdp.export: wrote {version}/model.onnx",

@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from conftest import DEVICES
-from processes import run_module
+from processes import AS_FROM_A_SHELL, child_env, run_module
 from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data, logs
 from tfdp import paths
@@ -227,10 +227,9 @@ def test_the_own_model_example_runs_and_prints_no_tensorflow_start_up_noise(data
 
     from conftest import REPO
 
-    shell = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # A user's.
     result = subprocess.run([sys.executable, os.path.join("examples", "own_keras_model.py")],
                             capture_output=True, text=True, cwd=REPO, timeout=600,
-                            env=dict(shell, TFDS_DATA_DIR=data_dir))
+                            env=child_env(**AS_FROM_A_SHELL, TFDS_DATA_DIR=data_dir))
     assert result.returncode == 0, result.stderr[-3000:]
     assert not [line for line in result.stderr.splitlines()
                 if logs.STARTUP_BANNERS.match(line) or "cuInit" in line], result.stderr[-3000:]
