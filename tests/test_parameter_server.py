@@ -59,7 +59,7 @@ def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, d
     halves = re.findall(r"W3\[[12]/2\] \(204\.8 KB\)", placed[1])
     assert len(halves) == 2, placed[1]
     epochs = [line for line in out.splitlines() if line.startswith("[chief] epoch ")]
-    assert len(epochs) == 2 and all(re.search(r"staleness mean \d+\.\d\d max \d+$", e)
+    assert len(epochs) == 2 and all(re.search(r"staleness mean \d+\.\d\d max \d+(; straggler: .*)?$", e)
                                     for e in epochs), out
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     for record in metrics["epochs"]:
@@ -146,12 +146,16 @@ def test_a_workers_pace_names_a_straggler_only_when_it_is_clearly_slower(tmp_pat
     for step, worker, ms in [(6, 0, 10), (7, 1, 13), (8, 2, 14)]:  # Within 1.5x: no one named.
         pace.add(step, worker, 100.0, 100.0 + ms / 1e3)
     assert pace.epoch_figures()[1] == ""
-    pace.add(9, 0, 100.0, 100.2)  # One worker ran the epoch: no one to compare with.
+    # One step slowed by another process on the machine (CI's failure): no one named.
+    for step, worker, ms in [(9, 0, 140), (10, 1, 141), (11, 0, 142), (12, 1, 400), (13, 1, 139)]:
+        pace.add(step, worker, 100.0, 100.0 + ms / 1e3)
+    assert pace.epoch_figures()[1] == ""
+    pace.add(14, 0, 100.0, 100.2)  # One worker ran the epoch: no one to compare with.
     figures, note = pace.epoch_figures()
     assert figures["worker_step_ms"] == [200.0, None, None] and note == ""
     record = json.loads(open(pace.dump("a test")).read())
-    assert [(s["step"], s["worker"]) for s in record["steps"]][-2:] == [(8, "worker 2"),
-                                                                       (9, "worker 0")]
+    assert [(s["step"], s["worker"]) for s in record["steps"]][-2:] == [(13, "worker 1"),
+                                                                       (14, "worker 0")]
 
 
 def test_the_launcher_refuses_parameter_servers_for_another_strategy(tmp_path):

@@ -9,8 +9,9 @@ times, on that worker's clock, at which the step started and at which its push h
 
 * per worker, each epoch: the steps it ran and its mean step time (pull, gradient, push) go
   into the epoch's record in ``metrics.json``;
-* a **straggler**, a worker whose mean step time is at least ``SLOW_FACTOR`` times the median of
-  the other workers' and ``SLOW_MS`` ms more, is named in the epoch's line ("worker 1 takes
+* a **straggler**, a worker whose median step time is at least ``SLOW_FACTOR`` times the median
+  of the other workers' and ``SLOW_MS`` ms more, is named (medians: on a busy machine one step
+  slowed by another process moves the mean of a worker's few steps, and is not a straggler) in the epoch's line ("worker 1 takes
   38.0 ms a step, 3.1x the others' 12.2 ms; it ran 12% of the steps");
 * the **flight recorder** keeps the last ``flight_recorder.KEPT`` steps' worker and times for
   the one-line error of a lost cluster (``tfdp.trace.flight_recorder``).
@@ -54,15 +55,17 @@ class WorkerPace(flight_recorder.FlightRecorder):
         figures = {"worker_steps": counts.tolist(),
                    "worker_step_ms": [None if m is None else round(m, 3) for m in means],
                    "workers": self.names}
-        ran = [w for w, m in enumerate(means) if m is not None]
-        if len(ran) < 2:
+        medians = {w: float(np.median(ms[workers == w]))
+                   for w in range(len(self.names)) if counts[w]}
+        if len(medians) < 2:
             return figures, ""
-        slowest = max(ran, key=lambda w: means[w])
-        others = statistics.median(means[w] for w in ran if w != slowest)
-        if means[slowest] >= max(SLOW_FACTOR * others, others + SLOW_MS):
-            return figures, (f"; straggler: {self.names[slowest]} takes {means[slowest]:.1f} ms "
-                             f"a step, {means[slowest] / others:.1f}x the others' {others:.1f} "
-                             f"ms; it ran {counts[slowest] / len(steps):.0%} of the steps")
+        slowest = max(medians, key=medians.get)
+        others = statistics.median(m for w, m in medians.items() if w != slowest)
+        if medians[slowest] >= max(SLOW_FACTOR * others, others + SLOW_MS):
+            return figures, (f"; straggler: {self.names[slowest]} takes {medians[slowest]:.1f} "
+                             f"ms a step, {medians[slowest] / others:.1f}x the others' "
+                             f"{others:.1f} ms; it ran {counts[slowest] / len(steps):.0%} of the "
+                             "steps")
         return figures, ""
 
     def dump(self, why: str = "") -> str:
