@@ -59,8 +59,8 @@ def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, d
     halves = re.findall(r"W3\[[12]/2\] \(204\.8 KB\)", placed[1])
     assert len(halves) == 2, placed[1]
     epochs = [line for line in out.splitlines() if line.startswith("[chief] epoch ")]
-    assert len(epochs) == 2 and all(re.search(r"staleness mean \d+\.\d\d max \d+(; straggler: .*)?$", e)
-                                    for e in epochs), out
+    staleness = r"staleness mean \d+\.\d\d max \d+(; straggler: .*)?$"
+    assert len(epochs) == 2 and all(re.search(staleness, e) for e in epochs), out
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     for record in metrics["epochs"]:
         # Two workers, at most four steps in flight: a step is at most 3 updates behind.
