@@ -85,8 +85,8 @@ def test_one_allreduce_per_update_whatever_k(train_split, monkeypatch):
     monkeypatch.setitem(allreduce_module.ALLREDUCE, "add_n",
                         lambda grads, devices: calls.append(len(grads)) or add_n(grads, devices))
     logits = lenet.logits
-    monkeypatch.setattr(lenet, "logits", lambda params, x, dtype: forward.append(x.device) or
-                        logits(params, x, dtype))
+    monkeypatch.setattr(lenet, "logits", lambda params, x, *args: forward.append(x.device) or
+                        logits(params, x, *args))
     replicas = replicate(comparable_start(4), DEVICES[:2])
     step = make_train_step(replicas, DEVICES[:2], "add_n", accumulate=8)
     for images, labels in data.train_batches(head(train_split, 256), 128, 0, 0, 1):

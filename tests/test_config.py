@@ -35,6 +35,18 @@ from tfdp.plan import global_batch_size, peak_lr
     ({"num_gpus": True}, "--num_gpus must be an integer, got True (bool)"),
     ({"eager": 1}, "--eager must be True or False, got 1 (int)"),
     ({"lr": "0.1"}, "--lr must be a number, got '0.1' (str)"),
+    ({"recipe": "speedy"}, "--recipe=speedy is not one of: textbook, fast"),
+    ({"nesterov": True}, "--nesterov needs --momentum > 0"),
+    ({"momentum": 1.0}, "--momentum must be in [0, 1), got 1.0"),
+    ({"label_smoothing": -0.1}, "--label_smoothing must be in [0, 1)"),
+    ({"weight_decay": math.nan}, "--weight_decay must be in [0, 1)"),
+    ({"schedule": "cosine"}, "--schedule=cosine is not one of: constant, one_cycle"),
+    ({"augment": "crop"}, "--augment=crop is not one of: none, flip"),
+    ({"recipe": "fast", "sync_batch_norm": True}, "--sync_batch_norm is the Keras paths'"),
+    ({"recipe": "fast", "accumulate_steps": 2}, "--accumulate_steps=2 with lenet_bn"),
+    ({"strategy": "parameter_server", "model": "lenet_bn"}, "--model=lenet_bn: the parameter"),
+    ({"strategy": "parameter_server", "momentum": 0.9}, "--momentum=0.9: asynchronous SGD"),
+    ({"recipe": "fast", "init": "/nonexistent.npz"}, "--init=/nonexistent.npz is neither"),
 ])
 def test_bad_values_are_refused(kwargs, words):
     with pytest.raises(UserError, match=re.escape(words)) as e:

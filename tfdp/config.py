@@ -8,12 +8,12 @@ import dataclasses
 import os
 from typing import Optional
 
-from tfdp import config_checks, formats
+from tfdp import config_checks, formats, recipes
 from tfdp.config_checks import parse_steps
 
 # Short names accepted for --precision (the issue tracker and other libraries use them).
 PRECISION_ALIASES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}
-DEFAULT_BATCH_SIZE = 256
+DEFAULT_BATCH_SIZE = recipes.RECIPES["textbook"]["batch_size"]
 # The manual path's default --sync_every: the smallest N whose loop passed its bare compiled
 # step's rate at batch 32 in both runs of the cadence table (docs/section-12.2.md).
 DEFAULT_SYNC_EVERY = 16
@@ -42,18 +42,49 @@ class Config:
         "parameter_server: the from-scratch LeNet on parameter servers, asynchronous SGD on "
         "ParameterServerStrategy (TF_CONFIG with workers and ps tasks: python -m tfdp.launch "
         "--num_ps).")
-    model: str = _flag(
-        "lenet", "lenet (the textbook's LeNet) or resnet18 (its ResNet-18 variant: every "
-        "strategy but manual, whose from-scratch step is LeNet's).")
+    recipe: str = _flag(
+        "textbook", "A named set of the choices below, each of which a flag given explicitly "
+        "overrides: textbook (the chapter's: lenet, plain SGD at a constant rate, batch 256) "
+        "or fast (the time-to-accuracy recipe: lenet_bn, Nesterov momentum, one-cycle rate, "
+        "label smoothing, flips, batch 512; docs/time-to-accuracy.md).")
+    model: Optional[str] = _flag(
+        None, "lenet (the textbook's LeNet), lenet_bn (LeNet with batch normalization after "
+        "each convolution and the hidden dense layer) or resnet18 (its ResNet-18 variant: "
+        "every strategy but manual, whose from-scratch step is LeNet's). Default: the "
+        "recipe's.")
     num_gpus: int = _flag(
         1, "Devices to train on (per worker under multi_worker and across machines). With fewer "
         "GPUs than this, the devices that exist are split into logical devices (logical CPUs on a "
         "CPU machine).")
     batch_size: Optional[int] = _flag(
-        None, f"Global minibatch, split across all replicas (default {DEFAULT_BATCH_SIZE}).")
+        None, "Global minibatch, split across all replicas (default: the recipe's, textbook "
+        f"{DEFAULT_BATCH_SIZE}).")
     per_replica_batch_size: Optional[int] = _flag(
         None, "Minibatch per replica instead of --batch_size: global = this x replicas.")
-    lr: float = _flag(0.2, "SGD learning rate (for the global batch as given).")
+    lr: Optional[float] = _flag(
+        None, "SGD learning rate (for the global batch as given; the peak of a one-cycle "
+        "schedule). Default: the recipe's (textbook 0.2).")
+    momentum: Optional[float] = _flag(
+        None, "SGD momentum in [0, 1), Keras' formula (0: plain SGD). Default: the recipe's.")
+    nesterov: Optional[bool] = _flag(
+        None, "Nesterov momentum (needs --momentum > 0). Default: the recipe's.")
+    weight_decay: Optional[float] = _flag(
+        None, "Decoupled weight decay, Keras' formula: each step every trainable variable "
+        "shrinks by lr x this. Default: the recipe's (textbook 0).")
+    schedule: Optional[str] = _flag(
+        None, "constant (the --scale_lr warmup, if any, then --lr) or one_cycle (from lr/10 "
+        "up to --lr over the first quarter of the run's steps, then down to 0 at its last "
+        "step; the run's length is --epochs). Default: the recipe's.")
+    label_smoothing: Optional[float] = _flag(
+        None, "Label smoothing in [0, 1): the training loss's target puts this much of its "
+        "mass evenly on all classes. Default: the recipe's.")
+    augment: Optional[str] = _flag(
+        None, "none or flip (each training image flipped left-right with probability 1/2, "
+        "decided by --seed, the epoch and the example, so every path and device count sees "
+        "the same images). Default: the recipe's.")
+    eval_flip: Optional[bool] = _flag(
+        None, "Evaluate, and serve, the mean of the logits of each image and its left-right "
+        "mirror image (test-time augmentation; the export holds it). Default: the recipe's.")
     scale_lr: bool = _flag(
         False, "Linear scaling rule (Goyal et al. 2017): lr x replicas, reached after a linear "
         "warmup.")
@@ -151,6 +182,11 @@ class Config:
         for name in ("precision", "allreduce_dtype"):
             if getattr(self, name) in PRECISION_ALIASES:
                 object.__setattr__(self, name, PRECISION_ALIASES[getattr(self, name)])
+        config_checks.choice("recipe", self.recipe, tuple(recipes.RECIPES))
+        for name, value in recipes.choices(self.recipe, self.strategy).items():
+            if getattr(self, name) is None and not (
+                    name == "batch_size" and self.per_replica_batch_size is not None):
+                object.__setattr__(self, name, value)
         config_checks.check(self)
         object.__setattr__(self, "export_formats",
                            ",".join(formats.parse(self.export_formats)))

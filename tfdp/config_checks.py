@@ -12,7 +12,8 @@ import typing
 from tfdp.errors import UserError
 
 STRATEGIES = ("manual", "mirrored", "multi_worker", "plain", "parameter_server")
-MODELS = ("lenet", "resnet18")
+MODELS = ("lenet", "lenet_bn", "resnet18")
+FROM_SCRATCH_MODELS = ("lenet", "lenet_bn")  # The from-scratch step's own LeNets.
 ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
 PRECISIONS = ("float32", "float64", "bfloat16")
@@ -52,6 +53,7 @@ def check(config) -> None:
     """All of a configuration's checks (its aliases already resolved)."""
     types(config)
     common(config)
+    recipe(config)
     from_scratch(config)
     keras_fit(config)
     parameter_server(config)
@@ -116,16 +118,38 @@ def common(config) -> None:
                             "last global step to trace (1 <= A <= B), or one step A") from None
 
 
+def recipe(config) -> None:
+    """The choices ``--recipe`` sets (each its own flag too)."""
+    choice("schedule", config.schedule, ("constant", "one_cycle"))
+    choice("augment", config.augment, ("none", "flip"))
+    for name in ("momentum", "label_smoothing"):
+        value = getattr(config, name)
+        if not 0 <= value < 1:
+            raise UserError(f"--{name} must be in [0, 1), got {value}")
+    if config.nesterov and not config.momentum:
+        raise UserError("--nesterov needs --momentum > 0 (Nesterov's is a kind of momentum)")
+    if not (math.isfinite(config.weight_decay) and 0 <= config.weight_decay < 1):
+        raise UserError(f"--weight_decay must be in [0, 1), got {config.weight_decay}")
+
+
 def from_scratch(config) -> None:
     """--strategy=manual, and the flags of its own allreduce that no other path has."""
     if config.strategy == "manual":
-        if config.model != "lenet":
+        if config.model not in FROM_SCRATCH_MODELS:
             raise UserError(f"--model={config.model} needs --strategy=mirrored, multi_worker, "
                             "plain or parameter_server: the from-scratch path (--strategy="
-                            "manual) trains lenet only")
+                            "manual) trains lenet and lenet_bn")
+        if config.sync_batch_norm:
+            raise UserError("--sync_batch_norm is the Keras paths': the from-scratch lenet_bn "
+                            "normalizes each replica's shard and keeps one set of running "
+                            "statistics, their mean")
         if config.steps_per_execution > 1:
             raise UserError("--steps_per_execution is a Keras option: the manual path runs "
                             "one compiled step per call")
+        if config.model == "lenet_bn" and config.accumulate_steps > 1:
+            raise UserError(f"--accumulate_steps={config.accumulate_steps} with lenet_bn: the "
+                            "from-scratch step moves batch normalization's statistics once an "
+                            "update; use --batch_size instead, or a Keras strategy")
     elif config.allreduce_dtype != "float32":
         raise UserError(f"--allreduce_dtype={config.allreduce_dtype} is the manual path's "
                         f"(its own allreduce); --strategy={config.strategy} sums in float32")
@@ -160,6 +184,14 @@ def parameter_server(config) -> None:
             raise UserError(f"--ps_shards={config.ps_shards} is --strategy=parameter_server's "
                             f"(--strategy={config.strategy} keeps no parameter servers)")
         return
+    if config.model == "lenet_bn":
+        raise UserError("--model=lenet_bn: the parameter servers' from-scratch store holds "
+                        "parameters only, not batch normalization's running statistics; use "
+                        "lenet or resnet18")
+    if config.momentum or config.nesterov:
+        raise UserError(f"--momentum={config.momentum}: asynchronous SGD applies each "
+                        "worker's gradients to parameters other workers moved since it read "
+                        "them, and momentum would carry those stale steps on; use --momentum=0")
     if config.model != "lenet" and config.ps_shards > 1:
         raise UserError(f"--ps_shards={config.ps_shards} splits the from-scratch lenet's "
                         f"parameters; --model={config.model}'s Keras layers read whole "

@@ -8,7 +8,10 @@
    otherwise spend most of their time decoding the same images again.
 3. ``train_batches`` / ``eval_batches``: a ``tf.data`` pipeline of global batches whose order
    depends only on (seed, epoch), so every path and device count sees the same batches. It
-   does not autotune (``_pipeline_options``).
+   does not autotune (``_pipeline_options``). With ``--augment=flip`` each training example
+   is mirrored left-right or not by (seed, epoch, example) alone: a batch's indices carry it
+   (index ``i + n`` is example ``i`` mirrored, ``gather``), so every path, device count and
+   cluster sees the same images.
 4. ``to_float``: uint8 pixels -> float in [0, 1], the model's input (the serving contract takes
    raw uint8 and applies the same function).
 """
@@ -170,38 +173,75 @@ def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_examples).astype(np.int32)
 
 
+def epoch_mirrored(num_examples: int, seed: int, epoch: int) -> np.ndarray:
+    """Which examples ``--augment=flip`` mirrors in one epoch: a function of (seed, epoch)
+    only, drawn apart from the epoch's order."""
+    return np.random.default_rng([seed, epoch, _FLIP_STREAM]).random(num_examples) < 0.5
+
+
+_FLIP_STREAM = 1
+
+
 def train_batches(split: Split, batch_size: int, seed: int, first_epoch: int, epochs: int,
-                  steps_cap: Optional[int] = None) -> tf.data.Dataset:
-    """Global batches for epochs ``first_epoch .. epochs-1``, one epoch after another.
+                  steps_cap: Optional[int] = None, flip: bool = False) -> tf.data.Dataset:
+    """Global batches for epochs ``first_epoch .. epochs-1``, one epoch after another, with
+    ``flip``: each example mirrored or not (``epoch_mirrored``).
 
     Each epoch holds exactly ``steps_per_epoch(n, batch_size, steps_cap)`` batches, so Keras'
     ``fit(steps_per_epoch=...)`` and a Python loop see the same batches in the same epochs.
     """
     images, labels = tf.constant(split.images), tf.constant(split.labels)
     batches = train_indices(len(split.labels), batch_size, seed, first_epoch, epochs,
-                            steps_cap).map(lambda idx: (tf.gather(images, idx),
-                                                        tf.gather(labels, idx)),
-                                           num_parallel_calls=_PARALLEL_CALLS, deterministic=True)
+                            steps_cap, flip).map(lambda idx: gather(images, labels, idx, flip),
+                                                 num_parallel_calls=_PARALLEL_CALLS,
+                                                 deterministic=True)
     return batches.prefetch(_PREFETCH).with_options(_pipeline_options())
 
 
 def train_indices(num_examples: int, batch_size: int, seed: int, first_epoch: int, epochs: int,
-                  steps_cap: Optional[int] = None) -> tf.data.Dataset:
-    """The example indices of ``train_batches``' batches, in the same order: what a cluster's
-    client sends its workers, which hold the arrays."""
+                  steps_cap: Optional[int] = None, flip: bool = False) -> tf.data.Dataset:
+    """The example indices of ``train_batches``' batches, in the same order (``i + n`` for
+    example ``i`` mirrored): what a cluster's client sends its workers, which hold the
+    arrays."""
     steps = steps_per_epoch(num_examples, batch_size, steps_cap)
-    order = np.stack([epoch_order(num_examples, seed, e)[: steps * batch_size]
+    order = np.stack([_epoch_indices(num_examples, seed, e, flip)[: steps * batch_size]
                       for e in range(first_epoch, epochs)])
     return (tf.data.Dataset.from_tensor_slices(order)
             .flat_map(lambda idx: tf.data.Dataset.from_tensor_slices(idx).batch(batch_size)))
 
 
+def _epoch_indices(num_examples: int, seed: int, epoch: int, flip: bool) -> np.ndarray:
+    order = epoch_order(num_examples, seed, epoch)
+    if not flip:
+        return order
+    return np.where(epoch_mirrored(num_examples, seed, epoch)[order], order + num_examples,
+                    order).astype(np.int32)
+
+
 def index_batches(num_examples: int, batch_size: int, seed: int, first_epoch: int,
-                  offset: int, epochs: int, steps_cap: Optional[int] = None):
+                  offset: int, epochs: int, steps_cap: Optional[int] = None,
+                  flip: bool = False):
     """``train_indices`` from step ``offset`` of ``first_epoch``, each batch a 1-tuple: the
     input of a step that gathers its examples where the arrays live (a cluster's workers)."""
-    return iter(train_indices(num_examples, batch_size, seed, first_epoch, epochs, steps_cap)
-                .skip(offset).map(lambda i: (i,)))
+    return iter(train_indices(num_examples, batch_size, seed, first_epoch, epochs, steps_cap,
+                              flip).skip(offset).map(lambda i: (i,)))
+
+
+def gather(images, labels, indices, flip: bool = False) -> tuple:
+    """The examples ``indices`` name, as (images, labels): with ``flip``, index ``i + n`` (``n``
+    examples) is example ``i`` mirrored left-right. Written once for every path: the local
+    pipeline, a cluster's workers and the parameter-server workers."""
+    if not flip:
+        return tf.gather(images, indices), tf.gather(labels, indices)
+    n = tf.cast(tf.shape(labels)[0], indices.dtype)
+    x = tf.gather(images, indices % n)
+    mirrored = tf.reshape(indices >= n, [-1, 1, 1, 1])
+    return tf.where(mirrored, mirror(x), x), tf.gather(labels, indices % n)
+
+
+def mirror(images):
+    """NHWC images mirrored left-right (``--augment=flip``, ``--eval_flip``)."""
+    return tf.reverse(images, [2])
 
 
 def read_arrays(prepared: str, split: str) -> tuple:

@@ -12,6 +12,11 @@ Learning rate across devices: the linear scaling rule with a linear warmup (Goya
 "Accurate, Large Minibatch SGD"): when the global batch grows k-fold, grow the learning rate
 k-fold too, but reach it gradually, because a large rate on a fresh model diverges. The same
 formula serves the from-scratch loop (Python numbers) and Keras (tensors).
+
+One-cycle (``--schedule=one_cycle``, Smith and Topin 2017, the triangular schedule of the
+CIFAR-10 speedruns): from a tenth of the peak up to the peak over the first ``ONE_CYCLE_RISE``
+of the run's steps, then linearly down to 0 at its last step; the run's length is ``--epochs``
+(a run stopped early by ``--target_accuracy`` stops partway down).
 """
 
 import dataclasses
@@ -19,6 +24,8 @@ from typing import Optional
 
 from tfdp.config import DEFAULT_BATCH_SIZE
 from tfdp.errors import UserError
+
+ONE_CYCLE_RISE = 0.25  # The share of the run's steps over which one-cycle's rate rises.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +41,8 @@ class Plan:
     base_lr: float
     peak_lr: float
     warmup_steps: int
+    schedule: str              # constant (with the warmup above) or one_cycle
+    total_steps: int           # the run's steps: epochs x steps_per_epoch
     train_examples: int        # in the training split
     eval_examples: int         # test examples each evaluation covers
     test_examples: int         # in the test split
@@ -43,6 +52,8 @@ class Plan:
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of global step ``step`` (``learning_rate``)."""
+        if self.schedule == "one_cycle":
+            return one_cycle(step, self.peak_lr, self.total_steps)
         return learning_rate(step, self.base_lr, self.peak_lr, self.warmup_steps)
 
     @property
@@ -57,6 +68,9 @@ class Plan:
         strategy, compiled or eager)."""
         lr = (f"lr {self.peak_lr:g} after {self.warmup_steps} warmup steps from "
               f"{self.base_lr:g}" if self.warmup_steps else f"lr {self.peak_lr:g}")
+        if self.schedule == "one_cycle":
+            lr = (f"one-cycle lr {self.peak_lr / 10:g} up to {self.peak_lr:g} at step "
+                  f"{one_cycle_peak(self.total_steps)}, down to 0 at step {self.total_steps}")
         accumulated = (f", accumulated from {self.accumulate_steps} micro-batches of "
                        f"{self.micro_batch} (steps below are updates)"
                        if self.accumulate_steps > 1 else "")
@@ -71,7 +85,8 @@ class Plan:
                 "per_replica_batch": list(self.per_replica_batch), "replicas": self.replicas,
                 "accumulate_steps": self.accumulate_steps, "micro_batch": self.micro_batch,
                 "steps_per_epoch": self.steps_per_epoch, "warmup_steps": self.warmup_steps,
-                "peak_lr": self.peak_lr, "eval_examples": self.eval_examples,
+                "peak_lr": self.peak_lr, "schedule": self.schedule,
+                "total_steps": self.total_steps, "eval_examples": self.eval_examples,
                 "init": self.init, "precision": self.precision}
 
 
@@ -111,7 +126,9 @@ def make_plan(config, replicas: int, train_examples: int, test_examples: int) ->
         per_replica_batch=tuple(shard_sizes(batch, replicas)),
         accumulate_steps=config.accumulate_steps, micro_batch=micro, steps_per_epoch=steps,
         epochs=config.epochs, base_lr=config.lr, peak_lr=peak_lr(config, replicas),
-        warmup_steps=warmup_steps(config.warmup_epochs, steps) if config.scale_lr else 0,
+        warmup_steps=(warmup_steps(config.warmup_epochs, steps)
+                      if config.scale_lr and config.schedule == "constant" else 0),
+        schedule=config.schedule, total_steps=steps * config.epochs,
         train_examples=train_examples,
         eval_examples=eval_examples(test_examples, micro, config.eval_steps),
         test_examples=test_examples, eval_steps=config.eval_steps, init=config.initializer,
@@ -158,3 +175,24 @@ def learning_rate(step, base_lr: float, peak_lr: float, warmup: int):
         return tf.constant(peak_lr)
     fraction = tf.minimum(1.0, tf.cast(step, tf.float32) / warmup)
     return base_lr + (peak_lr - base_lr) * fraction
+
+
+def one_cycle_peak(total: int) -> int:
+    """The step at which one-cycle's rate peaks (at least 1)."""
+    return max(1, int(round(ONE_CYCLE_RISE * total)))
+
+
+def one_cycle(step, peak_lr: float, total: int):
+    """One-cycle's rate at ``step`` (a Python int, or a tensor): from ``peak_lr / 10`` up to
+    ``peak_lr`` at ``one_cycle_peak(total)``, then down to 0 at step ``total``."""
+    rise, low = one_cycle_peak(total), peak_lr / 10
+    fall = max(1, total - rise)
+    if isinstance(step, int):
+        if step < rise:
+            return low + (peak_lr - low) * step / rise
+        return peak_lr * max(0.0, (total - step) / fall)
+    import tensorflow as tf
+
+    step = tf.cast(step, tf.float32)
+    return tf.where(step < rise, low + (peak_lr - low) * step / rise,
+                    peak_lr * tf.maximum(0.0, (total - step) / fall))

@@ -35,6 +35,21 @@ from tfdp.training.epoch_end import EpochEnd
 CHECK_EVERY = 5  # steps between two checks (under multi_worker: SIGTERM all-reduces)
 
 
+
+def training_state(model) -> list:
+    """What a backup holds: the model's weights (Keras order), then the optimizer's momentum
+    velocities, if any (``restore_state`` puts them back)."""
+    return model.get_weights() + [v.numpy() for v in getattr(model.optimizer, "momentums", [])]
+
+
+def restore_state(model, state: list) -> None:
+    """``training_state``'s list back into a compiled ``model`` whose optimizer is built (in
+    the strategy's scope)."""
+    weights = len(model.get_weights())
+    model.set_weights(state[:weights])
+    for variable, value in zip(getattr(model.optimizer, "momentums", []), state[weights:]):
+        variable.assign(value)
+
 class FitCallback(keras.callbacks.Callback):
     """``run``: the started run (``tfdp.training.skeleton.Run``); ``evaluate()`` -> (test
     loss, test accuracy); ``arrivals``: the replicas' ``tfdp.trace.arrivals.Arrivals``, or
@@ -50,7 +65,7 @@ class FitCallback(keras.callbacks.Callback):
         self.resumed_at = run.offset  # Where the first epoch starts when a run resumes in it.
         self._agree = _flag_all_reduce(distribution) if distribution.num_workers > 1 else None
         self._divergence = divergence.Divergence()
-        self.epoch_end = EpochEnd(run, evaluate, lambda: self.model.get_weights(),
+        self.epoch_end = EpochEnd(run, evaluate, lambda: training_state(self.model),
                                   arrivals.epoch_figures if arrivals is not None else None,
                                   self._preempted)
         self._step = None

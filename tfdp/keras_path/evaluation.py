@@ -17,19 +17,23 @@ shard is empty adds zeros without running the model.
 import keras
 import tensorflow as tf
 
+from tfdp.models.loss import test_logits
+
 
 class Evaluator:
     """``evaluate()`` -> (mean loss, accuracy) over ``steps`` batches of ``distributed``."""
 
-    def __init__(self, model, strategy, distributed, steps: int):
+    def __init__(self, model, strategy, distributed, steps: int, eval_flip: bool = False):
         self.model, self.strategy, self.steps = model, strategy, steps
+        self.eval_flip = eval_flip
         self._distributed = distributed
         self._iterator = None
         self._step = tf.function(self._sums)
 
     def _sums(self, iterator):
         def sums(images, labels):
-            logits = self.model(images, training=False)
+            logits = test_logits(lambda x: self.model(x, training=False), images,
+                                 self.eval_flip)
             loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
             correct = tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels)
             return tf.stack([tf.cast(tf.reduce_sum(loss), tf.float32),

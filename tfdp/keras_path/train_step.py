@@ -38,6 +38,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdp.models.loss import cross_entropy
 from tfdp.plan import shard_sizes
 from tfdp.trace import arrivals
 from tfdp.trace.arrivals import stamp_after
@@ -51,6 +52,7 @@ class GlobalBatchModel(keras.Model):
 
     accumulate_steps = 1
     stamp_arrivals = False
+    label_smoothing = 0.0
 
     def train_step(self, data):
         images, labels, weights = data
@@ -72,7 +74,7 @@ class GlobalBatchModel(keras.Model):
             x, y, w = _pad_empty_shard(x, y, w, size)
             with tf.GradientTape() as tape:
                 out = self(x, training=True)
-                losses = keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True)
+                losses = cross_entropy(out, y, self.label_smoothing)
                 loss = tf.reduce_sum(losses * tf.cast(w, losses.dtype))
             part = tape.gradient(loss, variables)
             grads = part if grads is None else [a + b for a, b in zip(grads, part)]
@@ -121,8 +123,11 @@ def _pad_empty_shard(images, labels, weights, real):
 
 
 def global_batch_model(model: keras.Model, accumulate_steps: int = 1,
-                       stamp_arrivals: bool = False) -> GlobalBatchModel:
-    """The same layers and variables as ``model``, trained with tfdp's step."""
+                       stamp_arrivals: bool = False,
+                       label_smoothing: float = 0.0) -> GlobalBatchModel:
+    """The same layers and variables as ``model``, trained with tfdp's step (its loss with
+    ``label_smoothing``: ``tfdp.models.loss.cross_entropy``)."""
     trained = GlobalBatchModel(inputs=model.inputs, outputs=model.outputs, name=model.name)
     trained.accumulate_steps, trained.stamp_arrivals = accumulate_steps, stamp_arrivals
+    trained.label_smoothing = label_smoothing
     return trained

@@ -22,14 +22,14 @@ import tensorflow as tf
 from tfdp import data
 from tfdp.cluster import tf_config
 from tfdp.keras_path import evaluation, keras_mwms_fix
-from tfdp.keras_path.callback import FitCallback, TraceSteps
+from tfdp.keras_path.callback import FitCallback, TraceSteps, restore_state
 from tfdp.keras_path.distributed_input import distribute
 from tfdp.keras_path.strategy import make_distribution
 from tfdp.keras_path.train_step import global_batch_model
 from tfdp.logs import logger
 from tfdp.models import lenet, resnet
 from tfdp.models.precision import input_dtype
-from tfdp.plan import learning_rate, steps_per_epoch
+from tfdp.plan import steps_per_epoch
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training import export
 from tfdp.training.backups import KEEP
@@ -45,25 +45,32 @@ def build_model(config):
     if config.model == "resnet18":
         return global_batch_model(resnet.resnet(sync_batch_norm=config.sync_batch_norm,
                                                 precision=config.precision),
-                                  config.accumulate_steps, stamped)
-    model = global_batch_model(lenet.keras_model(precision=config.precision),
-                               config.accumulate_steps, stamped)
+                                  config.accumulate_steps, stamped, config.label_smoothing)
+    batch_norm = config.model == "lenet_bn"
+    model = global_batch_model(lenet.keras_model(precision=config.precision,
+                                                 batch_norm=batch_norm,
+                                                 sync_batch_norm=config.sync_batch_norm),
+                               config.accumulate_steps, stamped, config.label_smoothing)
     # The same starting weights as the manual path for the same --init and --seed.
-    model.set_weights(lenet.to_keras_weights(lenet.start_params(config.initializer, config.seed)))
+    model.set_weights(lenet.to_keras_weights(lenet.start_params(config.initializer, config.seed,
+                                                                batch_norm=batch_norm)))
     return model
 
 
-class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """``tfdp.plan.learning_rate`` as a Keras schedule (the optimizer's step counter)."""
+class PlanSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """The plan's learning rate of each step (``tfdp.plan.Plan.learning_rate``: warmup or
+    one-cycle) as a Keras schedule of the optimizer's step counter."""
 
-    def __init__(self, base_lr, peak_lr, warmup):
-        self.base_lr, self.peak_lr, self.warmup = base_lr, peak_lr, warmup
+    def __init__(self, plan):
+        self.plan = plan
 
     def __call__(self, step):
-        return learning_rate(step, self.base_lr, self.peak_lr, self.warmup)
+        return self.plan.learning_rate(step)
 
     def get_config(self):
-        return {"base_lr": self.base_lr, "peak_lr": self.peak_lr, "warmup": self.warmup}
+        return {"schedule": self.plan.schedule, "base_lr": self.plan.base_lr,
+                "peak_lr": self.plan.peak_lr, "warmup": self.plan.warmup_steps,
+                "total_steps": self.plan.total_steps}
 
 
 class KerasFitPath(TrainingPath):
@@ -96,14 +103,16 @@ class KerasFitPath(TrainingPath):
         replicas = self.distribution.replicas
         with strategy.scope():
             model = self.model = build_model(config)
-            if start_weights is not None:
-                model.set_weights(start_weights)
-            model.compile(optimizer=keras.optimizers.SGD(WarmupSchedule(
-                              plan.base_lr, plan.peak_lr, plan.warmup_steps)),
+            model.compile(optimizer=keras.optimizers.SGD(
+                              PlanSchedule(plan), momentum=config.momentum,
+                              nesterov=bool(config.nesterov),
+                              weight_decay=config.weight_decay or None),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"], run_eagerly=config.eager,
                           steps_per_execution=config.steps_per_execution)
             model.optimizer.build(model.trainable_variables)
+            if start_weights is not None:  # A backup's state, or a test's weights.
+                restore_state(model, start_weights)
             model.optimizer.iterations.assign(run.first_step)  # The schedule goes on from here.
         first_epoch, offset = run.first_epoch, run.offset
         if not run.trained:
@@ -113,7 +122,8 @@ class KerasFitPath(TrainingPath):
             evaluator = evaluation.Evaluator(
                 model, strategy,
                 distribute(strategy, test, replicas, input_dtype(config.precision)),
-                steps=steps_per_epoch(plan.eval_examples, plan.micro_batch))
+                steps=steps_per_epoch(plan.eval_examples, plan.micro_batch),
+                eval_flip=config.eval_flip)
             callbacks = [FitCallback(run, self.distribution, evaluator.evaluate, self.recorder)]
             if run.tracer.on:
                 callbacks.append(TraceSteps(run.tracer, run.first_step))
@@ -126,7 +136,8 @@ class KerasFitPath(TrainingPath):
                     if begin >= end or run.reached:  # Reached: --target_accuracy.
                         continue
                     train = data.train_batches(run.train_split, plan.global_batch, config.seed,
-                                               begin, end, config.steps_per_epoch).skip(skip)
+                                               begin, end, config.steps_per_epoch,
+                                               config.augment == "flip").skip(skip)
                     model.fit(distribute(strategy, train, replicas, input_dtype(config.precision)),
                               epochs=end, initial_epoch=begin,
                               steps_per_epoch=plan.steps_per_epoch - skip, shuffle=False,
@@ -154,10 +165,11 @@ class KerasFitPath(TrainingPath):
         d = self.distribution
         if d.is_chief:
             path = export.export(self.model, self.config.export_root,
-                                 self.config.export_formats, self._float32_twin)
+                                 self.config.export_formats, self._float32_twin,
+                                 self.config.eval_flip)
         else:
             scratch = tempfile.mkdtemp(prefix=f"tfdp-worker{d.worker_index}-")
-            export.save_scratch(self.model, scratch)
+            export.save_scratch(self.model, scratch, self.config.eval_flip)
             path = None
         if d.num_workers > 1:
             _barrier_step(d.strategy)

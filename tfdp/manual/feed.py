@@ -29,7 +29,8 @@ def local_feed(config, plan, devices: list, train_split: data.Split,
     """Global batches of images from arrays in this process, split with ``split_batch``."""
     def train_batches(first_epoch, offset):
         return iter(data.train_batches(train_split, plan.global_batch, config.seed, first_epoch,
-                                       config.epochs, config.steps_per_epoch).skip(offset))
+                                       config.epochs, config.steps_per_epoch,
+                                       config.augment == "flip").skip(offset))
 
     return Feed([IMAGES, LABELS], train_batches,
                 lambda: data.eval_batches(test_split, plan.micro_batch, plan.eval_steps),

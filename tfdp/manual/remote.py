@@ -61,29 +61,33 @@ class Cluster:
     examples: dict         # split -> number of examples
     stall: Stall
 
-    def shards(self, split: str, indices) -> list:
+    def shards(self, split: str, indices, flip: bool = False) -> list:
         """One ``(images, labels)`` shard per device, gathered on its worker from the worker's
-        own arrays: the split of ``split_batch``, applied to indices."""
+        own arrays: the split of ``split_batch``, applied to indices (with ``flip``, index
+        ``i + n`` mirrored: ``data.gather``)."""
         sizes = tf.stack(shard_sizes(tf.shape(indices)[0], len(self.devices)))
         placed = []
         for device, worker, part in zip(self.devices, self.worker_of, tf.split(indices, sizes)):
             images, labels = self.arrays[split][worker]
             with tf.device(device):
-                placed.append((tf.gather(images, part), tf.gather(labels, part)))
+                placed.append(data.gather(images, labels, part, flip))
         return placed
 
     def feed(self, config, plan) -> Feed:
         """Each step's example indices, in ``data.train_batches``' order: the same batches, and
         the same shard on each device, as on one machine."""
+        flip = config.augment == "flip"
+
         def train_batches(first_epoch, offset):
             return data.index_batches(self.examples["train"], plan.global_batch, config.seed,
                                       first_epoch, offset, config.epochs,
-                                      config.steps_per_epoch)
+                                      config.steps_per_epoch, flip)
 
         return Feed([INDICES], train_batches,
                     lambda: data.eval_indices(self.examples["test"], plan.micro_batch,
                                               plan.eval_steps).map(lambda i: (i,)),
-                    self.shards)
+                    lambda split, indices: self.shards(split, indices,
+                                                       flip and split == "train"))
 
     def preempted_worker(self) -> Optional[str]:
         """What preempted the cluster, if a worker's ``tfdp.server`` got a SIGTERM ("SIGTERM to

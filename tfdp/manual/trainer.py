@@ -17,6 +17,7 @@ from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import replicate
 from tfdp.manual.step import make_eval_step, make_train_step, make_train_window
 from tfdp.models import lenet
+from tfdp.models.sgd import SGD
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training import export, loop
 from tfdp.training.training_path import TrainingPath
@@ -55,30 +56,41 @@ class FromScratchPath(TrainingPath):
         if self.cluster:
             feed = self.cluster.feed(self.config, run.plan)
             run.watch.listen(self.cluster.preempted_worker)
-        self.params = train(run, None if start_weights is None else
-                            lenet.from_keras_weights(start_weights), feed, self.recorder)
+        params = slots = None
+        if start_weights is not None:  # A backup's state, or a test's weights.
+            count = len(lenet.shapes(self.config.model == "lenet_bn"))
+            params, slots = lenet.from_keras_weights(start_weights[:count]), start_weights[count:]
+        self.params = train(run, params, feed, self.recorder, slots)
         return lenet.to_keras_weights(self.params)
 
     def export(self) -> str:
         return export.export(lenet.serving_model(self.params, self.config.precision),
                              self.config.export_root, self.config.export_formats,
-                             lambda: lenet.serving_model(self.params, "float32"))
+                             lambda: lenet.serving_model(self.params, "float32"),
+                             self.config.eval_flip)
 
 
-def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None) -> dict:
+def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None,
+          slots: list = None) -> dict:
     """Train LeNet data-parallel on ``run.devices`` by ``run.plan`` from ``run.first_step``;
-    return the trained parameters (numpy). ``params`` override ``--init``; the examples come
-    from ``run``'s splits unless a ``feed`` says otherwise; ``arrivals`` keeps the replicas'
-    times (``tfdp.trace.arrivals``)."""
+    return the trained parameters (numpy). ``params`` override ``--init``, ``slots`` (momentum
+    velocities, in the order of the trainable parameters) the velocities' zeros; the examples
+    come from ``run``'s splits unless a ``feed`` says otherwise; ``arrivals`` keeps the
+    replicas' times (``tfdp.trace.arrivals``)."""
     config = run.config
     if params is None:
         params = lenet.start_params(config.initializer, config.seed,
-                                    np.dtype(config.variable_dtype))
+                                    np.dtype(config.variable_dtype), config.model == "lenet_bn")
     feed = feed or local_feed(config, run.plan, run.devices, run.train_split, run.test_split)
+    sgd = SGD.of(config)
     with watching(run.stall, "placing the replicas"):
         replicas = replicate(params, run.devices)
+        velocities = []
+        for device, replica in zip(run.devices, replicas):
+            with tf.device(device):
+                velocities.append(sgd.velocities(lenet.trainable(replica), slots))
     steps = ReplicaSteps(config, run, replicas, feed,
-                         arrivals or Arrivals(run.devices, config.workdir))
+                         arrivals or Arrivals(run.devices, config.workdir), sgd, velocities)
     loop.train(run, steps)
     return steps.trained()
 
@@ -87,19 +99,22 @@ class ReplicaSteps(loop.Steps):
     """The loop's steps on replicas: ``--sync_every`` steps a call (one compiled window), each
     call's results read before the next is issued."""
 
-    def __init__(self, config, run, replicas: list, feed: Feed, arrivals: Arrivals):
+    def __init__(self, config, run, replicas: list, feed: Feed, arrivals: Arrivals,
+                 sgd: SGD = SGD(), velocities: list = None):
         # --allreduce_dtype=float32 is the gradients' own dtype (float64 under float64).
         travel = config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None
         self.run, self.replicas, self.feed = run, replicas, feed
+        self.velocities = velocities or [{} for _ in replicas]
         self.sync_every = config.steps_between_syncs
         self.arrivals, self.collected = arrivals, run.first_step
         self.train_step = make_train_step(replicas, run.devices, config.allreduce, config.eager,
                                           feed, config.precision, travel,
                                           config.accumulate_steps, config.bucket_kb,
-                                          config.overlap == "auto")
+                                          config.overlap == "auto", sgd,
+                                          config.label_smoothing, self.velocities)
         self.train_window = make_train_window(self.train_step, run.plan, config.eager)
         self.eval_step = make_eval_step(replicas, run.devices, config.eager, feed,
-                                        config.precision)
+                                        config.precision, config.eval_flip)
 
     def batches(self, first_epoch, offset):
         return self.feed.train_batches(first_epoch, offset)
@@ -128,4 +143,8 @@ class ReplicaSteps(loop.Steps):
             return {name: var.numpy() for name, var in self.replicas[0].items()}
 
     def weights(self):
-        return lenet.to_keras_weights(self.trained())
+        """What a backup holds: the weights in Keras order, then the velocities (replica 0's:
+        every replica's are the same)."""
+        with watching(self.run.stall, "reading the trained parameters"):
+            velocities = [v.numpy() for v in self.velocities[0].values()]
+        return lenet.to_keras_weights(self.trained()) + velocities

@@ -4,6 +4,13 @@ conv 3x3x20 -> relu -> avg-pool 2 -> conv 5x5x50 -> relu -> avg-pool 2 -> dense 
 -> dense 10. 28 -> 26 -> 13 -> 9 -> 4, so the flattened features are 4*4*50 = 800.
 Both forms use the same parameter shapes and flatten order (H, W, C), so weights move between
 them unchanged (``to_keras_weights`` / ``from_keras_weights``).
+
+``lenet_bn`` (``batch_norm=True``): the same layers with batch normalization after each
+convolution and the hidden dense layer, before the ReLU, as the book's section on batch
+normalization places it; those layers lose their bias (BN's beta takes its place). Each BN has
+a scale ``g``, an offset ``be`` and running statistics ``mm``/``mv`` (Keras' ``moving_mean``
+and ``moving_variance``, its momentum and epsilon), which are parameters of the model but not
+trained by gradients (``STATISTICS``).
 """
 
 import zipfile
@@ -20,10 +27,32 @@ PARAM_SHAPES = {
     "W3": (800, 128), "b3": (128,),
     "W4": (128, 10), "b4": (10,),
 }
+# lenet_bn, in Keras' order (a layer's kernel, then its BN's gamma, beta, mean, variance).
+BN_PARAM_SHAPES = {
+    **{name: shape for layer, width in ((1, 20), (2, 50), (3, 128))
+       for name, shape in ((f"W{layer}", PARAM_SHAPES[f"W{layer}"]), (f"g{layer}", (width,)),
+                           (f"be{layer}", (width,)), (f"mm{layer}", (width,)),
+                           (f"mv{layer}", (width,)))},
+    "W4": (128, 10), "b4": (10,),
+}
+STATISTICS = ("mm1", "mv1", "mm2", "mv2", "mm3", "mv3")
+BN_MOMENTUM, BN_EPSILON = 0.99, 1e-3  # Keras' BatchNormalization defaults.
 
 
-def init_params(seed: int, dtype=np.float32, init: str = "textbook") -> dict:
-    """Starting parameters as numpy arrays; biases zero.
+def shapes(batch_norm: bool = False) -> dict:
+    """Every parameter's shape, in Keras' order: LeNet's, or lenet_bn's."""
+    return BN_PARAM_SHAPES if batch_norm else PARAM_SHAPES
+
+
+def trainable(params: dict) -> dict:
+    """The parameters gradients train (all but batch normalization's running statistics)."""
+    return {name: value for name, value in params.items() if name not in STATISTICS}
+
+
+def init_params(seed: int, dtype=np.float32, init: str = "textbook",
+                batch_norm: bool = False) -> dict:
+    """Starting parameters as numpy arrays; biases zero (lenet_bn: BN's scales and running
+    variances one, its offsets and running means zero, as Keras starts them).
 
     ``textbook``: weights ``normal * 0.01``, as the book (the loss then sits at ln 10 for about
     an epoch before it falls). ``glorot``: Glorot-uniform, Keras' default, which learns at once.
@@ -37,14 +66,22 @@ def init_params(seed: int, dtype=np.float32, init: str = "textbook") -> dict:
         limit = np.sqrt(6.0 / (receptive * (shape[-2] + shape[-1])))
         return rng.uniform(-limit, limit, shape)
 
-    return {name: (weight(shape) if name.startswith("W") else np.zeros(shape)).astype(dtype)
-            for name, shape in PARAM_SHAPES.items()}
+    def start(name, shape):
+        if name.startswith("W"):
+            return weight(shape)
+        return np.ones(shape) if name.startswith(("g", "mv")) else np.zeros(shape)
+
+    return {name: start(name, shape).astype(dtype)
+            for name, shape in shapes(batch_norm).items()}
 
 
-def start_params(init: str, seed: int, dtype=np.float32) -> dict:
+def start_params(init: str, seed: int, dtype=np.float32, batch_norm: bool = False) -> dict:
     """Starting parameters for ``--init``: a scheme name, or a .npz file holding W1..b4."""
+    if batch_norm and init.endswith(".npz"):
+        raise UserError(f"--init={init}: a .npz file holds LeNet's parameters W1..b4; "
+                        "lenet_bn starts from --init=glorot or textbook")
     if not init.endswith(".npz"):
-        return init_params(seed, dtype, init)
+        return init_params(seed, dtype, init, batch_norm)
     return {name: value.astype(dtype) for name, value in load_npz(init).items()}
 
 
@@ -78,47 +115,86 @@ def load_npz(path: str) -> dict:
     return params
 
 
-def apply(params: dict, images: tf.Tensor) -> tf.Tensor:
-    """Logits for float ``images`` [n, 28, 28, 1] in [0, 1]."""
-    h = tf.nn.relu(tf.nn.conv2d(images, params["W1"], 1, "VALID") + params["b1"])
-    h = tf.nn.avg_pool2d(h, 2, 2, "VALID")
-    h = tf.nn.relu(tf.nn.conv2d(h, params["W2"], 1, "VALID") + params["b2"])
-    h = tf.nn.avg_pool2d(h, 2, 2, "VALID")
-    h = tf.reshape(h, [-1, 800])
-    h = tf.nn.relu(tf.matmul(h, params["W3"]) + params["b3"])
+def apply(params: dict, images: tf.Tensor, batch_stats: list = None) -> tf.Tensor:
+    """Logits for float ``images`` [n, 28, 28, 1] in [0, 1]. lenet_bn normalizes with the
+    running statistics, or, given a list ``batch_stats`` (training), with the batch's own,
+    appending each layer's (mean, variance) to it."""
+    def layer(h, i):
+        if f"g{i}" not in params:
+            return tf.nn.relu(h + params[f"b{i}"])
+        return tf.nn.relu(_batch_norm(h, params, i, batch_stats))
+
+    h = tf.nn.avg_pool2d(layer(tf.nn.conv2d(images, params["W1"], 1, "VALID"), 1), 2, 2, "VALID")
+    h = tf.nn.avg_pool2d(layer(tf.nn.conv2d(h, params["W2"], 1, "VALID"), 2), 2, 2, "VALID")
+    h = layer(tf.matmul(tf.reshape(h, [-1, 800]), params["W3"]), 3)
     return tf.matmul(h, params["W4"]) + params["b4"]
 
 
-def logits(params: dict, images, compute=None) -> tf.Tensor:
+def _batch_norm(h, params: dict, i: int, batch_stats: list = None):
+    """Keras' BatchNormalization of layer ``i``, computed in at least float32 as Keras does."""
+    compute = h.dtype
+    wide = tf.float64 if compute == tf.float64 else tf.float32
+    h = tf.cast(h, wide)
+    if batch_stats is None:
+        mean, variance = params[f"mm{i}"], params[f"mv{i}"]
+    else:
+        mean, variance = tf.nn.moments(h, list(range(len(h.shape) - 1)))
+        batch_stats.append((mean, variance))
+    out = tf.nn.batch_normalization(h, tf.cast(mean, wide), tf.cast(variance, wide),
+                                    tf.cast(params[f"be{i}"], wide),
+                                    tf.cast(params[f"g{i}"], wide), BN_EPSILON)
+    return tf.cast(out, compute)
+
+
+def logits(params: dict, images, compute=None, batch_stats: list = None) -> tf.Tensor:
     """LeNet's logits for uint8 ``images``, in the parameters' dtype, computed in ``compute``
-    (default: the parameters' dtype). Under mixed precision (bfloat16) the parameters are cast
-    on the way in and the logits back, so the softmax and the loss are float32 and the
-    gradients reach the float32 parameters through the casts."""
+    (default: the parameters' dtype); ``batch_stats`` as ``apply``'s. Under mixed precision
+    (bfloat16) the parameters are cast on the way in and the logits back, so the softmax and
+    the loss are float32 and the gradients reach the float32 parameters through the casts
+    (batch normalization computes in float32)."""
     dtype = params["W1"].dtype
     compute = tf.as_dtype(compute or dtype)
     if compute == dtype:
-        return apply(params, to_float(images, dtype))
-    low = {name: tf.cast(value, compute) for name, value in params.items()}
-    return tf.cast(apply(low, to_float(images, compute)), dtype)
+        return apply(params, to_float(images, dtype), batch_stats)
+    low = {name: value if name in STATISTICS else tf.cast(value, compute)
+           for name, value in params.items()}
+    return tf.cast(apply(low, to_float(images, compute), batch_stats), dtype)
+
+
+def moved_statistics(params: dict, batch_stats: list) -> dict:
+    """lenet_bn's running statistics moved by one step's batch ``(mean, variance)`` per layer,
+    as Keras moves them (``BN_MOMENTUM``): {name: new value}."""
+    moved = {}
+    for i, (mean, variance) in enumerate(batch_stats, start=1):
+        for name, batch in ((f"mm{i}", mean), (f"mv{i}", variance)):
+            old = params[name]
+            moved[name] = old * BN_MOMENTUM + tf.cast(batch, old.dtype) * (1.0 - BN_MOMENTUM)
+    return moved
 
 
 def serving_model(params: dict, precision: str = "float32"):
     """The parameters (numpy) in the Keras twin, for ``tfdp.training.export``: float32, or
     mixed bfloat16 like the training that made them."""
-    model = keras_model(precision="bfloat16" if precision == "bfloat16" else "float32")
+    model = keras_model(precision="bfloat16" if precision == "bfloat16" else "float32",
+                        batch_norm="g1" in params)
     model.set_weights(to_keras_weights(
         {name: np.asarray(value, np.float32) for name, value in params.items()}))
     return model
 
 
-def keras_model(num_classes: int = 10, precision: str = "float32"):
+def keras_model(num_classes: int = 10, precision: str = "float32", batch_norm: bool = False,
+                sync_batch_norm: bool = False):
     """The Keras twin (Keras' default initializers), taking float images in [0, 1], in
-    ``--precision`` (``tfdp.models.precision``)."""
+    ``--precision`` (``tfdp.models.precision``); lenet_bn's with ``batch_norm`` (its running
+    statistics one value across replicas, ``ReplicatedBatchNormalization``, or with
+    ``sync_batch_norm`` its batch statistics the global batch's)."""
     import keras
 
     from tfdp.models.precision import keras_dtypes
 
     inputs, dtype, last = keras_dtypes(precision)
+    if batch_norm:
+        return _keras_bn_model(num_classes, inputs, dtype, last, sync_batch_norm)
     return keras.Sequential([
         keras.Input((28, 28, 1), dtype=inputs),
         keras.layers.Conv2D(20, 3, activation="relu", dtype=dtype),
@@ -131,11 +207,34 @@ def keras_model(num_classes: int = 10, precision: str = "float32"):
     ], name="lenet")
 
 
+def _keras_bn_model(num_classes, inputs, dtype, last, sync_batch_norm):
+    import keras
+
+    from tfdp.models.replicated_batch_norm import ReplicatedBatchNormalization
+
+    def normalized(layer):
+        norm = (keras.layers.BatchNormalization(synchronized=True, dtype=dtype)
+                if sync_batch_norm else ReplicatedBatchNormalization(dtype=dtype))
+        return [layer, norm, keras.layers.ReLU(dtype=dtype)]
+
+    return keras.Sequential([
+        keras.Input((28, 28, 1), dtype=inputs),
+        *normalized(keras.layers.Conv2D(20, 3, use_bias=False, dtype=dtype)),
+        keras.layers.AveragePooling2D(2, dtype=dtype),
+        *normalized(keras.layers.Conv2D(50, 5, use_bias=False, dtype=dtype)),
+        keras.layers.AveragePooling2D(2, dtype=dtype),
+        keras.layers.Flatten(dtype=dtype),
+        *normalized(keras.layers.Dense(128, use_bias=False, dtype=dtype)),
+        keras.layers.Dense(num_classes, dtype=last),
+    ], name="lenet_bn")
+
+
 def to_keras_weights(params: dict) -> list:
     """Parameters in the order ``keras_model().set_weights`` takes them."""
-    return [np.asarray(params[name]) for name in PARAM_SHAPES]
+    return [np.asarray(params[name]) for name in shapes("g1" in params)]
 
 
 def from_keras_weights(weights: list) -> dict:
     """The inverse of ``to_keras_weights``."""
-    return dict(zip(PARAM_SHAPES, (np.asarray(w) for w in weights)))
+    names = shapes(len(weights) == len(BN_PARAM_SHAPES))
+    return dict(zip(names, (np.asarray(w) for w in weights)))

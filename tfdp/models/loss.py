@@ -1,11 +1,34 @@
-"""The loss and the count every from-scratch-style step computes, written once."""
+"""The loss and the count every step computes, written once: the from-scratch steps and
+tfdp's Keras step (``tfdp.keras_path.train_step``) call the same functions."""
 
 import tensorflow as tf
 
+from tfdp.data import mirror
 
-def summed_cross_entropy(logits, labels):
-    """The softmax cross-entropy of every example, summed (the caller divides)."""
-    return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+
+def cross_entropy(logits, labels, smoothing: float = 0.0):
+    """Each example's softmax cross-entropy, against targets that put ``smoothing`` of their
+    mass evenly on all classes (label smoothing; 0: the labels alone). The same value as
+    Keras' ``CategoricalCrossentropy(label_smoothing=...)`` of the one-hot labels."""
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    if not smoothing:
+        return losses
+    # Against the uniform target, the cross-entropy is the mean of -log softmax.
+    uniform = -tf.reduce_mean(tf.nn.log_softmax(logits), axis=-1)
+    return (1 - smoothing) * losses + smoothing * uniform
+
+
+def summed_cross_entropy(logits, labels, smoothing: float = 0.0):
+    """``cross_entropy`` summed over the examples (the caller divides)."""
+    return tf.reduce_sum(cross_entropy(logits, labels, smoothing))
+
+
+def test_logits(logits_of, images, eval_flip: bool = False):
+    """``logits_of(images)``, or with ``eval_flip`` the mean of the logits of the images and of
+    their mirror images (test-time augmentation): what evaluation and the export compute."""
+    if not eval_flip:
+        return logits_of(images)
+    return (logits_of(images) + logits_of(mirror(images))) / 2
 
 
 def count_correct(logits, labels):

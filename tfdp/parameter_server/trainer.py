@@ -116,7 +116,8 @@ class ParameterServerPath(TrainingPath):
     def export(self) -> str:
         return export.export(self.store.serving_model(self.weights, self.config.precision),
                              self.config.export_root, self.config.export_formats,
-                             lambda: self.store.serving_model(self.weights, "float32"))
+                             lambda: self.store.serving_model(self.weights, "float32"),
+                             self.config.eval_flip)
 
 
 def _connect(config):
@@ -160,14 +161,16 @@ class ScheduledSteps(loop.Steps):
     def __init__(self, run, coordinator, pace: WorkerPace, store: Store, arrays, examples):
         self.run, self.coordinator, self.store, self.examples = run, coordinator, store, examples
         self.pace, self.window = pace, 2 * len(pace.names)
-        self.train_step, self.eval_step = make_train_step(store), make_eval_step(store)
+        self.train_step = make_train_step(store, run.config)
+        self.eval_step = make_eval_step(store, run.config.eval_flip)
         self.train_arrays, self.test_arrays = iter(arrays["train"]), iter(arrays["test"])
         self.staleness, self.in_flight = [], []  # in_flight: issued, not yet collected.
 
     def batches(self, first_epoch, offset):
         config, plan = self.run.config, self.run.plan
         return data.index_batches(self.examples[0], plan.global_batch, config.seed,
-                                  first_epoch, offset, config.epochs, config.steps_per_epoch)
+                                  first_epoch, offset, config.epochs, config.steps_per_epoch,
+                                  config.augment == "flip")
 
     def issue(self, batches, first_step, count):  # count is 1: --sync_every is manual's.
         step = _Step(first_step + 1, next(batches)[0],

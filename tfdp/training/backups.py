@@ -1,9 +1,10 @@
 """Backups of a run's state, so a crash, a kill or a preemption loses at most part of an epoch.
 
-What a run needs to go on is its weights and its global step: the optimizer is plain SGD (no
-slots), its learning rate a function of the step, and the order of the batches a function of
-(seed, epoch). So a backup is one ``.npz`` file, ``<workdir>/backup/worker-<i>/step-<n>.npz``,
-holding the weights (Keras order; for LeNet ``lenet.to_keras_weights``), the step and the flags
+What a run needs to go on is its weights, its optimizer's momentum velocities (if any) and its
+global step: the learning rate is a function of the step, and the order of the batches (and
+their flips) a function of (seed, epoch). So a backup is one ``.npz`` file,
+``<workdir>/backup/worker-<i>/step-<n>.npz``, holding the training state (the weights in Keras
+order, for LeNet ``lenet.to_keras_weights``, then the velocities), the step and the flags
 that decide the training (``identity``: the ``RESUME_FLAGS``). Every path writes one after every epoch and one
 at the step where it is preempted, and keeps the newest ``KEEP``.
 
@@ -38,12 +39,15 @@ from tfdp.logs import logger
 RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batch_size", "lr",
                 "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
                 "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm", "ps_shards",
-                "accumulate_steps", "bucket_kb")
+                "accumulate_steps", "bucket_kb", "recipe", "momentum", "nesterov",
+                "weight_decay", "schedule", "label_smoothing", "augment")
 
 
 def identity(config) -> dict:
-    """The ``RESUME_FLAGS`` of ``config`` (``init`` as resolved), stored in its backups."""
-    return dict({name: getattr(config, name) for name in RESUME_FLAGS}, init=config.initializer)
+    """The ``RESUME_FLAGS`` of ``config`` (``init`` as resolved), stored in its backups; under a
+    one-cycle schedule ``--epochs`` too, since the run's length sets every step's rate."""
+    flags = RESUME_FLAGS + (("epochs",) if config.schedule == "one_cycle" else ())
+    return dict({name: getattr(config, name) for name in flags}, init=config.initializer)
 
 
 KEEP = 2

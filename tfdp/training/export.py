@@ -6,6 +6,9 @@ Contract (signature ``serving_default``):
           ``probabilities``  float32 [None, 10]
           ``classes``        int64   [None]
 
+With ``--eval_flip`` the logits are the mean of the image's and its mirror image's, as the
+run evaluated them: what is served scores what the run reported.
+
 Every path exports a Keras model (the manual path its parameters in LeNet's Keras twin) through
 Keras' own ``ExportArchive``. A Keras 3 model wrapped in a ``tf.Module`` and saved with
 ``tf.saved_model.save`` carries every variable twice; TF2's loader copes, but the TF1/C++
@@ -35,6 +38,7 @@ from tfdp import data
 from tfdp import formats
 from tfdp.errors import UserError
 from tfdp.files import process_alive
+from tfdp.models.loss import test_logits
 
 SIGNATURE = "serving_default"
 # A version is written in "<export_root>/.partial-<host>-<pid>-<random>" and renamed into place.
@@ -43,13 +47,15 @@ _PARTIAL_NAME = re.compile(r"^\.partial-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")
 IMAGES = tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8, name="images")
 
 
-def serving_archive(model: keras.Model) -> "keras.export.ExportArchive":
-    """``model`` (float images in [0, 1] -> logits) behind the serving contract."""
+def serving_archive(model: keras.Model, eval_flip: bool = False) -> "keras.export.ExportArchive":
+    """``model`` (float images in [0, 1] -> logits) behind the serving contract (with
+    ``eval_flip``, averaged with its logits of the mirror images)."""
     archive = keras.export.ExportArchive()
     archive.track(model)
 
     def serve(images):
-        logits = tf.cast(model(data.to_float(images), training=False), tf.float32)
+        logits = tf.cast(test_logits(lambda x: model(x, training=False),
+                                     data.to_float(images), eval_flip), tf.float32)
         return {"logits": logits,
                 "probabilities": tf.nn.softmax(logits),
                 "classes": tf.argmax(logits, axis=-1, output_type=tf.int64)}
@@ -79,7 +85,7 @@ def existing_versions(export_root: str) -> list:
 
 
 def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model",
-           float32_twin=None) -> str:
+           float32_twin=None, eval_flip: bool = False) -> str:
     """Save ``model`` as the next version under ``export_root``, with the other
     ``formats_csv`` (``tfdp.formats``) inside it, converted from ``float32_twin()``
     (the same weights computing in float32) when ``model`` computes in bfloat16 or float64;
@@ -90,12 +96,12 @@ def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model
                            dir=export_root)
     twin = None
     try:
-        serving_archive(model).write_out(tmp, verbose=False)
+        serving_archive(model, eval_flip).write_out(tmp, verbose=False)
         wanted = tuple(formats_csv.split(","))
         if len(wanted) > 1 and any(layer.dtype_policy.compute_dtype != "float32"
                                    for layer in model.layers):
             twin = tempfile.mkdtemp(prefix="tfdp-float32-twin-")
-            serving_archive(float32_twin()).write_out(twin, verbose=False)
+            serving_archive(float32_twin(), eval_flip).write_out(twin, verbose=False)
         formats.convert(tmp, wanted, source=twin)
         _readable_by_all(tmp)
         while True:  # Another run may take a number at the same moment: take the next.
@@ -125,10 +131,10 @@ def remove_stale_partials(export_root: str) -> list:
     return removed
 
 
-def save_scratch(model: keras.Model, path: str) -> None:
+def save_scratch(model: keras.Model, path: str, eval_flip: bool = False) -> None:
     """Save to a throwaway ``path`` (non-chief workers must take part in saving, then delete)."""
     try:
-        serving_archive(model).write_out(path, verbose=False)
+        serving_archive(model, eval_flip).write_out(path, verbose=False)
     finally:
         shutil.rmtree(path, ignore_errors=True)
 

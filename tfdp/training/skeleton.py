@@ -14,6 +14,7 @@ resumes, states the plan, trains, exports and returns the ``Result``::
 import dataclasses
 from typing import Optional
 
+from tfdp import recipes
 from tfdp.cluster import tf_config
 from tfdp.config import Config
 from tfdp.errors import Finished, UserError
@@ -123,6 +124,11 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
         examples = len(train_split.labels), len(test_split.labels)
     plan = make_plan(config, path.replicas, *examples)
     logger.info("%s", plan.describe(path.engine))
+    left_out = recipes.dropped(config.recipe, config.strategy)
+    if left_out:
+        logger.info("--recipe=%s on --strategy=%s leaves out %s: asynchronous SGD cannot take "
+                    "them (docs/time-to-accuracy.md)", config.recipe, config.strategy,
+                    ", ".join(left_out))
     if "bfloat16" in (config.precision, config.allreduce_dtype):
         speed = bfloat16_speed()
         if speed < 1:

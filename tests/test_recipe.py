@@ -1,0 +1,173 @@
+"""The fast recipe (``--recipe=fast``, issue 34): each of its choices computes what Keras
+computes, and the recipe trains the same model on 1, 2 and 4 devices, on the from-scratch path
+and under Keras ``fit``, and after a resume, exactly in float64."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from same_model import update_difference
+from tfdp import data, paths
+from tfdp.config import Config
+from tfdp.models import lenet
+from tfdp.models.loss import cross_entropy
+from tfdp.models.sgd import SGD
+from tfdp.plan import one_cycle
+from tfdp.training.backups import Backups
+
+
+def test_the_recipe_fills_only_the_flags_left_unset():
+    fast = Config(recipe="fast")
+    assert (fast.model, fast.batch_size, fast.momentum, fast.nesterov, fast.schedule,
+            fast.augment, fast.eval_flip, fast.initializer) == (
+        "lenet_bn", 512, 0.9, True, "one_cycle", "flip", True, "glorot")
+    assert Config(recipe="fast", model="lenet", lr=0.1).model == "lenet"
+    assert Config(recipe="fast", per_replica_batch_size=64).batch_size is None
+    textbook = Config()
+    assert (textbook.model, textbook.lr, textbook.momentum, textbook.schedule,
+            textbook.label_smoothing, textbook.initializer) == (
+        "lenet", 0.2, 0.0, "constant", 0.0, "textbook")
+    # On parameter servers the recipe keeps what asynchronous SGD can take.
+    served = Config(recipe="fast", strategy="parameter_server")
+    assert (served.model, served.momentum, served.label_smoothing) == ("lenet", 0.0, 0.1)
+
+
+def test_one_cycle_rises_to_the_peak_then_falls_to_zero_alike_in_python_and_tensors():
+    rates = [one_cycle(step, 0.4, 20) for step in range(21)]
+    assert rates[0] == pytest.approx(0.04) and rates[5] == pytest.approx(0.4)
+    assert rates[20] == 0 and max(rates) == rates[5]
+    assert all(a < b for a, b in zip(rates[:5], rates[1:6]))
+    assert all(a > b for a, b in zip(rates[5:20], rates[6:21]))
+    tensors = [float(one_cycle(tf.constant(step, tf.int64), 0.4, 20)) for step in range(21)]
+    np.testing.assert_allclose(tensors, rates, rtol=1e-6)
+
+
+def test_label_smoothing_is_keras_categorical_cross_entropy_of_the_one_hot_labels():
+    rng = np.random.default_rng(0)
+    logits = tf.constant(rng.normal(size=(6, 10)))
+    labels = tf.constant(rng.integers(0, 10, 6))
+    keras_loss = keras.losses.categorical_crossentropy(
+        tf.one_hot(labels, 10, dtype=tf.float64), logits, from_logits=True, label_smoothing=0.1)
+    np.testing.assert_allclose(cross_entropy(logits, labels, 0.1), keras_loss, rtol=1e-12)
+    assert not np.allclose(cross_entropy(logits, labels, 0.0), keras_loss)
+
+
+@pytest.mark.parametrize("momentum, nesterov, decay", [(0.0, False, 0.0), (0.9, False, 0.0),
+                                                       (0.9, True, 5e-4), (0.0, False, 1e-2)])
+def test_the_from_scratch_update_is_keras_sgd(momentum, nesterov, decay):
+    rng = np.random.default_rng(1)
+    start = rng.normal(size=(3, 4))
+    mine, theirs = tf.Variable(start), keras.Variable(start)
+    sgd = SGD(momentum, nesterov, decay)
+    velocities = sgd.velocities({"w": mine})
+    optimizer = keras.optimizers.SGD(0.1, momentum=momentum, nesterov=nesterov,
+                                     weight_decay=decay or None)
+    for _ in range(4):
+        grad = rng.normal(size=(3, 4))
+        sgd.update(mine, tf.constant(grad), 0.1, velocities.get("w"))
+        optimizer.apply_gradients([(tf.constant(grad), theirs)])
+    np.testing.assert_allclose(mine.numpy(), keras.ops.convert_to_numpy(theirs), rtol=1e-12)
+    assert not np.allclose(mine.numpy(), start)
+
+
+def test_flips_depend_on_seed_epoch_and_example_only_and_reach_every_path(train_split):
+    split = data.Split(train_split.images[:64], train_split.labels[:64])
+    local = [(x.numpy(), y.numpy()) for x, y in data.train_batches(split, 16, 3, 0, 2, flip=True)]
+    indices = [i[0] for i in data.index_batches(64, 16, 3, 0, 0, 2, flip=True)]
+    images, labels = tf.constant(split.images), tf.constant(split.labels)
+    for (x, y), index in zip(local, indices):  # What a cluster's worker gathers is the same.
+        gathered = data.gather(images, labels, index, flip=True)
+        np.testing.assert_array_equal(gathered[0], x)
+        np.testing.assert_array_equal(gathered[1], y)
+    mirrored = np.concatenate([i.numpy() >= 64 for i in indices])
+    assert 0.3 < mirrored.mean() < 0.7  # About half, and not the same half each epoch.
+    assert not np.array_equal(mirrored[:64][np.argsort(indices[0].numpy() % 64)],
+                              mirrored[64:])
+    plain = [x.numpy() for x, _ in data.train_batches(split, 16, 3, 0, 2)]
+    flipped = np.concatenate([i.numpy() for i in indices]) >= 64
+    first = np.concatenate(plain)[flipped]
+    np.testing.assert_array_equal(np.concatenate([x for x, _ in local])[flipped],
+                                  first[:, :, ::-1])
+
+
+def settings(tmp_path, data_dir, name, **overrides):
+    return dict(dict(recipe="fast", num_gpus=2, batch_size=96, lr=0.2, epochs=2,
+                     steps_per_epoch=5, seed=4, eval_steps=2, precision="float64",
+                     data_dir=data_dir, workdir=str(tmp_path / name),
+                     export_dir=str(tmp_path / f"{name}-exp")), **overrides)
+
+
+def test_the_fast_recipe_trains_the_same_lenet_on_1_2_and_4_devices(tmp_path, data_dir):
+    """Momentum, Nesterov, weight decay, one-cycle, label smoothing, flips and the flipped
+    evaluation, in float64: the device count changes nothing but rounding. (lenet_bn's batch
+    statistics are each replica's shard's, as under Keras: they differ with the device count
+    by design, and the test below compares them across paths.)"""
+    start = lenet.init_params(2, np.float64, "glorot")
+    runs = {k: paths.run(Config(**settings(tmp_path, data_dir, f"k{k}", num_gpus=k,
+                                           model="lenet")),
+                         start_weights=lenet.to_keras_weights(start)) for k in (1, 2, 4)}
+    one = lenet.from_keras_weights(runs[1].weights)
+    for k in (2, 4):
+        assert update_difference(lenet.from_keras_weights(runs[k].weights), one, start) < 1e-9
+        assert runs[k].history[-1]["test_acc"] == runs[1].history[-1]["test_acc"]
+
+
+def test_the_from_scratch_path_and_keras_fit_train_the_same_lenet_bn(tmp_path, data_dir):
+    """The whole fast recipe, lenet_bn's running statistics included, on 2 replicas."""
+    start = lenet.init_params(5, np.float64, "glorot", batch_norm=True)
+    manual, mirrored = (paths.run(Config(**settings(tmp_path, data_dir, strategy,
+                                                    strategy=strategy)),
+                                  start_weights=lenet.to_keras_weights(start))
+                        for strategy in ("manual", "mirrored"))
+    assert len(manual.weights) == len(mirrored.weights) == 17
+    ours, theirs = (lenet.from_keras_weights(r.weights) for r in (manual, mirrored))
+    assert update_difference(ours, theirs, start) < 1e-9
+    assert not np.allclose(ours["mm2"], start["mm2"])  # The statistics moved...
+    assert manual.history[-1]["test_acc"] == mirrored.history[-1]["test_acc"]  # ...and serve.
+
+
+@pytest.mark.parametrize("strategy", ["manual", "mirrored"])
+def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monkeypatch,
+                                                         strategy):
+    """Momentum's velocities are in the backups: resumed after a crash, the run ends where one
+    that never stopped ends (without them it would not)."""
+    common = settings(tmp_path, data_dir, "resume", strategy=strategy, epochs=3)
+    full = paths.run(Config(**dict(common, workdir=str(tmp_path / "full"),
+                                   export_dir=str(tmp_path / "full-exp"))))
+    save = Backups.save
+
+    def crash_after_epoch_1(self, step, weights):
+        path = save(self, step, weights)
+        if step == 5:
+            raise RuntimeError("simulated crash")
+        return path
+
+    monkeypatch.setattr(Backups, "save", crash_after_epoch_1)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        paths.run(Config(**common))
+    monkeypatch.undo()
+    with np.load(Backups(common["workdir"], 0, {}).path(5)) as backup:
+        assert len([k for k in backup.files if k.startswith("w")]) == 17 + 11  # + velocities
+    resumed = paths.run(Config(**common))
+    for x, y in zip(full.weights, resumed.weights):
+        np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+    metrics = json.loads((tmp_path / "resume" / "metrics.json").read_text())
+    assert metrics["config"]["recipe"] == "fast" and metrics["schedule"] == "one_cycle"
+    assert os.listdir(tmp_path / "resume-exp") == ["1"]
+
+
+def test_a_fast_export_serves_the_flipped_mean_it_was_evaluated_with(tmp_path, data_dir,
+                                                                      test_split):
+    result = paths.run(Config(**settings(tmp_path, data_dir, "served", precision="float32",
+                                         epochs=1)))
+    served = tf.saved_model.load(result.export_path).signatures["serving_default"]
+    images = test_split.images[:64]
+    model = lenet.serving_model(lenet.from_keras_weights(result.weights))
+    x = data.to_float(tf.constant(images))
+    both = (model(x, training=False) + model(data.mirror(x), training=False)) / 2
+    np.testing.assert_allclose(served(images=tf.constant(images))["logits"], both, atol=1e-5)
+    assert not np.allclose(both, model(x, training=False), atol=1e-3)

@@ -1,0 +1,44 @@
+"""``--recipe``: a named set of training choices, each also a flag of its own.
+
+``textbook`` is the chapter's: LeNet, plain SGD at a constant rate, batch 256, no smoothing, no
+augmentation (its figures are the chapter's). ``fast`` is what the time-to-accuracy figure is
+measured with (docs/time-to-accuracy.md): LeNet with batch normalization (the book's section on
+batch normalization trains one), Glorot initialisation, Nesterov momentum with weight decay, a
+one-cycle learning rate over the run's epochs, label smoothing, random horizontal flips in
+training and the flipped image averaged in at evaluation, and a larger batch at a larger rate.
+
+A flag given explicitly wins over its recipe's value; what the run used is in ``metrics.json``
+(``config``). Choices a path cannot take are refused in one line (``tfdp.config_checks``), and
+``fast`` on the parameter-server path keeps only what asynchronous SGD can take
+(``for_strategy``).
+"""
+
+RECIPES = {
+    "textbook": {"model": "lenet", "batch_size": 256, "lr": 0.2, "momentum": 0.0,
+                 "nesterov": False, "weight_decay": 0.0, "schedule": "constant",
+                 "label_smoothing": 0.0, "augment": "none", "eval_flip": False},
+    "fast": {"model": "lenet_bn", "batch_size": 512, "lr": 0.4, "init": "glorot",
+             "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4, "schedule": "one_cycle",
+             "label_smoothing": 0.1, "augment": "flip", "eval_flip": True},
+}
+
+# What asynchronous SGD on parameter servers cannot take: momentum (each worker's update
+# lands on parameters other workers moved since it read them) and batch normalization's
+# running statistics (the from-scratch store holds parameters only).
+NOT_ON_PARAMETER_SERVERS = {"model": "lenet", "momentum": 0.0, "nesterov": False}
+
+
+def choices(recipe: str, strategy: str) -> dict:
+    """The values ``recipe`` gives the flags left unset, on ``strategy``."""
+    values = dict(RECIPES[recipe])
+    if strategy == "parameter_server":
+        values.update(NOT_ON_PARAMETER_SERVERS)
+    return values
+
+
+def dropped(recipe: str, strategy: str) -> list:
+    """The recipe's choices ``strategy`` leaves out, as ``flag=value`` (for one log line)."""
+    if strategy != "parameter_server":
+        return []
+    return [f"{name}={RECIPES[recipe][name]}" for name in NOT_ON_PARAMETER_SERVERS
+            if RECIPES[recipe][name] != NOT_ON_PARAMETER_SERVERS[name]]
