@@ -13,7 +13,7 @@ PACKAGE = os.path.join(REPO, "tfdp")
 # Bottom to top; a unit may import its own layer's units and those of the layers below.
 LAYERS = [
     {"errors", "logs", "files"},                                  # the ground floor
-    {"config_checks", "formats", "config", "flags", "plan"},     # flags, checks, arithmetic
+    {"config_checks", "formats", "config", "flags", "plan", "recipes"},  # flags, checks, sums
     {"fashion_mnist", "data", "devices", "models"},              # data, devices, models
     {"cluster", "launcher"},                                     # in-process runtime; launcher
     {"trace"},                                                   # seeing the steps
