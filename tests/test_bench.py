@@ -8,6 +8,7 @@ import pytest
 from processes import AS_FROM_A_SHELL, run_module
 from tfdp import logs
 from tfdp.bench import host_allreduce as host_bench
+from tfdp.bench import time_to_accuracy as tta
 from tfdp.launcher import emulated_hosts
 
 
@@ -200,3 +201,51 @@ def test_the_cadence_table_measures_the_bare_step_the_loop_and_no_barrier(tmp_pa
     assert rows[2]["of_bare"] is None  # No bare row of its batch and accumulation.
     table = (tmp_path / "cadence.md").read_text()
     assert "\n| loop:8:sync=3 | loop | 8 | 3 | 1 | " in table, table
+
+
+@pytest.mark.slow
+def test_time_to_accuracy_runs_every_seed_as_a_process_and_scores_as_mlperf(tmp_path, data_dir):
+    result = run_module("tfdp.bench", "--time_to_accuracy=0.2", "--runs=3",
+                        "--tta_configs=manual:2:fast:e=2,beginner:1:e=2", "--tta_steps=6",
+                        "--tta_eval_examples=1024", f"--data_dir={data_dir}",
+                        f"--workdir={tmp_path}", env=AS_FROM_A_SHELL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not [line for line in result.stderr.splitlines()
+                if logs.STARTUP_BANNERS.match(line)], result.stderr[-3000:]
+    report = json.loads((tmp_path / "time_to_accuracy.json").read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    assert list(rows) == ["manual:2:fast:e=2", "beginner:1:e=2"]
+    for row in rows.values():
+        assert [run["seed"] for run in row["runs"]] == [1, 2, 3]
+        for run in row["runs"]:
+            clock, accuracy = zip(*run["curve"])
+            assert list(clock) == sorted(clock) and clock[0] > 0
+            first = next((i for i, a in enumerate(accuracy) if a >= 0.2), None)
+            assert run["epochs"] == (None if first is None else first + 1)
+            assert run["seconds"] == (None if first is None else clock[first])
+        assert row["score_s"] == tta.mlperf_mean([run["seconds"] for run in row["runs"]])
+    assert any(run["seconds"] for row in rows.values() for run in row["runs"])
+    curves = [tuple(run["curve"]) for run in rows["manual:2:fast:e=2"]["runs"]]
+    assert len({tuple(a for _, a in c) for c in curves}) > 1  # Seeds differ.
+    table = (tmp_path / "time_to_accuracy.md").read_text()
+    assert table.count("\n| manual:2:fast:e=2 | fast | ") == 1 and "| beginner:1:e=2 | - |" in table
+    assert (tmp_path / "time_to_accuracy.png").stat().st_size > 1000
+
+
+def test_mlperf_scores_drop_the_fastest_and_slowest_run_and_need_every_run_to_reach():
+    assert tta.mlperf_mean([30.0, 10.0, 20.0, 50.0, 40.0]) == 30.0
+    assert tta.mlperf_mean([12.0, 10.0]) == 11.0
+    assert tta.mlperf_mean([12.0, None, 10.0]) is None
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--time_to_accuracy=1.5"], "--time_to_accuracy must be a fraction in (0, 1], got 1.5"),
+    (["--time_to_accuracy=0.9", "--tta_configs=beginner:2"], "runs on 1 device"),
+    (["--time_to_accuracy=0.9", "--tta_configs=manual:2:fastest"], "unknown option 'fastest'"),
+    (["--time_to_accuracy=0.9", "--runs=0"], "--runs must be a positive integer, got 0"),
+])
+def test_time_to_accuracy_refuses_bad_flags_in_one_line(tmp_path, flags, message):
+    result = run_module("tfdp.bench", *flags, f"--workdir={tmp_path}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("tfdp.bench: error: ") and message in lines[0]

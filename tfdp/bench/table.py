@@ -11,6 +11,8 @@ over all of them alike. Throughput comes from the per-epoch timings the run itse
   python -m tfdp.bench --configs= --cadence              # section 12.2: tfdp.bench.cadence
   python -m tfdp.bench --hosts --allreduce --workers=2,3,4 --sizes=4MB --links=100mbit
                                                          # across emulated hosts (root)
+  python -m tfdp.bench --time_to_accuracy=0.9            # seconds to 0.90, MLPerf's way
+                                                         # (tfdp.bench.time_to_accuracy)
 
 A configuration is ``path:devices[:option...]``; path is manual, mirrored, multi_worker,
 plain (Keras fit, no strategy, tfdp's input pipeline) or stock (Keras fit on numpy arrays,
@@ -76,6 +78,17 @@ flags.DEFINE_integer("repeats", 5, "--hosts: timed allreduce calls per row, afte
 flags.DEFINE_integer("pieces", PIECES, "--hosts --allreduce: equal parameters tfdp's gradient "
                      f"is cut into ({PIECES}: sharded is balanced on 2, 3 and 4 workers; 1: one "
                      "tensor, so add_n's gather and broadcast cannot overlap).")
+flags.DEFINE_float("time_to_accuracy", None, "Measure the seconds to this test accuracy "
+                   "instead of throughput: --runs runs of each --tta_configs entry "
+                   "(tfdp.bench.time_to_accuracy; time_to_accuracy.md, .json, .png).")
+flags.DEFINE_list("tta_configs", "manual:2:fast,mirrored:2:fast,plain:1:fast,beginner:1",
+                  "--time_to_accuracy: path:devices[:recipe][:e=epochs] entries.")
+flags.DEFINE_integer("runs", 5, "--time_to_accuracy: runs (seeds 1..runs) per configuration.")
+flags.DEFINE_integer("tta_epochs", 3, "--time_to_accuracy: epochs of each tfdp.train run (the "
+                     "one-cycle schedule's length; a run stops at the target).")
+flags.DEFINE_integer("tta_steps", None, "--time_to_accuracy: cap on steps per epoch (tests).")
+flags.DEFINE_integer("tta_eval_examples", None, "--time_to_accuracy: cap on test examples "
+                     "(tests; MLPerf evaluates the whole test set, the default).")
 flags.DEFINE_string("workdir", os.path.join("runs", "bench"), "Where the table, JSON and chart go.")
 flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
 flags.DEFINE_string("manual_dir", None, "Fashion-MNIST .gz folder (as for tfdp.train).")
@@ -87,6 +100,8 @@ def main(argv):
     del argv
     if FLAGS.hosts:
         return main_hosts()
+    if FLAGS.time_to_accuracy is not None:
+        return main_time_to_accuracy()
     try:
         configs = [parse_config(c) for c in FLAGS.configs if c.strip()]
     except ValueError as e:
@@ -191,6 +206,40 @@ def main_hosts():
                       + ["allreduce_hosts.md, .json, .png"] * FLAGS.allreduce))
 
 
+def main_time_to_accuracy():
+    """``--time_to_accuracy``: ``tfdp.bench.time_to_accuracy``'s table, written as
+    time_to_accuracy.md, .json and .png in --workdir."""
+    from tfdp import logs
+    from tfdp.bench import time_to_accuracy as tta
+    from tfdp.errors import UserError
+
+    target = FLAGS.time_to_accuracy
+    try:
+        if not 0 < target <= 1:
+            raise UserError(f"--time_to_accuracy must be a fraction in (0, 1], got {target}")
+        if FLAGS.runs < 1:
+            raise UserError(f"--runs must be a positive integer, got {FLAGS.runs}")
+        configs = [tta.parse(c) for c in FLAGS.tta_configs if c.strip()]
+        if not configs:
+            raise UserError("--tta_configs is empty: give at least one path:devices entry")
+        os.makedirs(FLAGS.workdir, exist_ok=True)
+        rows = tta.measure(configs, target, FLAGS.runs, FLAGS,
+                           say=lambda line: print(f"tfdp.bench: {line}", flush=True))
+    except UserError as e:
+        sys.exit(f"tfdp.bench: error: {e}")
+    logs.configure(False)
+    logs.import_tensorflow()  # The ceiling is measured here: its start-up banners hidden.
+    from tfdp.devices import matmul_gflops
+
+    ceiling = matmul_gflops("float32")
+    table = tta.format_rows(rows, ceiling)
+    base = os.path.join(FLAGS.workdir, "time_to_accuracy")
+    _write(base, {"matmul_gflops": ceiling, "rows": rows}, table)
+    tta.plot(rows, base + ".png")
+    print(table)
+    print(f"\nwritten in {FLAGS.workdir}: time_to_accuracy.md, .json, .png")
+
+
 def _cadence() -> str:
     """``--cadence``: ``tfdp.bench.cadence``'s table, written as cadence.md and .json."""
     from tfdp.bench import cadence
@@ -209,7 +258,7 @@ def _cadence() -> str:
     return table
 
 
-def _write(base: str, rows: list, table: str) -> None:
+def _write(base: str, rows, table: str) -> None:
     with open(base + ".json", "w") as f:
         json.dump(rows, f, indent=1)
     with open(base + ".md", "w") as f:

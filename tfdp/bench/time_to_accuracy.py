@@ -1,0 +1,190 @@
+"""``python -m tfdp.bench --time_to_accuracy=A``: time to a target test accuracy, measured as
+MLPerf Training measures it (docs/time-to-accuracy.md).
+
+Every run is a real process with its own seed: ``tfdp.train --target_accuracy=A`` (its clock:
+``tfdp.training.clock``), or the beginner's Keras CNN (``tfdp.bench.beginner``), timed by the
+same clock. Runs are interleaved, seed by seed over every configuration, so the machine's noise
+spreads over all of them alike. Per configuration, as MLPerf scores a benchmark: of its runs,
+drop the fastest and the slowest and average the rest (with fewer than 3 runs, average them
+all); a configuration scores only if every run reached the target.
+
+A configuration is ``path:devices[:option...]``: path is manual, mirrored, multi_worker,
+plain (tfdp.train's strategies) or beginner (the reference CNN, one device); options are a
+recipe (``fast`` or ``textbook``; default fast) and ``e=N``, the run's epochs (the one-cycle
+schedule's length; default ``--tta_epochs``, the beginner's own ``BEGINNER_EPOCHS``).
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from tfdp.errors import UserError
+
+PATHS = ("manual", "mirrored", "multi_worker", "plain", "beginner")
+DEFAULT_CONFIGS = "manual:2:fast,mirrored:2:fast,plain:1:fast,beginner:1"
+BEGINNER_EPOCHS = 12  # At most: the beginner's runs stop at the target.
+
+
+def parse(text: str) -> dict:
+    parts = text.strip().split(":")
+    if len(parts) < 2 or parts[0] not in PATHS or not parts[1].isdigit() or int(parts[1]) < 1:
+        raise UserError(f"--tta_configs entry {text!r}: expected path:devices[:option...] with "
+                        f"path in {', '.join(PATHS)}")
+    config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
+              "recipe": "fast", "epochs": None}
+    for option in parts[2:]:
+        name, _, value = option.partition("=")
+        if option in ("fast", "textbook"):
+            config["recipe"] = option
+        elif name == "e" and value.isdigit() and int(value) > 0:
+            config["epochs"] = int(value)
+        else:
+            raise UserError(f"--tta_configs entry {text!r}: unknown option {option!r}")
+    if config["path"] == "beginner":
+        if config["devices"] != 1:
+            raise UserError(f"--tta_configs entry {text!r}: the beginner's CNN runs on 1 device")
+        config["recipe"] = "-"
+    return config
+
+
+def command(config: dict, workdir: str, target: float, seed: int, settings) -> list:
+    """The command of one run of ``config`` (``settings``: the bench's flags)."""
+    data = ([f"--data_dir={settings.data_dir}"] * bool(settings.data_dir)
+            + [f"--manual_dir={settings.manual_dir}"] * bool(settings.manual_dir))
+    steps = [f"--steps_per_epoch={settings.tta_steps}"] * bool(settings.tta_steps)
+    if config["path"] == "beginner":
+        return [sys.executable, "-m", "tfdp.bench.beginner", f"--workdir={workdir}",
+                f"--target_accuracy={target}", f"--seed={seed}",
+                f"--epochs={config['epochs'] or BEGINNER_EPOCHS}", *data, *steps,
+                *([f"--eval_examples={settings.tta_eval_examples}"]
+                  * bool(settings.tta_eval_examples))]
+    args = [f"--recipe={config['recipe']}", f"--seed={seed}", f"--target_accuracy={target}",
+            f"--epochs={config['epochs'] or settings.tta_epochs}", f"--workdir={workdir}",
+            f"--export_dir={workdir}/export", *data, *steps]
+    if settings.tta_eval_examples:  # Tests only: MLPerf evaluates the whole test set.
+        args.append(f"--eval_steps={_eval_steps(config, settings)}")
+    if config["path"] == "multi_worker":
+        return [sys.executable, "-m", "tfdp.launch", f"--num_workers={config['devices']}", "--",
+                "--strategy=multi_worker", "--num_gpus=1", *args]
+    return [sys.executable, "-m", "tfdp.train", f"--strategy={config['path']}",
+            f"--num_gpus={config['devices']}", *args]
+
+
+def _eval_steps(config, settings) -> int:
+    batch = 512 if config["recipe"] == "fast" else 256
+    return max(1, settings.tta_eval_examples // batch)
+
+
+def run_once(config: dict, target: float, seed: int, settings) -> dict:
+    """One run: its seed, the seconds to the target (None if not reached), its curve of
+    (clock seconds, test accuracy) per epoch, and its start-up."""
+    workdir = tempfile.mkdtemp(prefix="tfdp-tta-")
+    try:
+        result = subprocess.run(command(config, workdir, target, seed, settings),
+                                capture_output=True, text=True,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        if result.returncode != 0:
+            tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
+            raise UserError(f"{config['name']} (seed {seed}) failed: {tail[0]}")
+        with open(os.path.join(workdir, "metrics.json")) as f:
+            metrics = json.load(f)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    curve = [(e["clock_s"], e["test_acc"]) for e in metrics["epochs"]]
+    reached = metrics.get("reached_at_epoch")
+    return {"seed": seed, "seconds": curve[reached - 1][0] if reached else None,
+            "epochs": reached, "curve": curve, "startup_s": metrics.get("startup_s")}
+
+
+def mlperf_mean(seconds: list):
+    """MLPerf's score of a benchmark's runs: drop the fastest and the slowest, average the rest
+    (all of them with fewer than 3); None unless every run reached the target."""
+    if not seconds or any(s is None for s in seconds):
+        return None
+    kept = sorted(seconds)[1:-1] if len(seconds) >= 3 else seconds
+    return statistics.mean(kept)
+
+
+def measure(configs: list, target: float, runs: int, settings, say=print) -> list:
+    """Every configuration ``runs`` times, seeds 1..runs, interleaved; one row each."""
+    samples = {c["name"]: [] for c in configs}
+    for seed in range(1, runs + 1):
+        for config in configs:
+            say(f"time to {target}: seed {seed}/{runs}: {config['name']} ...")
+            run = run_once(config, target, seed, settings)
+            samples[config["name"]].append(run)
+            say(f"  reached in {run['seconds']:.1f} s (epoch {run['epochs']})"
+                if run["seconds"] is not None else "  did not reach it")
+    rows = []
+    for config in configs:
+        done = samples[config["name"]]
+        seconds = [r["seconds"] for r in done]
+        reached = [s for s in seconds if s is not None]
+        epochs = [r["epochs"] for r in done if r["epochs"]]
+        rows.append(dict(config, target=target, runs=done, score_s=mlperf_mean(seconds),
+                         reached=len(reached), min_s=min(reached, default=None),
+                         max_s=max(reached, default=None),
+                         median_epochs=statistics.median(epochs) if epochs else None,
+                         startup_s=statistics.median([r["startup_s"] or 0 for r in done])))
+    return rows
+
+
+def format_rows(rows: list, ceiling_gflops: float = None) -> str:
+    """The table: each configuration's score, and how many times faster than the references
+    (the beginner's CNN, Keras ``fit`` of the same recipe on one device) it is."""
+    target = rows[0]["target"]
+    refs = {name: next((r["score_s"] for r in rows if r["name"].startswith(name)), None)
+            for name in ("beginner", "plain:1:fast")}
+    head = (f"time to {target} test accuracy (MLPerf's mean: the fastest and slowest of each "
+            f"configuration's runs dropped), {len(rows[0]['runs'])} runs each"
+            + (f"; matmul ceiling {ceiling_gflops:.0f} GFLOP/s fp32" if ceiling_gflops else ""))
+    lines = [head, "",
+             "| config | recipe | reached | seconds to target | min-max | epochs (median) "
+             "| start-up s | x faster than the beginner's CNN | x faster than Keras fit "
+             "(plain:1:fast) |", "| --- " * 9 + "|"]
+
+    def times(ref, score):
+        return f"{ref / score:.2f}" if ref and score else "-"
+
+    for r in rows:
+        score = f"{r['score_s']:.1f}" if r["score_s"] else "-"
+        spread = f"{r['min_s']:.1f}-{r['max_s']:.1f}" if r["min_s"] else "-"
+        lines.append(f"| {r['name']} | {r['recipe']} | {r['reached']}/{len(r['runs'])} | "
+                     f"{score} | {spread} | {_number(r['median_epochs'])} | "
+                     f"{r['startup_s']:.1f} | {times(refs['beginner'], r['score_s'])} | "
+                     f"{times(refs['plain:1:fast'], r['score_s'])} |")
+    return "\n".join(lines)
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def plot(rows: list, path: str) -> None:
+    """Test accuracy against seconds on the clock, every run of every configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, r in enumerate(rows):
+        color = f"C{i % 10}"
+        for j, run in enumerate(r["runs"]):
+            seconds, accuracy = zip(*run["curve"]) if run["curve"] else ((), ())
+            ax.plot(seconds, accuracy, "o-", color=color, alpha=0.6, markersize=3,
+                    label=r["name"] if j == 0 else None)
+    ax.axhline(rows[0]["target"], color="gray", linestyle="--", linewidth=1)
+    ax.set_xlabel("seconds on the clock (data loading, compiling and evaluations included)")
+    ax.set_ylabel("test accuracy")
+    lowest = min((a for r in rows for run in r["runs"] for _, a in run["curve"]), default=0)
+    ax.set_ylim(max(0.0, min(lowest, rows[0]["target"] - 0.1) - 0.02), 1.0)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
