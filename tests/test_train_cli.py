@@ -54,8 +54,9 @@ def test_short_run_reports_exports_and_serves(tmp_path, data_dir):
     assert [r["epoch"] for r in metrics["epochs"]] == [1, 2]
     assert metrics["devices"] == ["/device:CPU:0", "/device:CPU:1"]
     assert metrics["config"]["num_gpus"] == 2
-    # What the run used, not the flags as given (--batch_size was not given).
-    assert metrics["config"]["batch_size"] is None and metrics["global_batch"] == 256
+    # What the run used: --batch_size was not given, so the recipe's (--recipe=textbook).
+    assert metrics["config"]["batch_size"] == 256 and metrics["global_batch"] == 256
+    assert metrics["config"]["recipe"] == "textbook" and metrics["config"]["momentum"] == 0
     assert metrics["per_replica_batch"] == [128, 128] and metrics["init"] == "glorot"
     assert metrics["precision"] == "float32"
     assert metrics["export_path"] == str(exports / "1")
