@@ -38,6 +38,7 @@ from absl import app, flags
 
 from tfdp.bench.configs import parse_config, run_once, training_flops_per_example
 from tfdp.bench.host_allreduce import PIECES
+from tfdp.bench.time_to_accuracy import DEFAULT_CONFIGS as TTA_CONFIGS
 from tfdp.bench.results import format_allreduce, format_table, plot, summarise
 from tfdp.flags import help_parser
 
@@ -81,7 +82,7 @@ flags.DEFINE_integer("pieces", PIECES, "--hosts --allreduce: equal parameters tf
 flags.DEFINE_float("time_to_accuracy", None, "Measure the seconds to this test accuracy "
                    "instead of throughput: --runs runs of each --tta_configs entry "
                    "(tfdp.bench.time_to_accuracy; time_to_accuracy.md, .json, .png).")
-flags.DEFINE_list("tta_configs", "manual:2:fast,mirrored:2:fast,plain:1:fast,beginner:1",
+flags.DEFINE_list("tta_configs", TTA_CONFIGS,
                   "--time_to_accuracy: path:devices[:recipe][:e=epochs] entries.")
 flags.DEFINE_integer("runs", 5, "--time_to_accuracy: runs (seeds 1..runs) per configuration.")
 flags.DEFINE_integer("tta_epochs", 3, "--time_to_accuracy: epochs of each tfdp.train run (the "

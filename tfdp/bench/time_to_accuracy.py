@@ -23,6 +23,7 @@ import sys
 import tempfile
 
 from tfdp.errors import UserError
+from tfdp.recipes import RECIPES
 
 PATHS = ("manual", "mirrored", "multi_worker", "plain", "beginner")
 DEFAULT_CONFIGS = "manual:2:fast,mirrored:2:fast,plain:1:fast,beginner:1"
@@ -75,8 +76,7 @@ def command(config: dict, workdir: str, target: float, seed: int, settings) -> l
 
 
 def _eval_steps(config, settings) -> int:
-    batch = 512 if config["recipe"] == "fast" else 256
-    return max(1, settings.tta_eval_examples // batch)
+    return max(1, settings.tta_eval_examples // RECIPES[config["recipe"]]["batch_size"])
 
 
 def run_once(config: dict, target: float, seed: int, settings) -> dict:
