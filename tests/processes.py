@@ -91,8 +91,8 @@ def task_pid(launcher: int, kind: str, index: int) -> int:
 
 
 def slow_then_stop(run, folder, kind: str, index: int) -> tuple:
-    """Task ``kind`` ``index`` of a launched ``run`` stopped 35 of every 40 ms (real SIGSTOP and
-    SIGCONT from outside: a host with an eighth of a CPU) from the moment the cluster has
+    """Task ``kind`` ``index`` of a launched ``run`` stopped 30 of every 40 ms (real SIGSTOP and
+    SIGCONT from outside: a host with a quarter of a CPU) from the moment the cluster has
     started until the run's first backup (its first epoch's end), then stopped for good: hung,
     alive, never answering. The run's (stdout, stderr) once it has ended."""
     from tfdp.training.backups import Backups
@@ -106,15 +106,18 @@ def slow_then_stop(run, folder, kind: str, index: int) -> tuple:
             except AssertionError:
                 time.sleep(0.1)
         # Once the cluster has started (the chief's reporter writes its folder), not before:
-        # an eighth of a CPU takes TensorFlow's start-up past the timeout.
+        # a quarter of a CPU takes TensorFlow's start-up past the timeout.
         while not (folder / "run" / "tensorboard").exists() and run.poll() is None:
             time.sleep(0.05)
         backups = Backups(str(folder / "run"), 0, {})
         while not backups.steps() and run.poll() is None and time.time() < deadline + 120:
-            os.kill(task, signal.SIGSTOP)
-            time.sleep(0.035)
-            os.kill(task, signal.SIGCONT)
-            time.sleep(0.005)
+            try:
+                os.kill(task, signal.SIGSTOP)
+                time.sleep(0.030)
+                os.kill(task, signal.SIGCONT)
+                time.sleep(0.010)
+            except ProcessLookupError:  # Gone before its first backup: the run's lines say why.
+                return run.communicate(timeout=120)
         os.kill(task, signal.SIGSTOP)
         return run.communicate(timeout=120)
     finally:

@@ -74,8 +74,8 @@ def nothing_exported(folder) -> bool:
 @by_path
 def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
                                                                             data_dir, path):
-    """Worker 1 stopped 35 of every 40 ms (real SIGSTOP and SIGCONT from outside: a host with
-    an eighth of a CPU) through the first epoch, then for good: the first epoch's line names
+    """Worker 1 stopped 30 of every 40 ms (real SIGSTOP and SIGCONT from outside: a host with
+    a quarter of a CPU) through the first epoch, then for good: the first epoch's line names
     it, and the hang ends the run in one line naming the flight recorder's file."""
     run = launch(tmp_path, path.strategy, f"--data_dir={data_dir}", "--epochs=3",
                  "--steps_per_epoch=25", "--batch_size=64", "--eval_steps=1",
@@ -132,8 +132,10 @@ def test_a_worker_paused_for_seconds_is_named_with_its_step(tmp_path, data_dir):
     os.kill(worker, signal.SIGCONT)
     out, err = run.communicate(timeout=180)
     assert run.returncode == 0, err[-3000:]
-    paused = re.search(r"^\[chief\] epoch 2/2: .*; pause: worker 1 \(replica 1\) reached the "
-                       r"allreduce (\d+\.\d) s after the others at step (\d+)$", out, re.M)
+    # Stopped computing, the stamps name it; stopped in the exchange, the probe's silence does.
+    paused = re.search(r"^\[chief\] epoch 2/2: .*; pause: worker 1 (?:\(replica 1\) reached the "
+                       r"allreduce|did not answer for) (\d+\.\d) s (?:after the others )?"
+                       r"at step (\d+)$", out, re.M)
     assert paused, out[-3000:]
     assert 3.0 <= float(paused[1]) <= 6.0 and 60 < int(paused[2]) <= 120
 

@@ -5,6 +5,8 @@ profiler's own data, which xprof's converter reads in a process that never impor
 import json
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -137,6 +139,50 @@ def test_arrivals_name_a_pause_with_its_step_and_not_as_a_straggler(tmp_path):
         "; straggler: worker 1 (replica 1) reaches the allreduce 20.0 ms after the others on "
         "average, last in 100% of steps; pause: worker 1 (replica 1) reached the allreduce 2.0 s "
         "after the others at step 125")
+
+
+def test_a_pause_in_the_exchange_is_named_by_the_probes_silence_with_the_step_it_held(tmp_path):
+    """Worker 1 stopped after its gradients were ready: every replica's stamps on time, the
+    next step 4 s late for all; the stall watchdog's probe heard it silent."""
+    from tfdp.trace.arrivals import Arrivals
+
+    arrivals = Arrivals(["/job:worker/task:0/device:CPU:0", "/job:worker/task:1/device:CPU:0"],
+                        str(tmp_path))
+    heard = [[("worker 1", 100.03, 100.5, "training step 73"),
+              ("worker 1", 100.8, 103.9, "training step 73")]]
+    arrivals.silences = lambda: heard.pop() if heard else []
+    for step in range(61, 121):
+        t = 100.0 + 0.05 * (step - 61) + (4.0 if step > 73 else 0)
+        arrivals.add(step, [[t, t + 0.01], [t, t + 0.0105]])
+    assert arrivals.epoch_figures()[1] == "; pause: worker 1 did not answer for 3.1 s at step 73"
+    heard.append([("worker 1", 50.0, 52.0, "evaluating epoch 1")])  # Before the epoch's steps.
+    arrivals.add(121, [[110.0, 110.01], [110.0, 110.0105]])
+    arrivals.add(122, [[110.05, 110.06], [110.05, 110.0605]])
+    assert arrivals.epoch_figures()[1] == ("; pause: worker 1 did not answer for 2.0 s while "
+                                           "evaluating epoch 1")
+
+
+def test_the_stall_probe_keeps_only_the_silences_of_watched_calls(monkeypatch):
+    from tfdp.cluster import stall as stall_module
+
+    monkeypatch.setattr(stall_module, "PROBE_EVERY", 0.01)
+    stall = stall_module.Stall(60, [("worker 0", "h:1"), ("worker 1", "h:2")])
+    quiet = threading.Event()
+
+    def ask(p):
+        if p == 1 and quiet.is_set():
+            quiet.clear()
+            time.sleep(0.5)
+
+    stall.probe(ask, longer_than=0.3)
+    quiet.set()
+    time.sleep(0.2)  # Nothing watched: nobody asked.
+    assert quiet.is_set() and stall.silences() == []
+    with stall.watching("training step 7"):
+        time.sleep(0.8)
+    (silence,) = stall.silences()
+    assert silence[0] == "worker 1" and silence[3] == "training step 7"
+    assert 0.5 <= silence[2] - silence[1] < 0.8 and stall.silences() == []
 
 
 def test_folded_times_unfold_near_the_hosts_clock():

@@ -6,6 +6,12 @@ own (the calls wait inside TensorFlow with Python's lock released, and nothing e
 interrupt them) and ends the process, in one line naming the peers that do not answer now,
 when one call outlasts ``--collective_timeout``. A peer that has died makes the call raise one
 of ``PEER_LOST`` instead, which the run skeleton turns into the same kind of line.
+
+Where the path can ask its peers (``probe``), one thread per peer also asks it a trivial
+question every ``PROBE_EVERY`` s while a call is watched, and keeps each silence longer than the
+path's threshold: a process stopped for a while and resumed is named whatever it was doing when
+it stopped (computing, exchanging gradients, or idle between steps), which the replicas' own
+times alone cannot tell (``tfdp.trace.arrivals``).
 """
 
 import contextlib
@@ -19,6 +25,7 @@ import tensorflow as tf
 from tfdp.cluster import tf_config
 
 STARTING = "waiting for the workers to start"
+PROBE_EVERY = 0.25
 # What a step, a collective or a read raises when a peer has died or cannot be reached
 # (heartbeats stopped, a collective timed out, or the coordination service aborted it).
 PEER_LOST = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
@@ -37,15 +44,48 @@ class Stall:
         self.unresponsive = None
         self._since = None
         self._doing = ""
+        self._watched = threading.Event()
+        self._silences, self._lock = [], threading.Lock()
         threading.Thread(target=self._keep, daemon=True, name="tfdp-stall").start()
 
     @contextlib.contextmanager
     def watching(self, doing: str):
         self._since, self._doing = time.monotonic(), doing
+        self._watched.set()
         try:
             yield
         finally:
+            self._watched.clear()
             self._since = None
+
+    def probe(self, ask, longer_than: float) -> None:
+        """Ask each peer ``ask(p)`` (``p`` its index in ``peers``; a trivial op there) every
+        ``PROBE_EVERY`` s while a call is watched; keep each answer that took ``longer_than`` s
+        or more as a silence (``silences``)."""
+        for p, (name, _) in enumerate(self.peers):
+            threading.Thread(target=self._ask, args=(ask, p, name, longer_than), daemon=True,
+                             name=f"tfdp-probe-{p}").start()
+
+    def _ask(self, ask, p: int, name: str, longer_than: float):
+        while True:
+            self._watched.wait()
+            doing, asked = self._doing, time.time()
+            try:
+                ask(p)
+            except tf.errors.OpError:
+                return  # A peer lost: the watched call's error, or the deadline, says so.
+            answered = time.time()
+            if answered - asked >= longer_than:
+                with self._lock:
+                    self._silences.append((name, asked, answered, doing))
+            time.sleep(PROBE_EVERY)
+
+    def silences(self) -> list:
+        """The silences kept since the last call, oldest first: ``(peer's name, Unix time
+        asked, Unix time answered, what the watched call was doing when asked)``."""
+        with self._lock:
+            kept, self._silences = self._silences, []
+        return kept
 
     def _keep(self):
         while True:

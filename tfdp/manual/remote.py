@@ -36,6 +36,7 @@ from tfdp.errors import UserError
 from tfdp.logs import logger
 from tfdp.manual.feed import Feed
 from tfdp.plan import shard_sizes
+from tfdp.trace import arrivals
 
 JOB = "worker"
 INDICES = tf.TensorSpec([None], tf.int32)
@@ -106,8 +107,7 @@ class Cluster:
         answered = {}
 
         def ask(w):
-            with tf.device(_cpu(w)):
-                tf.identity(tf.constant(0)).numpy()
+            self.ask(w)
             answered[w] = True
 
         askers = [threading.Thread(target=ask, args=(w,), daemon=True)
@@ -118,6 +118,13 @@ class Cluster:
         for asker in askers:
             asker.join(max(0.0, deadline - time.monotonic()))
         return [peer for w, peer in enumerate(self.stall.peers) if w not in answered]
+
+    @staticmethod
+    def ask(worker: int) -> None:
+        """A trivial op on ``worker``, its answer waited for: it answers unless its process is
+        stopped, hung or gone."""
+        with tf.device(_cpu(worker)):
+            tf.identity(tf.constant(0)).numpy()
 
     def describe(self) -> str:
         workers = ", ".join(f"worker {i} ({a})" for i, a in enumerate(self.task.cluster[JOB]))
@@ -159,6 +166,7 @@ def connect(task: tf_config.Task, num_gpus: int, data_dir: Optional[str], timeou
                 "its own %s", examples["train"], examples["test"], len(peers), folder)
     cluster = Cluster(task, devices, worker_of, arrays, examples, stall)
     stall.unresponsive = cluster.unresponsive  # For the line of a call that outlasts the timeout.
+    stall.probe(cluster.ask, arrivals.PAUSE_S)  # A worker paused, named whatever it was doing.
     return cluster
 
 

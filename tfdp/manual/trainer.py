@@ -45,6 +45,7 @@ class FromScratchPath(TrainingPath):
         self.recorder = Arrivals(self.devices, config.workdir)
         if self.cluster:
             self.stall.recorder = self.recorder
+            self.recorder.silences = self.stall.silences  # A pause in the exchange, named.
         every = config.steps_between_syncs
         self.engine = (f"{where}, allreduce {config.allreduce}, "
                        f"{'eager' if config.eager else 'compiled'} step, host reads every "

@@ -18,7 +18,11 @@ step's times; ``fit`` every few steps (reading a step's results waits for it). F
   ``PAUSE_SHARE`` times the median compute after the others (a worker stopped, swapping, or
   preempted and resumed for a while), is named with its step ("pause: worker 1 (replica 1)
   reached the allreduce 19.8 s after the others at step 57"), and the straggler rule judges the
-  other steps: averaged in, one pause made a straggler of a worker that is not one;
+  other steps: averaged in, one pause made a straggler of a worker that is not one; a worker
+  that stops after its gradients are ready (in the exchange itself, where every replica waits
+  alike) is named by the silence the cluster's probe heard instead (``silences``: the stall
+  watchdog's, ``tfdp.cluster.stall``), with the step it held: "pause: worker 1 did not answer
+  for 3.9 s at step 73";
 * the **flight recorder** keeps the last ``flight_recorder.KEPT`` steps' times; when the
   cluster is lost (a peer dies, or a step outlasts ``--collective_timeout``), ``dump`` writes
   them to ``flight_recorder.json`` in the run folder and the one-line error names that file.
@@ -78,6 +82,17 @@ def _late(ready: np.ndarray) -> np.ndarray:
     return ready - (ready.sum(1, keepdims=True) - ready) / (k - 1)
 
 
+def _silence(silence: tuple, numbers: list, started_ms: np.ndarray) -> str:
+    """The epoch line's words for the longest ``silence``, at the last of the steps
+    (``numbers``, first started at ``started_ms``) begun before it was first asked: the step it
+    held, whatever phase it was in; else (heard before the epoch's first step) what was being
+    done."""
+    worker, asked, answered, doing = silence
+    begun = np.flatnonzero(started_ms <= asked * 1e3)
+    held = f"at step {numbers[begun[-1]]}" if len(begun) else f"while {doing}"
+    return f"; pause: {worker} did not answer for {answered - asked:.1f} s {held}"
+
+
 def replica_names(devices: list) -> list:
     """"worker 1 (replica 2)" across machines, "replica 2" on one."""
     names = []
@@ -96,6 +111,9 @@ class Arrivals(flight_recorder.FlightRecorder):
         self.run_dir = run_dir
         self.kept = collections.deque(maxlen=flight_recorder.KEPT)
         self.epoch = []
+        # () -> the silences heard since the last call: [(worker, asked, answered, doing)],
+        # Unix times; where the path probes its workers (``tfdp.cluster.stall.Stall.probe``).
+        self.silences = list
 
     def add(self, step: int, times) -> None:
         """``times``: [replicas, 2] of (start, ready) Unix seconds, of global step ``step``."""
@@ -123,6 +141,7 @@ class Arrivals(flight_recorder.FlightRecorder):
         behind = ordered[:, -1] - ordered[:, -2]  # The last replica after the one before it.
         i = int(behind.argmax())
         typical = float(np.median(ready - start))  # A step's compute, the pause aside.
+        silences = self.silences()
         if behind[i] >= max(PAUSE_S * 1e3, PAUSE_SHARE * typical):
             words = (f"; pause: {self.names[int(ready[i].argmax())]} reached the allreduce "
                      f"{behind[i] / 1e3:.1f} s after the others at step {numbers[i]}")
@@ -130,6 +149,8 @@ class Arrivals(flight_recorder.FlightRecorder):
             start, ready = np.delete(start, i, axis=0), np.delete(ready, i, axis=0)
             if not len(ready):
                 return figures, words
+        elif silences:
+            words = _silence(max(silences, key=lambda s: s[2] - s[1]), numbers, start.min(1))
         late = _late(ready).mean(0)
         last = np.bincount(ready.argmax(1), minlength=ready.shape[1]) / len(ready)
         r = int(late.argmax())
