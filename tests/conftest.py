@@ -2,7 +2,8 @@
 once per session from the Fashion-MNIST files (``$TFDP_MANUAL_DIR`` or the shared folder), and
 the markers. The helpers tests share live beside it, each module one kind: ``processes`` (a
 child's environment, launched clusters, faults from outside), ``same_model`` (runs to compare),
-``terminal`` (a real pseudo-terminal), ``exports`` (serving clients) and ``traces``.
+``terminal`` (a real pseudo-terminal), ``exports`` (serving clients), ``traces`` and
+``slurm_cluster`` (a real Slurm on emulated hosts).
 
 Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
 

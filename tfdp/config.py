@@ -173,6 +173,9 @@ class Config:
     collective_timeout: int = _flag(
         300, "multi_worker, parameter_server, and manual across machines: seconds start-up, "
         "and then each collective or step, waits for the peers before failing.")
+    num_ps: int = _flag(
+        1, "parameter_server under a cluster manager (Slurm's srun, a Kubernetes Indexed Job), "
+        "where tfdp builds TF_CONFIG itself: how many of the last tasks are parameter servers.")
     verbose: bool = _flag(
         False, "Also print TensorFlow's, TFDS' and absl's INFO lines and progress bars (hidden "
         "by default: tfdp prints its own lines, warnings and errors).")

@@ -90,7 +90,7 @@ def common(config) -> None:
             config.init.endswith(".npz") and os.path.isfile(config.init)):
         raise UserError(f"--init={config.init} is neither one of {', '.join(INITS)} nor an "
                         "existing .npz file of LeNet parameters")
-    for name in ("num_gpus", "epochs", "ps_shards"):
+    for name in ("num_gpus", "epochs", "ps_shards", "num_ps"):
         positive(name, getattr(config, name))
     if config.batch_size is not None and config.per_replica_batch_size is not None:
         raise UserError("give --batch_size (global) or --per_replica_batch_size, not both")

@@ -3,6 +3,7 @@
   python -m tfdp.train --num_gpus=2                        # from scratch on 2 devices
   python -m tfdp.train --strategy=mirrored --num_gpus=2    # Keras fit, MirroredStrategy
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker   # 2 local workers
+  srun -N2 -n2 python -m tfdp.train --strategy=multi_worker --workdir=...   # under Slurm
 """
 
 import sys
@@ -12,6 +13,7 @@ from absl import app
 from tfdp import flags, logs
 from tfdp.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Finished, Interrupted,
                          Preempted, UserError)
+from tfdp.cluster import managed
 from tfdp.training import preemption
 
 
@@ -22,6 +24,8 @@ def main(argv):
         with preemption.preempt_outside_runs():
             config = flags.config_from_flags()
             logs.configure(config.verbose)
+            # Under Slurm or Kubernetes: TF_CONFIG from the manager; a server task leaves here.
+            managed.join(config.strategy, config.num_ps, sys.argv[1:])
             logs.import_tensorflow()
             with preemption.exit_on_second_ctrl_c("tfdp.train"):
                 from tfdp import paths  # TensorFlow, after logs hid its start-up.

@@ -17,6 +17,8 @@ import time
 from tfdp.errors import UserError
 
 ENV = "TF_CONFIG"
+# The strategies that train in one process: a cluster of several tasks is not theirs.
+SINGLE_PROCESS = ("mirrored", "plain")
 _EXAMPLE = '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}'
 
 
@@ -78,6 +80,31 @@ def task(environ=None, kinds=("chief", "worker"), program="tfdp.train") -> Task:
     if len(cluster.get("chief", [])) > 1:
         raise UserError(f"{ENV}: a cluster has at most one chief, got {len(cluster['chief'])}")
     return Task(cluster, kind, index)
+
+
+def roles(strategy: str, count: int, num_ps: int) -> list:
+    """``(kind, index)`` of each of ``count`` tasks a cluster manager started, in rank order:
+    task 0 the chief; under ``multi_worker`` every task a worker (task 0 worker 0, the chief);
+    else the client ``chief``, then the ``tfdp.server`` workers, then ``num_ps`` parameter
+    servers under ``parameter_server`` (``tfdp.launch``'s order)."""
+    if strategy == "multi_worker":
+        return [("worker", i) for i in range(count)]
+    servers = num_ps if strategy == "parameter_server" else 0
+    workers = count - 1 - servers
+    if workers < 1:
+        raise UserError(f"--strategy={strategy} on {count} task(s) needs a client, a worker"
+                        + (f" and --num_ps={num_ps} parameter server(s)" if servers else "")
+                        + f": {2 + servers} tasks or more")
+    return ([("chief", 0)] + [("worker", i) for i in range(workers)]
+            + [("ps", j) for j in range(servers)])
+
+
+def cluster_of(addresses: list, kinds: list) -> dict:
+    """TF_CONFIG's cluster: each job's addresses, in the order of ``kinds``."""
+    jobs = {}
+    for address, (kind, _) in zip(addresses, kinds):
+        jobs.setdefault(kind, []).append(address)
+    return jobs
 
 
 def client_task(program: str, jobs: tuple, remedy: str, wait: float = 60.0) -> Task:

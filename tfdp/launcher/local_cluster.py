@@ -82,7 +82,7 @@ def processes(strategy: str, num_workers: int, train_args: list, addresses: list
     if strategy == "multi_worker":
         return [Process(f"worker {i}", train, worker_env(i, addresses, stamp, live), shares[i],
                         f"[{i}] ") for i in range(num_workers)]
-    server = [sys.executable, "-m", "tfdp.server", *_server_flags(train_args)]
+    server = [sys.executable, "-m", "tfdp.server", *server_flags(train_args)]
     # The client only sends indices and reads scalars, and a parameter server applies updates:
     # they share every core.
     return [Process("chief", train, worker_env(0, addresses, stamp, live, chief, "chief", ps),
@@ -93,7 +93,7 @@ def processes(strategy: str, num_workers: int, train_args: list, addresses: list
                 f"[ps {j}] ") for j in range(len(ps))]
 
 
-def _server_flags(train_args: list) -> list:
+def server_flags(train_args: list) -> list:
     """The train flags a ``tfdp.server`` shares with its client: its devices and its data."""
     shared = []
     for name in ("num_gpus", "data_dir", "manual_dir"):

@@ -1,0 +1,167 @@
+"""A real Slurm for the tests: Debian's ``slurmctld``, one ``slurmd`` per node and ``munge``,
+each node an emulated host of its own (``tfdp.launcher.emulated_hosts``: a network namespace
+with its own address, all on one switch), the controller on a host of its own, from which jobs
+are submitted. Every file is in one folder; ``stop`` ends every process and removes every
+namespace.
+
+Needs Linux, root and Slurm's and munge's commands (``.ci/run`` installs them; the steps are in
+docs/clusters.md); ``missing()`` says what is absent, for the tests' skip.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from tfdp.launcher import emulated_hosts
+
+COMMANDS = ("slurmctld", "slurmd", "srun", "sbatch", "scancel", "scontrol", "sinfo", "munged")
+NODES = 2
+
+
+def missing() -> str:
+    """Why a real Slurm cannot run here ('' when it can)."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return "needs Linux and root (a slurmd per network namespace)"
+    absent = [c for c in COMMANDS if shutil.which(c) is None]
+    return (f"needs Slurm and munge ({', '.join(absent)} not found; Debian: apt install "
+            "slurmctld slurmd slurm-client munge)") if absent else ""
+
+
+class SlurmCluster:
+    """``NODES`` compute nodes (``node1``..) and a controller, on emulated hosts."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+        self.hosts = emulated_hosts.Hosts(NODES + 1)
+        self.daemons = []
+        self.conf = os.path.join(self.folder, "slurm.conf")
+        self.env = dict(os.environ, SLURM_CONF=self.conf)
+
+    def start(self) -> "SlurmCluster":
+        self.hosts.create()
+        try:
+            self._munge()
+            self._configure()
+            self.daemons.append(self._spawn(0, "slurmctld", "-D", "-i"))
+            for node in range(1, NODES + 1):
+                self.daemons.append(self._spawn(node, "slurmd", "-D", "-N", f"node{node}"))
+            self.wait_for(lambda: self.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()
+                          == ["idle"] * NODES or None, 60, "both nodes idle in sinfo")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _munge(self):
+        key = os.path.join(self.folder, "munge.key")
+        with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+            f.write(os.urandom(128))
+        self.socket = os.path.join(self.folder, "munge.socket")
+        subprocess.run(["munged", "--force", f"--socket={self.socket}", f"--key-file={key}",
+                        f"--log-file={self.folder}/munged.log",
+                        f"--pid-file={self.folder}/munged.pid",
+                        f"--seed-file={self.folder}/munged.seed"], check=True, timeout=30)
+
+    def _configure(self):
+        d = self.folder
+        for sub in ["state"] + [f"spool-node{n}" for n in range(1, NODES + 1)]:
+            os.makedirs(os.path.join(d, sub))
+        nodes = "\n".join(f"NodeName=node{n} NodeAddr={self.hosts.address(n)} CPUs=2 "
+                          "State=UNKNOWN" for n in range(1, NODES + 1))
+        with open(self.conf, "w") as f:
+            f.write(f"""ClusterName=tfdp
+SlurmctldHost={socket.gethostname()}({self.hosts.address(0)})
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.socket}
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool-%n
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd-%n.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+KillWait=30
+SlurmctldTimeout=30
+SlurmdTimeout=10
+{nodes}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+""")
+        # Without a cgroup file system of its own layout here, cgroup v1 as mounted.
+        with open(os.path.join(d, "cgroup.conf"), "w") as f:
+            f.write("CgroupPlugin=cgroup/v1\n")
+
+    def _spawn(self, host: int, *command):
+        log = open(os.path.join(self.folder, f"{command[0]}-{host}.out"), "w")
+        return subprocess.Popen(["ip", "netns", "exec", self.hosts.names[host], *command],
+                                env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def run(self, *command, timeout=600, env=None, cwd=None) -> subprocess.CompletedProcess:
+        """A Slurm command (srun, sbatch, scontrol, ...) on the controller's host."""
+        return subprocess.run(["ip", "netns", "exec", self.hosts.names[0], *command],
+                              env=dict(self.env, **(env or {})), capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd)
+
+    def popen(self, *command, env=None, cwd=None) -> subprocess.Popen:
+        return subprocess.Popen(["ip", "netns", "exec", self.hosts.names[0], *command],
+                                env=dict(self.env, **(env or {})), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=cwd)
+
+    def job(self, job_id: str) -> dict:
+        """``scontrol show job``'s fields of ``job_id``."""
+        out = self.run("scontrol", "-o", "show", "job", job_id).stdout
+        return dict(field.split("=", 1) for field in out.split() if "=" in field)
+
+    @staticmethod
+    def wait_for(check, seconds: float, what: str):
+        """``check()``'s first truthy value within ``seconds``; else fail, naming ``what``."""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            found = check()
+            if found:
+                return found
+            time.sleep(0.2)
+        raise AssertionError(f"waited {seconds:g} s for {what}")
+
+    def logs(self) -> str:
+        """The daemons' last lines, for a failing test's message."""
+        text = []
+        for name in sorted(os.listdir(self.folder)):
+            if name.endswith((".out", ".log")):
+                with open(os.path.join(self.folder, name), errors="replace") as f:
+                    text.append(f"--- {name}\n" + "".join(f.readlines()[-15:]))
+        return "\n".join(text)
+
+    def stop(self):
+        """Every job, daemon and namespace made, gone."""
+        if self.daemons:
+            self.run("scancel", "--full", "--signal=KILL", "--user=root", timeout=30)
+        self.hosts.remove()  # Kills what still runs on the hosts: daemons, steps, tasks.
+        for daemon in self.daemons:
+            daemon.wait(timeout=30)
+        self.daemons = []
+        pid_file = os.path.join(self.folder, "munged.pid")
+        if os.path.exists(pid_file):
+            with open(pid_file) as f:
+                pid = int(f.read().strip() or 0)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+

@@ -1,0 +1,114 @@
+"""The cluster a manager describes, read the way each task sees it: Slurm's job-step variables
+(``tfdp.cluster.slurm``) and a Kubernetes Indexed Job pod's (``tfdp.cluster.kubernetes``), into
+the same ``TF_CONFIG`` roles. Real Slurm runs are in ``test_slurm.py``; a pod's view, run as
+processes on emulated hosts, at the end here."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from processes import child_env
+from tfdp.cluster import kubernetes, managed, slurm, tf_config
+from tfdp.errors import UserError
+
+
+def test_slurm_forms_expand_as_slurm_writes_them():
+    assert slurm.expand_counts("2(x3),1") == [2, 2, 2, 1]
+    assert slurm.expand_counts("1") == [1]
+    assert slurm.expand_ports("12000-12002,12010") == [12000, 12001, 12002, 12010]
+    assert slurm.task_nodes([2, 1], "block") == [0, 0, 1]
+    assert slurm.task_nodes([2, 1], "cyclic") == [0, 1, 0]
+    assert slurm.task_nodes([1, 3], "cyclic:block") == [0, 1, 1, 1]
+    with pytest.raises(UserError, match="block or cyclic"):
+        slurm.task_nodes([2], "arbitrary")
+    with pytest.raises(UserError, match="not Slurm's form"):
+        slurm.expand_counts("2x3")
+
+
+def _step(procid, tasks_per_node="2,1", job="1234", **extra):
+    return {"SLURM_PROCID": str(procid), "SLURM_STEP_NODELIST": "node[1-2]",
+            "SLURM_STEP_TASKS_PER_NODE": tasks_per_node, "SLURM_STEP_NUM_TASKS": "3",
+            "SLURM_JOB_ID": job, **extra}
+
+
+def test_every_task_of_a_step_builds_the_same_cluster_with_ports_apart(monkeypatch):
+    monkeypatch.setattr(slurm, "node_addresses", lambda nodes: ["10.0.0.2", "10.0.0.3"])
+    first = slurm.PORT_BASE + 1234 % slurm.JOB_BLOCKS * slurm.PORTS_PER_JOB
+    found = [slurm.step_task("manual", 1, _step(p)) for p in range(3)]
+    cluster = {"chief": [f"10.0.0.2:{first}"],
+               "worker": [f"10.0.0.2:{first + 1}", f"10.0.0.3:{first}"]}
+    assert found == [(cluster, "chief", 0, "1234"), (cluster, "worker", 0, "1234"),
+                     (cluster, "worker", 1, "1234")]
+    cluster, kind, index, _ = slurm.step_task("parameter_server", 1, _step(2))
+    assert (cluster["ps"], kind, index) == ([f"10.0.0.3:{first}"], "ps", 0)
+    cluster, kind, index, _ = slurm.step_task("multi_worker", 1, _step(1, "1(x2)",
+                                              SLURM_STEP_NUM_TASKS="2"))
+    assert cluster == {"worker": [f"10.0.0.2:{first}", f"10.0.0.3:{first}"]} and index == 1
+    reserved = _step(1, SLURM_STEP_RESV_PORTS="15000-15001")  # srun --resv-ports
+    assert slurm.step_task("manual", 1, reserved)[0]["worker"][0] == "10.0.0.2:15001"
+    # Another job on the same nodes: other ports.
+    assert slurm.step_task("manual", 1, _step(0, job="1235"))[0]["chief"] != cluster["worker"][:1]
+
+
+def test_slurm_refusals_are_one_line(monkeypatch):
+    monkeypatch.setattr(slurm, "node_addresses", lambda nodes: ["10.0.0.2", "10.0.0.3"])
+    assert slurm.step_task("manual", 1, {"SLURM_JOB_ID": "5"}) is None  # A batch script.
+    assert slurm.step_task("mirrored", 1, _step(0, "1", SLURM_STEP_NUM_TASKS="1")) is None
+    with pytest.raises(UserError, match="trains in one process.*--strategy=multi_worker"):
+        slurm.step_task("mirrored", 1, _step(0))
+    with pytest.raises(UserError, match="needs a client, a worker and --num_ps=2 parameter"):
+        slurm.step_task("parameter_server", 2, _step(0))
+    with pytest.raises(UserError, match="reserves 1 port"):
+        slurm.step_task("manual", 1, _step(0, SLURM_STEP_RESV_PORTS="15000"))
+
+
+def _pod(index, count=3, **extra):
+    return {"JOB_COMPLETION_INDEX": str(index), "HOSTNAME": f"train-{index}",
+            "TFDP_NUM_TASKS": str(count), "TFDP_SERVICE": "tfdp", **extra}
+
+
+def test_a_pod_of_an_indexed_job_derives_its_task_from_its_index_and_hostname():
+    cluster = {"chief": ["train-0.tfdp:2222"], "worker": ["train-1.tfdp:2222"],
+               "ps": ["train-2.tfdp:2222"]}
+    assert kubernetes.pod_task("parameter_server", 1, _pod(2)) == (cluster, "ps", 0, "train")
+    cluster, kind, index, _ = kubernetes.pod_task("multi_worker", 1, _pod(1, 2, TFDP_PORT="7000"))
+    assert cluster == {"worker": ["train-0.tfdp:7000", "train-1.tfdp:7000"]}
+    assert (kind, index) == ("worker", 1)
+    assert kubernetes.pod_task("manual", 1, {"HOSTNAME": "laptop"}) is None
+    for env, match in [(_pod(1, TFDP_SERVICE=""), "without TFDP_SERVICE"),
+                       (_pod(3), "outside TFDP_NUM_TASKS=3"),
+                       (_pod(1, HOSTNAME="train-7"), "is not <job>-1"),
+                       (_pod(1, TFDP_NUM_TASKS="three"), "is not a number"),
+                       (_pod(0), None)]:
+        if match:
+            with pytest.raises(UserError, match=match):
+                kubernetes.pod_task("manual", 1, env)
+    with pytest.raises(UserError, match="trains in one process"):
+        kubernetes.pod_task("plain", 1, _pod(0))
+
+
+def test_a_hand_written_tf_config_wins_and_a_server_task_becomes_tfdp_server(tmp_path):
+    """``managed.join`` in a real process: a TF_CONFIG given is kept; a pod whose role is a
+    worker of the from-scratch path execs ``tfdp.server`` (which refuses a flag in its own
+    words)."""
+    script = ("import json, os, sys; from tfdp.cluster import managed; "
+              "managed.join(sys.argv[1], 1, sys.argv[2:]); "
+              "print(json.dumps([os.environ['TF_CONFIG'], os.environ.get('TFDP_RUN_STAMP')]))")
+    given = json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}})
+    done = subprocess.run([sys.executable, "-c", script, "manual"], capture_output=True,
+                          text=True, env=child_env(**_pod(0), TF_CONFIG=given), timeout=120)
+    assert json.loads(done.stdout.splitlines()[-1]) == [given, None], done.stderr
+    done = subprocess.run([sys.executable, "-c", script, "multi_worker"], capture_output=True,
+                          text=True, env=child_env(**_pod(1, 2)), timeout=120)
+    config, stamp = json.loads(done.stdout.splitlines()[-1])
+    assert json.loads(config)["task"] == {"type": "worker", "index": 1}
+    assert stamp == "kubernetes-train"
+    done = subprocess.run([sys.executable, "-c", script, "manual", "--num_gpus=0", "--lr=1"],
+                          capture_output=True, text=True, env=child_env(**_pod(1, 2)),
+                          timeout=120)
+    assert done.stderr.splitlines()[-1] == ("tfdp.server: error: --num_gpus must be a positive "
+                                            "integer, got 0"), done.stderr
+    assert tf_config.roles("manual", 2, 1) == [("chief", 0), ("worker", 0)]
+    assert managed.described("manual", 1, {}) is None

@@ -1,0 +1,165 @@
+"""tfdp under a real Slurm (``slurm_cluster``: Debian's slurmctld, a slurmd per emulated host,
+munge): ``srun`` with no hand-written ``TF_CONFIG`` trains the model two local processes train,
+on ``multi_worker`` and on the from-scratch path; ``scancel --signal=TERM`` mid-epoch saves, the
+job requeues itself as docs/clusters.md's script does, and resumes mid-epoch; a node lost with
+its task ends the job in one line."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from processes import child_env, launch
+from slurm_cluster import SlurmCluster, missing
+
+pytestmark = [pytest.mark.cluster, pytest.mark.root("a slurmd per network namespace")]
+TRAIN = [sys.executable, "-m", "tfdp.train"]
+
+
+def _cluster(folder):
+    why = missing()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster(folder).start()
+    yield cluster
+    cluster.stop()
+    # Nothing the cluster ran is left: no daemon, step or task in any of its namespaces.
+    assert not [n for n in cluster.hosts.names if os.path.exists(f"/run/netns/{n}")]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    yield from _cluster(tmp_path_factory.mktemp("slurm"))
+
+
+@pytest.fixture
+def own_slurm(tmp_path_factory):
+    """A cluster of the test's own, for a test that takes a node down."""
+    yield from _cluster(tmp_path_factory.mktemp("slurm"))
+
+
+def _env():
+    """The tasks' environment: the tests' (the venv, the data), none of a Slurm around them."""
+    return {k: v for k, v in child_env().items() if not k.startswith("SLURM_")}
+
+
+def _logits(version, images):
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(str(version)).signatures["serving_default"]
+    return serve(images=tf.constant(images))["logits"].numpy()
+
+
+@pytest.mark.parametrize("strategy,tasks", [("multi_worker", 2), ("manual", 3),
+                                            ("parameter_server", 4)])
+def test_srun_trains_the_model_two_local_processes_train(slurm, tmp_path, data_dir, test_split,
+                                                         strategy, tasks):
+    """Float64: the same model to rounding, whether the two workers are Slurm tasks on two
+    nodes (``srun -N2``; the from-scratch path's client is a third task) or ``tfdp.launch``'s
+    local processes. Parameter servers (a client, 2 workers and ``--num_ps=1``: asynchronous,
+    so no model to compare) train and export."""
+    flags = [f"--strategy={strategy}", f"--data_dir={data_dir}", "--precision=float64",
+             "--epochs=1", "--steps_per_epoch=4", "--eval_steps=1", "--batch_size=64"]
+    if strategy == "parameter_server":
+        flags = flags[:2] + flags[3:] + ["--num_ps=1"]
+    done = slurm.run("srun", "-N2", f"-n{tasks}", "--kill-on-bad-exit=1", *TRAIN, *flags,
+                     f"--workdir={tmp_path / 'slurm'}", f"--export_dir={tmp_path / 'exported'}",
+                     env=_env(), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:] + slurm.logs()
+    nodes = {slurm.hosts.address(1), slurm.hosts.address(2)}
+    derived = re.findall(r"Slurm: (\w+) (\d+) of (\{.*\})$", done.stderr, re.M)
+    assert len(derived) == tasks and {a.rsplit(":", 1)[0] for a in re.findall(
+        r'"([\d.]+:\d+)"', derived[0][2])} == nodes, done.stderr[-3000:]
+    assert os.listdir(tmp_path / "exported") == ["1"]  # The chief exported, once.
+    assert [kind for kind, _, _ in derived].count("chief") == (strategy != "multi_worker")
+    if strategy == "parameter_server":
+        assert sorted(json.loads(derived[0][2])) == ["chief", "ps", "worker"]
+        return
+    local = launch(tmp_path, strategy, *flags[1:], timeout=300)
+    assert local.returncode == 0, local.stderr[-3000:]
+    images = test_split.images[:200]
+    np.testing.assert_allclose(_logits(tmp_path / "exported" / "1", images),
+                               _logits(tmp_path / "export" / "1", images), rtol=0, atol=1e-5)
+
+
+BATCH_SCRIPT = """#!/bin/bash
+#SBATCH --nodes=2 --ntasks=2 --requeue --open-mode=append --output={folder}/job.out
+#SBATCH --chdir={folder}
+srun {train} --strategy=multi_worker --data_dir={data_dir} \\
+    --epochs=2 --steps_per_epoch=120 --batch_size=64 --eval_steps=1
+code=$?  # The highest of the tasks' exit codes: each saves, then exits 75.
+# 75: preempted, its state saved: back in the queue, to resume where it stopped.
+if [ $code -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi
+exit $code
+"""
+
+
+def test_scancel_term_mid_epoch_saves_and_the_requeued_job_resumes_mid_epoch(slurm, tmp_path,
+                                                                           data_dir):
+    script = tmp_path / "train.sbatch"
+    script.write_text(BATCH_SCRIPT.format(folder=tmp_path, train=" ".join(TRAIN),
+                                          data_dir=data_dir))
+    submitted = slurm.run("sbatch", "--parsable", str(script), env=_env())
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    output = tmp_path / "job.out"
+    # The run folder is named by the job: the requeued job's is the same.
+    folder = slurm.wait_for(lambda: next(iter((tmp_path / "runs").glob(f"*-slurm-{job}")), None)
+                            if (tmp_path / "runs").exists() else None, 120, "the run folder")
+    slurm.wait_for(lambda: output.exists() and "epoch 1/2: loss" in output.read_text(), 180,
+                   "the first epoch's line in job.out")
+    time.sleep(0.5 + np.random.default_rng().random())  # Somewhere in epoch 2's 120 steps.
+    assert slurm.run("scancel", "--signal=TERM", job).returncode == 0
+    slurm.wait_for(lambda: slurm.job(job).get("Restarts") == "1", 120, "the job requeued")
+    # A requeued job waits before it is eligible again: now, for the test.
+    assert slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
+    slurm.wait_for(lambda: slurm.job(job).get("JobState") in ("COMPLETED", "FAILED"), 300,
+                   "the requeued job to end")
+    text = output.read_text()
+    assert slurm.job(job)["JobState"] == "COMPLETED", text[-3000:] + slurm.logs()
+    preempted = re.search(r"preempted \(SIGTERM\) at step (\d+): state of step \1 saved", text)
+    assert preempted, text[-3000:]
+    step = int(preempted[1])
+    assert 120 < step < 240, text[-3000:]  # In epoch 2.
+    assert f"resuming at epoch 2/2, step {step - 120}/120 (global step {step})" in text
+    epochs = json.loads((folder / "metrics.json").read_text())["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert text.count("exported ") == 1 and os.listdir(tmp_path / "saved_models" / "lenet") == [
+        "1"], text[-3000:]
+
+
+def test_a_node_lost_with_its_task_ends_the_job_in_one_line(own_slurm, tmp_path, data_dir):
+    """node2's slurmd and the task on it killed (as a node that dies): the task left on node1
+    ends with tfdp's one line naming the lost worker, and the step ends."""
+    slurm = own_slurm
+    run = slurm.popen("srun", "-N2", "-n2", "--kill-on-bad-exit=1", *TRAIN,
+                      "--strategy=multi_worker", f"--data_dir={data_dir}", "--epochs=50", "--steps_per_epoch=50",
+                      "--batch_size=64", "--eval_steps=1", "--collective_timeout=20",
+                      f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'export'}",
+                      env=_env(), cwd=tmp_path)
+    try:
+        slurm.wait_for(lambda: (tmp_path / "run" / "backup").exists() or run.poll() is not None,
+                       180, "the first backup")
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        node2 = slurm.hosts.names[2]
+        pids = subprocess.run(["ip", "netns", "pids", node2], capture_output=True,
+                              text=True).stdout.split()
+        for pid in pids:  # slurmd, the step's slurmstepd and the task.
+            os.kill(int(pid), signal.SIGKILL)
+        lost = time.time()
+        out, err = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    errors = re.findall(r"^tfdp\.train: error: .*$", err, re.M)
+    assert len(errors) == 1 and "lost contact with the cluster" in errors[0], err[-3000:]
+    assert "worker 1" in errors[0], errors
+    assert not re.search(r"^Traceback", err, re.M), err[-3000:]
+    assert time.time() - lost < 200
+    print(f"{time.time() - lost:.0f} s to the end of the step: {errors[0]}")
