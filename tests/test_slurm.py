@@ -1,8 +1,8 @@
 """tfdp under a real Slurm (``slurm_cluster``: Debian's slurmctld, a slurmd per emulated host,
 munge): ``srun`` with no hand-written ``TF_CONFIG`` trains the model two local processes train,
-on ``multi_worker`` and on the from-scratch path; ``scancel --signal=TERM`` mid-epoch saves, the
-job requeues itself as docs/clusters.md's script does, and resumes mid-epoch; a node lost with
-its task ends the job in one line."""
+on ``multi_worker`` and on the from-scratch path; under docs/clusters.md's batch script,
+``scancel --signal=TERM`` mid-epoch saves, the job requeues itself and resumes mid-epoch; a
+node lost with its task ends the job in one line."""
 
 import json
 import os
@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import REPO
 from processes import child_env, launch
 from slurm_cluster import SlurmCluster, missing
 
@@ -88,24 +89,22 @@ def test_srun_trains_the_model_two_local_processes_train(slurm, tmp_path, data_d
                                _logits(tmp_path / "export" / "1", images), rtol=0, atol=1e-5)
 
 
-BATCH_SCRIPT = """#!/bin/bash
-#SBATCH --nodes=2 --ntasks=2 --requeue --open-mode=append --output={folder}/job.out
-#SBATCH --chdir={folder}
-srun {train} --strategy=multi_worker --data_dir={data_dir} \\
-    --epochs=2 --steps_per_epoch=120 --batch_size=64 --eval_steps=1
-code=$?  # The highest of the tasks' exit codes: each saves, then exits 75.
-# 75: preempted, its state saved: back in the queue, to resume where it stopped.
-if [ $code -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi
-exit $code
-"""
+def batch_script(train_flags: str) -> str:
+    """docs/clusters.md's batch script, as a user copies it: tfdp from this venv, and
+    ``train_flags`` after the script's own (the last value of a flag wins)."""
+    with open(os.path.join(REPO, "docs", "clusters.md")) as f:
+        script = re.search(r"```bash\n(#!/bin/bash\n#SBATCH .*?)```", f.read(), re.S)[1]
+    line = re.search(r"^srun python -m tfdp\.train .*$", script, re.M)[0]
+    return script.replace(line, line.replace("python", sys.executable, 1) + " " + train_flags)
 
 
 def test_scancel_term_mid_epoch_saves_and_the_requeued_job_resumes_mid_epoch(slurm, tmp_path,
                                                                            data_dir):
     script = tmp_path / "train.sbatch"
-    script.write_text(BATCH_SCRIPT.format(folder=tmp_path, train=" ".join(TRAIN),
-                                          data_dir=data_dir))
-    submitted = slurm.run("sbatch", "--parsable", str(script), env=_env())
+    script.write_text(batch_script(f"--recipe=textbook --data_dir={data_dir} --epochs=2 "
+                                   "--steps_per_epoch=120 --batch_size=64 --eval_steps=1"))
+    submitted = slurm.run("sbatch", "--parsable", f"--chdir={tmp_path}",
+                          f"--output={tmp_path}/job.out", str(script), env=_env())
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip()
     output = tmp_path / "job.out"
