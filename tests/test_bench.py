@@ -5,11 +5,10 @@ import json
 
 import pytest
 
-from processes import AS_FROM_A_SHELL, run_module
+from processes import AS_FROM_A_SHELL, left_behind, run_module
 from tfdp import logs
 from tfdp.bench import host_allreduce as host_bench
 from tfdp.bench import time_to_accuracy as tta
-from tfdp.launcher import emulated_hosts
 
 
 @pytest.mark.slow
@@ -93,7 +92,7 @@ def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
     assert table.count("\n| 1gbit | 2 | 96.0 KB | fp32 | ") == 4, table
     assert table.count("\n| 1gbit | 2 | 48.0 KB | bf16 | ") == 4, table
     assert (tmp_path / "allreduce_hosts.png").stat().st_size > 1000
-    assert not [n for n in emulated_hosts.namespaces() if n.startswith(emulated_hosts.PREFIX)]
+    assert not left_behind()
 
 
 def test_the_sharded_prediction_follows_who_owns_most():
@@ -157,7 +156,7 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
     table = (tmp_path / "training_hosts.md").read_text()
     assert table.count("\n| manual:2:ring | ") == 2, table
     assert table.count("\n| parameter_server:2:ps=2 | ") == 2, table
-    assert not [n for n in emulated_hosts.namespaces() if n.startswith(emulated_hosts.PREFIX)]
+    assert not left_behind()
 
 
 @pytest.mark.parametrize("flags, message", [

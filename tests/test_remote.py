@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 
 from conftest import DEVICES, REPO
-from processes import (child_env, run_module, wait_for_first_backup)
+from processes import child_env, left_behind, run_module, wait_for_first_backup
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
 from tfdp.config import Config
-from tfdp.launcher import emulated_hosts
 from tfdp.launcher.local_cluster import free_ports
 from tfdp.training import report
 from tfdp.training.backups import Backups
@@ -189,4 +188,4 @@ def test_on_emulated_hosts_the_images_never_pass_through_the_client(tmp_path, da
     # The workers' ring moves the gradients (LeNet's: 0.52 MB) between them, not through the
     # client.
     assert min(moved[1][0], moved[2][0]) > moved[0][1], moved
-    assert not any(n.startswith(emulated_hosts.PREFIX) for n in emulated_hosts.namespaces())
+    assert not left_behind()
