@@ -142,6 +142,7 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
         # min(B / s_max, m B / 2S) steps a second: with m = n = 2, the workers' links bind.
         assert row["predicted_communication_seconds"] == pytest.approx(
             516272 * 8 / 1e9 if row["link"] == "1gbit" else 0.0)
+    one = next(r["compute_seconds"] for r in rows if r["name"] == "manual:1")
     for row in rows:
         assert row["step_seconds"] > 0 and row["compute_seconds"] > 0
         assert row["gradient_bytes"] == 516272  # LeNet's parameters in float32.
@@ -151,8 +152,11 @@ def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
         # The ring's 2(k-1)/k S/B: 4.1 ms for LeNet on 2 hosts at 1 Gbit/s; none on one host.
         assert row["predicted_communication_seconds"] == pytest.approx(
             516272 * 8 / 1e9 if shaped else 0.0)
-        if row["accumulate"] == 1:  # Two updates an epoch: too few to time a 4 ms exchange.
-            assert row["k_machines_step_seconds"] > 0
+        # One host's compute shared by k, plus the exchange. (The exchange is a difference of
+        # two medians, 4 ms at 1 Gbit/s: on a loaded machine it once came out below zero, and
+        # so did this sum; its sign is the machine's, not the bench's.)
+        assert row["k_machines_step_seconds"] == pytest.approx(
+            one * row["accumulate"] / row["workers"] + row["communication_seconds"])
     table = (tmp_path / "training_hosts.md").read_text()
     assert table.count("\n| manual:2:ring | ") == 2, table
     assert table.count("\n| parameter_server:2:ps=2 | ") == 2, table
