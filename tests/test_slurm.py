@@ -138,7 +138,8 @@ def test_a_node_lost_with_its_task_ends_the_job_in_one_line(own_slurm, tmp_path,
     ends with tfdp's one line naming the lost worker, and the step ends."""
     slurm = own_slurm
     run = slurm.popen("srun", "-N2", "-n2", "--kill-on-bad-exit=1", *TRAIN,
-                      "--strategy=multi_worker", f"--data_dir={data_dir}", "--epochs=50", "--steps_per_epoch=50",
+                      "--strategy=multi_worker", f"--data_dir={data_dir}", "--epochs=50",
+                      "--steps_per_epoch=50",
                       "--batch_size=64", "--eval_steps=1", "--collective_timeout=20",
                       f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'export'}",
                       env=_env(), cwd=tmp_path)

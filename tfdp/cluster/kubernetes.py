@@ -13,8 +13,8 @@ resolves every other as ``<job>-<index>.<service>``. tfdp reads:
 * ``TFDP_PORT``: the port every pod listens on (default ``PORT``: each pod has an address of
   its own).
 
-The roles are those of every cluster manager (``tfdp.cluster.tf_config.roles``): pod 0 the chief, the others workers, or
-servers of the from-scratch and parameter-server paths. ``docs/clusters.md`` has the manifest.
+The roles are those of every cluster manager (``tfdp.cluster.tf_config.roles``): pod 0 the
+chief, the others workers, or servers of the from-scratch and parameter-server paths. ``docs/clusters.md`` has the manifest.
 """
 
 import os
