@@ -31,17 +31,27 @@ def missing() -> str:
             "slurmctld slurmd slurm-client munge)") if absent else ""
 
 
+def _cgroup2() -> bool:
+    """Whether /sys/fs/cgroup itself is the unified (v2) hierarchy."""
+    with open("/proc/mounts") as f:
+        return any(line.split()[1:3] == ["/sys/fs/cgroup", "cgroup2"] for line in f)
+
+
 class SlurmCluster:
     """``NODES`` compute nodes (``node1``..) and a controller, on emulated hosts."""
 
     def __init__(self, folder):
-        self.folder = str(folder)
+        self.base, self.starts = str(folder), 0
         self.hosts = emulated_hosts.Hosts(NODES + 1)
         self.daemons = []
-        self.conf = os.path.join(self.folder, "slurm.conf")
-        self.env = dict(os.environ, SLURM_CONF=self.conf)
 
     def start(self) -> "SlurmCluster":
+        """A new cluster: its own folder (configuration, state, logs), hosts and daemons."""
+        self.starts += 1
+        self.folder = os.path.join(self.base, f"start-{self.starts}")
+        os.makedirs(self.folder)
+        self.conf = os.path.join(self.folder, "slurm.conf")
+        self.env = dict(os.environ, SLURM_CONF=self.conf)
         self.hosts.create()
         try:
             self._munge()
@@ -51,6 +61,10 @@ class SlurmCluster:
                 self.daemons.append(self._spawn(node, "slurmd", "-D", "-N", f"node{node}"))
             self.wait_for(lambda: self.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()
                           == ["idle"] * NODES or None, 60, "both nodes idle in sinfo")
+        except AssertionError as e:
+            logs = self.logs()
+            self.stop()
+            raise AssertionError(f"{e}; the daemons' logs:\n{logs}") from None
         except BaseException:
             self.stop()
             raise
@@ -101,9 +115,11 @@ SlurmdTimeout=10
 {nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """)
-        # Without a cgroup file system of its own layout here, cgroup v1 as mounted.
+        # slurmd loads a cgroup plugin even with proctrack/linuxproc, and its autodetection
+        # fails on a tmpfs at /sys/fs/cgroup holding v1 hierarchies: name the one mounted.
         with open(os.path.join(d, "cgroup.conf"), "w") as f:
-            f.write("CgroupPlugin=cgroup/v1\n")
+            f.write("CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n" if _cgroup2()
+                    else "CgroupPlugin=cgroup/v1\n")
 
     def _spawn(self, host: int, *command):
         log = open(os.path.join(self.folder, f"{command[0]}-{host}.out"), "w")
@@ -145,6 +161,11 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
                 with open(os.path.join(self.folder, name), errors="replace") as f:
                     text.append(f"--- {name}\n" + "".join(f.readlines()[-15:]))
         return "\n".join(text)
+
+    def restart(self) -> "SlurmCluster":
+        """After a test that took a node down: a fresh cluster for the next."""
+        self.stop()
+        return self.start()
 
     def stop(self):
         """Every job, daemon and namespace made, gone."""
