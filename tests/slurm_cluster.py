@@ -20,6 +20,9 @@ from tfdp.launcher import emulated_hosts
 
 COMMANDS = ("slurmctld", "slurmd", "srun", "sbatch", "scancel", "scontrol", "sinfo", "munged")
 NODES = 2
+# A job's credential lifetime, and so how long a requeued job waits before it may start again
+# (while its old credential is revoked on the nodes): Slurm's default is 120 s.
+CRED_EXPIRE = 10
 
 
 def missing() -> str:
@@ -93,7 +96,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.socket}
+AuthInfo=socket={self.socket},cred_expire={CRED_EXPIRE}
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool-%n
 SlurmctldPidFile={d}/slurmctld.pid

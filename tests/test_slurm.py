@@ -105,13 +105,19 @@ def test_scancel_term_mid_epoch_saves_and_the_requeued_job_resumes_mid_epoch(slu
                    "the first epoch's line in job.out")
     time.sleep(0.5 + np.random.default_rng().random())  # Somewhere in epoch 2's 120 steps.
     assert slurm.run("scancel", "--signal=TERM", job).returncode == 0
-    slurm.wait_for(lambda: slurm.job(job).get("Restarts") == "1", 120, "the job requeued")
-    # A requeued job waits before it is eligible again: now, for the test.
-    assert slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
-    slurm.wait_for(lambda: slurm.job(job).get("JobState") in ("COMPLETED", "FAILED"), 300,
-                   "the requeued job to end")
+    # Requeued, it passes through states of its own (the run that ended, then REQUEUED) before
+    # it is pending again.
+    slurm.wait_for(lambda: (slurm.job(job).get("Restarts"), slurm.job(job).get("JobState"))
+                   == ("1", "PENDING"), 120, "the job requeued and pending")
+    # It starts again once its old credential has expired (slurm_cluster.CRED_EXPIRE): started
+    # sooner (scontrol update StartTime=now), a node refuses it ("Job credential revoked").
+    try:
+        slurm.wait_for(lambda: slurm.job(job).get("JobState") == "COMPLETED", 300,
+                       "the requeued job to complete")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {slurm.job(job).get('JobState')}\n"
+                             f"{output.read_text()[-3000:]}\n{slurm.logs()}") from None
     text = output.read_text()
-    assert slurm.job(job)["JobState"] == "COMPLETED", text[-3000:] + slurm.logs()
     preempted = re.search(r"preempted \(SIGTERM\) at step (\d+): state of step \1 saved", text)
     assert preempted, text[-3000:]
     step = int(preempted[1])
