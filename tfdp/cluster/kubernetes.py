@@ -14,7 +14,8 @@ resolves every other as ``<job>-<index>.<service>``. tfdp reads:
   its own).
 
 The roles are those of every cluster manager (``tfdp.cluster.tf_config.roles``): pod 0 the
-chief, the others workers, or servers of the from-scratch and parameter-server paths. ``docs/clusters.md`` has the manifest.
+chief, the others workers, or servers of the from-scratch and parameter-server paths.
+``docs/clusters.md`` has the manifest.
 """
 
 import os

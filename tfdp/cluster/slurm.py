@@ -18,9 +18,10 @@ same list of task addresses:
 
 Who is who (``tf_config.roles``): task 0 is the chief; under ``multi_worker`` every task is a
 worker; under ``manual`` the others are ``tfdp.server`` workers, and under
-``parameter_server`` the last ``--num_ps`` of them parameter servers. A server task becomes ``tfdp.server`` (``exec``),
-with the train flags it shares. Every task's default run folder is named by the job id, so a
-requeued job (``sbatch --requeue``, same job id) resumes where it stopped.
+``parameter_server`` the last ``--num_ps`` of them parameter servers. A server task becomes
+``tfdp.server`` (``exec``), with the train flags it shares. Every task's default run folder
+is named by the job id, so a requeued job (``sbatch --requeue``, same job id) resumes where it
+stopped.
 """
 
 import os
