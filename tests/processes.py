@@ -73,11 +73,9 @@ def wait_for_first_backup(run, tmp_path, timeout=180, step=1):
 def left_behind() -> list:
     """Emulated hosts whose maker has gone: what a run left. (Another test process's hosts, in
     use while this one runs, are not this test's to judge.)"""
-    from tfdp.files import process_alive
     from tfdp.launcher import emulated_hosts
 
-    return [n for n in emulated_hosts.namespaces() if (m := emulated_hosts._NAME.match(n))
-            and not process_alive(int(m["pid"]))]
+    return emulated_hosts.stale()
 
 
 def cut_off(launcher: int, host: int) -> tuple:

@@ -134,11 +134,12 @@ def step_task(strategy: str, num_ps: int, environ=None) -> Optional[tuple]:
     """``(cluster, kind, index, job id)`` of this task of a Slurm step that spans several
     tasks; None outside one, or in a step of one task."""
     env = os.environ if environ is None else environ
-    if not in_step(env) or int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", 1))) < 2:
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", 1)))
+    if not in_step(env) or tasks < 2:
         return None
     if strategy in tf_config.SINGLE_PROCESS:
         raise UserError(f"--strategy={strategy} trains in one process, and this Slurm step has "
-                        f"{env.get('SLURM_STEP_NUM_TASKS', env.get('SLURM_NTASKS'))} tasks: "
+                        f"{tasks} tasks: "
                         "srun -n 1 (--gpus for its devices), or --strategy=multi_worker")
     addresses = task_addresses(env)
     kinds = tf_config.roles(strategy, len(addresses), num_ps)

@@ -67,12 +67,17 @@ def namespaces() -> list:
     return [line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()]
 
 
+def stale() -> list:
+    """The namespaces of emulated hosts whose maker has gone (killed with SIGKILL)."""
+    return [n for n in namespaces() if (m := _NAME.match(n)) and not process_alive(int(m["pid"]))]
+
+
 def remove_stale() -> list:
-    """Remove what launchers that are gone left behind (killed with SIGKILL); return the names."""
-    stale = [n for n in namespaces() if (m := _NAME.match(n)) and not process_alive(int(m["pid"]))]
-    for name in sorted(stale, key=lambda n: n.endswith("-sw")):  # Hosts first, then switches.
+    """Remove what launchers that are gone left behind; return the names."""
+    left = stale()
+    for name in sorted(left, key=lambda n: n.endswith("-sw")):  # Hosts first, then switches.
         _remove(name)
-    return stale
+    return left
 
 
 def _remove(name: str) -> None:
