@@ -56,6 +56,33 @@ def test_label_smoothing_is_keras_categorical_cross_entropy_of_the_one_hot_label
     assert not np.allclose(cross_entropy(logits, labels, 0.0), keras_loss)
 
 
+def test_the_fused_batch_norm_computes_what_the_moments_path_computes(monkeypatch):
+    """float32 training normalizes in FusedBatchNormV3; float64 (every equivalence test) in
+    the moments path. Both give the same logits, gradients and batch statistics."""
+    rng = np.random.default_rng(2)
+    params = {name: tf.Variable(value) for name, value in
+              lenet.init_params(3, init="glorot", batch_norm=True).items()}
+    images = tf.constant(rng.integers(0, 256, (64, 28, 28, 1)), tf.uint8)
+    labels = tf.constant(rng.integers(0, 10, 64))
+
+    def train_pass():
+        stats = []
+        with tf.GradientTape() as tape:
+            logits = lenet.logits(params, images, batch_stats=stats)
+            loss = tf.reduce_mean(cross_entropy(logits, labels, 0.1))
+        grads = tape.gradient(loss, list(lenet.trainable(params).values()))
+        return logits, grads, [t for pair in stats for t in pair]
+
+    fused = train_pass()
+    monkeypatch.setattr(lenet, "_fused_batch_norm", lenet._moments_batch_norm)
+    moments = train_pass()
+    np.testing.assert_allclose(fused[0], moments[0], rtol=1e-4, atol=1e-5)
+    for mine, theirs in zip(fused[1] + fused[2], moments[1] + moments[2]):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-3, atol=1e-5)
+    # The dense layer's 64 examples: a variance off by Bessel's 64/63 would fail above.
+    assert len(fused[2]) == 6 and fused[2][5].shape == (128,)
+
+
 @pytest.mark.parametrize("momentum, nesterov, decay", [(0.0, False, 0.0), (0.9, False, 0.0),
                                                        (0.9, True, 5e-4), (0.0, False, 1e-2)])
 def test_the_from_scratch_update_is_keras_sgd(momentum, nesterov, decay):
