@@ -129,3 +129,24 @@ def test_a_machine_slower_in_bfloat16_is_warned_with_its_measured_ratio(tmp_path
     assert ("warning: this machine multiplies matrices in bfloat16 at 0.54x float32's speed "
             "(measured once, cached): bfloat16 will be slower than float32 here, not wrong"
             in result.stderr), result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("ratio, chosen", [(0.54, "float32"), (1.8, "bfloat16")])
+def test_auto_precision_is_bfloat16_only_where_the_machine_measured_it_faster(
+        tmp_path, data_dir, monkeypatch, capsys, ratio, chosen):
+    """The fast recipe's ``--precision=auto``: this machine's cached bfloat16 speed says 0.54x
+    (an Intel Xeon's avx512_bf16 without AMX) or 1.8x (an AMD EPYC's); the run computes in what
+    pays, says why, and records what it used."""
+    devices.bfloat16_speed(str(tmp_path / "tfdp"))
+    cache = tmp_path / "tfdp" / "bfloat16-speed.json"
+    cache.write_text(json.dumps(dict(json.loads(cache.read_text()), ratio=ratio)))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert Config(recipe="fast").precision == "auto" and Config().precision == "float32"
+    result = tfdp.run(recipe="fast", num_gpus=1, epochs=1, steps_per_epoch=2, eval_steps=1,
+                      data_dir=data_dir, workdir=str(tmp_path / "run"),
+                      export_dir=str(tmp_path / "exp"))
+    assert result.plan.precision == chosen
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["precision"] == chosen
+    assert (f"--precision=auto: {chosen} (this machine multiplies matrices in bfloat16 at "
+            f"{ratio:.2f}x float32's speed" in capsys.readouterr().err)

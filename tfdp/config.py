@@ -122,11 +122,14 @@ class Config:
     ps_shards: int = _flag(
         1, "parameter_server: split each large parameter (LeNet's W2 and W3) into up to this "
         "many shards, each on another server (at most the ps tasks); 1 keeps them whole.")
-    precision: str = _flag(
-        "float32", "float32; bfloat16 (or bf16): mixed precision, computing in bfloat16 with "
+    precision: Optional[str] = _flag(
+        None, "float32; bfloat16 (or bf16): mixed precision, computing in bfloat16 with "
         "float32 parameters, update, loss and softmax (fast on CPUs with avx512_bf16 or AMX "
-        "and on recent GPUs); or float64: every variable and computation in double precision, "
-        "slower, for checking that paths and device counts train the same model to rounding.")
+        "and on recent GPUs); float64: every variable and computation in double precision, "
+        "slower, for checking that paths and device counts train the same model to rounding; "
+        "or auto: bfloat16 where this machine's measured bfloat16 speed makes it pay, float32 "
+        "elsewhere (each process decides for its own machine). Default: the recipe's "
+        "(textbook: float32, fast: auto).")
     steps_per_execution: int = _flag(
         1, "plain only: training steps per compiled Keras call (fewer Python round trips; "
         "progress and callbacks then update every N steps).")

@@ -16,7 +16,7 @@ MODELS = ("lenet", "lenet_bn", "resnet18")
 FROM_SCRATCH_MODELS = ("lenet", "lenet_bn")  # The from-scratch step's own LeNets.
 ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
-PRECISIONS = ("float32", "float64", "bfloat16")
+PRECISIONS = ("float32", "float64", "bfloat16", "auto")
 KERAS_FIT = ("mirrored", "multi_worker", "plain")
 
 NO_SYNC_EVERY = {

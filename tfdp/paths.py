@@ -5,9 +5,12 @@ to run a configuration on its path.
 ``run(config)`` hands the configuration and its path to the run skeleton.
 """
 
+import dataclasses
+
 from tfdp.config import Config
 from tfdp.keras_path.trainer import KerasFitPath
 from tfdp.manual.trainer import FromScratchPath
+from tfdp.models import precision
 from tfdp.parameter_server.trainer import ParameterServerPath
 from tfdp.training import skeleton
 from tfdp.training.result import Result
@@ -22,5 +25,8 @@ PATHS = {
 
 
 def run(config: Config, start_weights=None) -> Result:
-    """Train ``config`` on the path its ``--strategy`` names (``tfdp.training.skeleton.run``)."""
+    """Train ``config`` on the path its ``--strategy`` names (``tfdp.training.skeleton.run``),
+    in the precision this machine resolves ``--precision=auto`` to."""
+    if config.precision == "auto":
+        config = dataclasses.replace(config, precision=precision.resolve(config.precision))
     return skeleton.run(config, PATHS[config.strategy], start_weights)
