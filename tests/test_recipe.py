@@ -14,6 +14,7 @@ from same_model import update_difference
 from tfdp import data, paths
 from tfdp.config import Config
 from tfdp.models import lenet
+from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.loss import cross_entropy
 from tfdp.models.sgd import SGD
 from tfdp.plan import one_cycle
@@ -83,6 +84,29 @@ def test_the_fused_batch_norm_computes_what_the_moments_path_computes(monkeypatc
     assert len(fused[2]) == 6 and fused[2][5].shape == (128,)
 
 
+def test_the_from_scratch_averages_are_keras_use_ema():
+    """``--ema``: the first step sets the average to the weight, later steps move it."""
+    rng = np.random.default_rng(3)
+    start = rng.normal(size=(3, 4))
+    mine, theirs = tf.Variable(start), keras.Variable(start)
+    averaging, sgd = Averaging(0.8), SGD(0.9)
+    average, started = averaging.averages({"w": mine})["w"], tf.Variable(False)
+    velocity = sgd.velocities({"w": mine})["w"]
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_momentum=0.8)
+    optimizer.build([theirs])
+    for _ in range(4):
+        grad = rng.normal(size=(3, 4))
+        sgd.update(mine, tf.constant(grad), 0.1, velocity)
+        averaging.update(average, mine, started)
+        started.assign(True)
+        optimizer.apply_gradients([(tf.constant(grad), theirs)])
+    keras_average = optimizer._model_variables_moving_average[0]
+    np.testing.assert_allclose(average.numpy(), keras.ops.convert_to_numpy(keras_average),
+                               rtol=1e-12)
+    assert not np.allclose(average.numpy(), mine.numpy())
+    assert averaged({"w": mine, "s": 1}, {"w": average})["w"] is average
+
+
 @pytest.mark.parametrize("momentum, nesterov, decay", [(0.0, False, 0.0), (0.9, False, 0.0),
                                                        (0.9, True, 5e-4), (0.0, False, 1e-2)])
 def test_the_from_scratch_update_is_keras_sgd(momentum, nesterov, decay):
@@ -123,14 +147,14 @@ def test_flips_depend_on_seed_epoch_and_example_only_and_reach_every_path(train_
 
 def settings(tmp_path, data_dir, name, **overrides):
     return dict(dict(recipe="fast", num_gpus=2, batch_size=96, lr=0.2, epochs=2,
-                     steps_per_epoch=5, seed=4, eval_steps=2, precision="float64",
+                     steps_per_epoch=5, seed=4, eval_steps=2, precision="float64", ema=0.9,
                      data_dir=data_dir, workdir=str(tmp_path / name),
                      export_dir=str(tmp_path / f"{name}-exp")), **overrides)
 
 
 def test_the_fast_recipe_trains_the_same_lenet_on_1_2_and_4_devices(tmp_path, data_dir):
-    """Momentum, Nesterov, weight decay, one-cycle, label smoothing, flips and the flipped
-    evaluation, in float64: the device count changes nothing but rounding. (lenet_bn's batch
+    """Momentum, Nesterov, weight decay, one-cycle, label smoothing, flips, the flipped
+    evaluation and weight averaging, in float64: the device count changes nothing but rounding. (lenet_bn's batch
     statistics are each replica's shard's, as under Keras: they differ with the device count
     by design, and the test below compares them across paths.)"""
     start = lenet.init_params(2, np.float64, "glorot")
@@ -144,7 +168,8 @@ def test_the_fast_recipe_trains_the_same_lenet_on_1_2_and_4_devices(tmp_path, da
 
 
 def test_the_from_scratch_path_and_keras_fit_train_the_same_lenet_bn(tmp_path, data_dir):
-    """The whole fast recipe, lenet_bn's running statistics included, on 2 replicas."""
+    """The whole fast recipe, lenet_bn's running statistics included, on 2 replicas, with
+    weight averaging: both return (and evaluate) the averages, Keras' after ``fit`` ends."""
     start = lenet.init_params(5, np.float64, "glorot", batch_norm=True)
     manual, mirrored = (paths.run(Config(**settings(tmp_path, data_dir, strategy,
                                                     strategy=strategy)),
@@ -160,8 +185,8 @@ def test_the_from_scratch_path_and_keras_fit_train_the_same_lenet_bn(tmp_path, d
 @pytest.mark.parametrize("strategy", ["manual", "mirrored"])
 def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monkeypatch,
                                                          strategy):
-    """Momentum's velocities are in the backups: resumed after a crash, the run ends where one
-    that never stopped ends (without them it would not)."""
+    """Momentum's velocities and the weights' averages are in the backups: resumed after a
+    crash, the run ends where one that never stopped ends (without them it would not)."""
     common = settings(tmp_path, data_dir, "resume", strategy=strategy, epochs=3)
     full = paths.run(Config(**dict(common, workdir=str(tmp_path / "full"),
                                    export_dir=str(tmp_path / "full-exp"))))
@@ -178,7 +203,8 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
         paths.run(Config(**common))
     monkeypatch.undo()
     with np.load(Backups(common["workdir"], 0, {}).path(5)) as backup:
-        assert len([k for k in backup.files if k.startswith("w")]) == 17 + 11  # + velocities
+        # The weights, then the 11 trained ones' velocities and averages.
+        assert len([k for k in backup.files if k.startswith("w")]) == 17 + 11 + 11
     resumed = paths.run(Config(**common))
     for x, y in zip(full.weights, resumed.weights):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)

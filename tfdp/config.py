@@ -85,6 +85,11 @@ class Config:
     eval_flip: Optional[bool] = _flag(
         None, "Evaluate, and serve, the mean of the logits of each image and its left-right "
         "mirror image (test-time augmentation; the export holds it). Default: the recipe's.")
+    ema: Optional[float] = _flag(
+        None, "Weight averaging: evaluate and export an exponential moving average of the "
+        "trained weights, moved after every step with this momentum (Keras' use_ema and "
+        "ema_momentum: batch normalization's running statistics are not averaged); 0: off. "
+        "Default: the recipe's.")
     scale_lr: bool = _flag(
         False, "Linear scaling rule (Goyal et al. 2017): lr x replicas, reached after a linear "
         "warmup.")

@@ -122,7 +122,7 @@ def recipe(config) -> None:
     """The choices ``--recipe`` sets (each its own flag too)."""
     choice("schedule", config.schedule, ("constant", "one_cycle"))
     choice("augment", config.augment, ("none", "flip"))
-    for name in ("momentum", "label_smoothing"):
+    for name in ("momentum", "label_smoothing", "ema"):
         value = getattr(config, name)
         if not 0 <= value < 1:
             raise UserError(f"--{name} must be in [0, 1), got {value}")
@@ -188,6 +188,9 @@ def parameter_server(config) -> None:
         raise UserError("--model=lenet_bn: the parameter servers' from-scratch store holds "
                         "parameters only, not batch normalization's running statistics; use "
                         "lenet or resnet18")
+    if config.ema:
+        raise UserError(f"--ema={config.ema}: the parameter servers' workers each apply their "
+                        "own gradients, and no one step moves an average; use --ema=0")
     if config.momentum or config.nesterov:
         raise UserError(f"--momentum={config.momentum}: asynchronous SGD applies each "
                         "worker's gradients to parameters other workers moved since it read "

@@ -18,17 +18,17 @@ RECIPES = {
     "textbook": {"model": "lenet", "batch_size": 256, "lr": 0.2, "momentum": 0.0,
                  "nesterov": False, "weight_decay": 0.0, "schedule": "constant",
                  "label_smoothing": 0.0, "augment": "none", "eval_flip": False,
-                 "precision": "float32"},
+                 "precision": "float32", "ema": 0.0},
     "fast": {"model": "lenet_bn", "batch_size": 512, "lr": 0.4, "init": "glorot",
              "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4, "schedule": "one_cycle",
              "label_smoothing": 0.1, "augment": "flip", "eval_flip": True,
-             "precision": "auto"},
+             "precision": "auto", "ema": 0.0},
 }
 
 # What asynchronous SGD on parameter servers cannot take: momentum (each worker's update
 # lands on parameters other workers moved since it read them) and batch normalization's
 # running statistics (the from-scratch store holds parameters only).
-NOT_ON_PARAMETER_SERVERS = {"model": "lenet", "momentum": 0.0, "nesterov": False}
+NOT_ON_PARAMETER_SERVERS = {"model": "lenet", "momentum": 0.0, "nesterov": False, "ema": 0.0}
 
 
 def choices(recipe: str, strategy: str) -> dict:

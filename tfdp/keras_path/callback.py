@@ -38,8 +38,8 @@ CHECK_EVERY = 5  # steps between two checks (under multi_worker: SIGTERM all-red
 
 def training_state(model) -> list:
     """What a backup holds: the model's weights (Keras order), then the optimizer's momentum
-    velocities, if any (``restore_state`` puts them back)."""
-    return model.get_weights() + [v.numpy() for v in getattr(model.optimizer, "momentums", [])]
+    velocities and weight averages, if any (``restore_state`` puts them back)."""
+    return model.get_weights() + [v.numpy() for v in _slots(model.optimizer)]
 
 
 def restore_state(model, state: list) -> None:
@@ -47,8 +47,15 @@ def restore_state(model, state: list) -> None:
     the strategy's scope)."""
     weights = len(model.get_weights())
     model.set_weights(state[:weights])
-    for variable, value in zip(getattr(model.optimizer, "momentums", []), state[weights:]):
+    for variable, value in zip(_slots(model.optimizer), state[weights:]):
         variable.assign(value)
+
+
+def _slots(optimizer) -> list:
+    """The optimizer's variables beside each weight: SGD's velocities, then the averages of
+    ``use_ema`` (Keras keeps them in a private list, built with the optimizer)."""
+    return [*getattr(optimizer, "momentums", []),
+            *getattr(optimizer, "_model_variables_moving_average", [])]
 
 class FitCallback(keras.callbacks.Callback):
     """``run``: the started run (``tfdp.training.skeleton.Run``); ``evaluate()`` -> (test

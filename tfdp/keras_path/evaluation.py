@@ -14,6 +14,8 @@ every replica of every worker, so all workers report the same global figures. A 
 shard is empty adds zeros without running the model.
 """
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -52,7 +54,29 @@ class Evaluator:
     def evaluate(self):
         if self._iterator is None:  # Made on first use, inside the run, once.
             self._iterator = iter(self._distributed)
-        totals = sum(self._step(self._iterator).numpy().astype("float64")
-                     for _ in range(self.steps))
+        with averaged_weights(self.model, self.strategy):
+            totals = sum(self._step(self._iterator).numpy().astype("float64")
+                         for _ in range(self.steps))
         loss, correct, examples = totals
         return loss / examples, correct / examples
+
+
+@contextlib.contextmanager
+def averaged_weights(model, strategy):
+    """Under ``--ema`` (the optimizer's ``use_ema``), the model holds its weights' averages
+    while the block runs, as it will once ``fit`` ends; its live weights after it."""
+    averages = getattr(getattr(model, "optimizer", None), "_model_variables_moving_average",
+                       None)
+    if not averages:
+        yield
+        return
+    live = [v.numpy() for v in model.trainable_variables]
+    with strategy.scope():
+        for variable, average in zip(model.trainable_variables, averages):
+            variable.assign(average)
+    try:
+        yield
+    finally:
+        with strategy.scope():
+            for variable, value in zip(model.trainable_variables, live):
+                variable.assign(value)

@@ -106,7 +106,8 @@ class KerasFitPath(TrainingPath):
             model.compile(optimizer=keras.optimizers.SGD(
                               PlanSchedule(plan), momentum=config.momentum,
                               nesterov=bool(config.nesterov),
-                              weight_decay=config.weight_decay or None),
+                              weight_decay=config.weight_decay or None,
+                              use_ema=bool(config.ema), ema_momentum=config.ema or 0.99),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"], run_eagerly=config.eager,
                           steps_per_execution=config.steps_per_execution)
@@ -144,6 +145,10 @@ class KerasFitPath(TrainingPath):
                               verbose=0,  # Shuffled already; tfdp's reporter draws progress.
                               callbacks=callbacks)
         run.tracer.finish()  # A traced range past the last step ends with the run.
+        # fit ends by putting the averages in the weights' place (--ema); a run resumed
+        # after its last epoch did not fit, and does it here (twice gives the same values).
+        with strategy.scope():
+            model.optimizer.finalize_variable_values(model.trainable_variables)
         weights = model.get_weights()
         if self.distribution.num_workers > 1:
             # Every worker logs this: equal digests show the replicas really ended identical.

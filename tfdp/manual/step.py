@@ -32,6 +32,7 @@ from tfdp.manual.allreduce import ALLREDUCE, on_replica
 from tfdp.manual.buckets import exchange
 from tfdp.manual.feed import Feed, images_feed
 from tfdp.models import lenet
+from tfdp.models.averaging import Averaging
 from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
 from tfdp.models.sgd import SGD
 from tfdp.plan import shard_sizes
@@ -41,7 +42,9 @@ from tfdp.trace.arrivals import stamp_after
 def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool = False,
                     feed: Feed = None, compute_dtype=None, allreduce_dtype=None,
                     accumulate: int = 1, bucket_kb: int = None, overlap: bool = True,
-                    sgd: SGD = SGD(), smoothing: float = 0.0, velocities: list = None):
+                    sgd: SGD = SGD(), smoothing: float = 0.0, velocities: list = None,
+                    averaging: Averaging = Averaging(), averages: list = None,
+                    averaged: tf.Variable = None):
     """``step(*batch, lr) -> (loss, correct, times)`` over the global batch, updating replicas;
     ``times[d]`` is (start, gradients ready) of replica d, in Unix seconds
     (``tfdp.trace.arrivals``). The
@@ -51,9 +54,12 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
     in, cast back before the update; ``accumulate`` micro-batches per device make one update;
     ``bucket_kb`` and ``overlap`` say when the gradients travel (``tfdp.manual.buckets``);
     ``sgd`` is the update, with each replica's ``velocities`` (``SGD.velocities``) under
-    momentum; ``smoothing`` the loss's label smoothing."""
+    momentum; ``smoothing`` the loss's label smoothing; ``averaging`` moves each replica's
+    ``averages`` (``Averaging.averages``) after its update, ``averaged`` (a bool variable)
+    saying whether an earlier step has set them."""
     reduce = ALLREDUCE[allreduce]
     velocities = velocities or [{} for _ in replicas]
+    averages = averages or [{} for _ in replicas]
     trained = len(lenet.trainable(replicas[0]))
     dtype = replicas[0]["W1"].dtype
     compute = tf.as_dtype(compute_dtype or dtype)
@@ -91,6 +97,10 @@ def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool =
                         sgd.update(var, grad, lr, velocities[d].get(name))
                 for name, value in moved.items():
                     params[name].assign(value)
+                for name, average in averages[d].items():
+                    averaging.update(average, params[name], averaged)
+        if averaged is not None:
+            averaged.assign(True)
         return tf.add_n(losses), tf.add_n(correct), tf.stack(times)
 
     if eager:

@@ -17,6 +17,7 @@ from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import replicate
 from tfdp.manual.step import make_eval_step, make_train_step, make_train_window
 from tfdp.models import lenet
+from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.sgd import SGD
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training import export, loop
@@ -77,21 +78,27 @@ def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None
     return the trained parameters (numpy). ``params`` override ``--init``, ``slots`` (momentum
     velocities, in the order of the trainable parameters) the velocities' zeros; the examples
     come from ``run``'s splits unless a ``feed`` says otherwise; ``arrivals`` keeps the
-    replicas' times (``tfdp.trace.arrivals``)."""
+    replicas' times (``tfdp.trace.arrivals``); the parameters returned are the averaged
+    ones under ``--ema``, what is evaluated and exported."""
     config = run.config
     if params is None:
         params = lenet.start_params(config.initializer, config.seed,
                                     np.dtype(config.variable_dtype), config.model == "lenet_bn")
     feed = feed or local_feed(config, run.plan, run.devices, run.train_split, run.test_split)
-    sgd = SGD.of(config)
+    sgd, averaging = SGD.of(config), Averaging(config.ema)
+    # A backup's slots: the velocities (under momentum), then the averages (under --ema).
+    slots = slots or []
+    held = len(lenet.trainable(params)) if sgd.momentum else 0
     with watching(run.stall, "placing the replicas"):
         replicas = replicate(params, run.devices)
-        velocities = []
+        velocities, averages = [], []
         for device, replica in zip(run.devices, replicas):
             with tf.device(device):
-                velocities.append(sgd.velocities(lenet.trainable(replica), slots))
+                velocities.append(sgd.velocities(lenet.trainable(replica), slots[:held]))
+                averages.append(averaging.averages(lenet.trainable(replica), slots[held:]))
     steps = ReplicaSteps(config, run, replicas, feed,
-                         arrivals or Arrivals(run.devices, config.workdir), sgd, velocities)
+                         arrivals or Arrivals(run.devices, config.workdir), sgd, velocities,
+                         averages)
     loop.train(run, steps)
     return steps.trained()
 
@@ -101,20 +108,27 @@ class ReplicaSteps(loop.Steps):
     call's results read before the next is issued."""
 
     def __init__(self, config, run, replicas: list, feed: Feed, arrivals: Arrivals,
-                 sgd: SGD = SGD(), velocities: list = None):
+                 sgd: SGD = SGD(), velocities: list = None, averages: list = None):
         # --allreduce_dtype=float32 is the gradients' own dtype (float64 under float64).
         travel = config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None
         self.run, self.replicas, self.feed = run, replicas, feed
         self.velocities = velocities or [{} for _ in replicas]
+        self.averages = averages or [{} for _ in replicas]
+        # Whether a step has set the averages yet: a resumed run's came with its backup.
+        with tf.device(run.devices[0]):
+            self.averaged = tf.Variable(run.first_step > 0, trainable=False, name="averaged")
         self.sync_every = config.steps_between_syncs
         self.arrivals, self.collected = arrivals, run.first_step
         self.train_step = make_train_step(replicas, run.devices, config.allreduce, config.eager,
                                           feed, config.precision, travel,
                                           config.accumulate_steps, config.bucket_kb,
                                           config.overlap == "auto", sgd,
-                                          config.label_smoothing, self.velocities)
+                                          config.label_smoothing, self.velocities,
+                                          Averaging(config.ema), self.averages, self.averaged)
         self.train_window = make_train_window(self.train_step, run.plan, config.eager)
-        self.eval_step = make_eval_step(replicas, run.devices, config.eager, feed,
+        # What is evaluated (and exported): the averaged parameters under --ema.
+        evaluated = [averaged(params, mine) for params, mine in zip(replicas, self.averages)]
+        self.eval_step = make_eval_step(evaluated, run.devices, config.eager, feed,
                                         config.precision, config.eval_flip)
 
     def batches(self, first_epoch, offset):
@@ -140,12 +154,16 @@ class ReplicaSteps(loop.Steps):
                               self.run.plan.eval_examples)
 
     def trained(self) -> dict:
+        """The model trained: replica 0's parameters, averaged under ``--ema``."""
         with watching(self.run.stall, "reading the trained parameters"):
-            return {name: var.numpy() for name, var in self.replicas[0].items()}
+            return {name: var.numpy()
+                    for name, var in averaged(self.replicas[0], self.averages[0]).items()}
 
     def weights(self):
-        """What a backup holds: the weights in Keras order, then the velocities (replica 0's:
-        every replica's are the same)."""
+        """What a backup holds: the live weights in Keras order, then the velocities and the
+        averages (replica 0's: every replica's are the same)."""
         with watching(self.run.stall, "reading the trained parameters"):
-            velocities = [v.numpy() for v in self.velocities[0].values()]
-        return lenet.to_keras_weights(self.trained()) + velocities
+            live = {name: var.numpy() for name, var in self.replicas[0].items()}
+            slots = [v.numpy() for v in [*self.velocities[0].values(),
+                                         *self.averages[0].values()]]
+        return lenet.to_keras_weights(live) + slots

@@ -40,7 +40,7 @@ RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batc
                 "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
                 "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm", "ps_shards",
                 "accumulate_steps", "bucket_kb", "recipe", "momentum", "nesterov",
-                "weight_decay", "schedule", "label_smoothing", "augment")
+                "weight_decay", "schedule", "label_smoothing", "augment", "ema")
 
 
 def identity(config) -> dict:
