@@ -75,8 +75,9 @@ class FromScratchPath(TrainingPath):
 def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None,
           slots: list = None) -> dict:
     """Train LeNet data-parallel on ``run.devices`` by ``run.plan`` from ``run.first_step``;
-    return the trained parameters (numpy). ``params`` override ``--init``, ``slots`` (momentum
-    velocities, in the order of the trainable parameters) the velocities' zeros; the examples
+    return the trained parameters (numpy). ``params`` override ``--init``, ``slots`` (a
+    backup's momentum velocities, then its averages, each in the order of the trainable
+    parameters) the velocities' zeros and the averages' start; the examples
     come from ``run``'s splits unless a ``feed`` says otherwise; ``arrivals`` keeps the
     replicas' times (``tfdp.trace.arrivals``); the parameters returned are the averaged
     ones under ``--ema``, what is evaluated and exported."""
@@ -98,7 +99,7 @@ def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None
                 averages.append(averaging.averages(lenet.trainable(replica), slots[held:]))
     steps = ReplicaSteps(config, run, replicas, feed,
                          arrivals or Arrivals(run.devices, config.workdir), sgd, velocities,
-                         averages)
+                         averaging, averages)
     loop.train(run, steps)
     return steps.trained()
 
@@ -108,7 +109,8 @@ class ReplicaSteps(loop.Steps):
     call's results read before the next is issued."""
 
     def __init__(self, config, run, replicas: list, feed: Feed, arrivals: Arrivals,
-                 sgd: SGD = SGD(), velocities: list = None, averages: list = None):
+                 sgd: SGD = SGD(), velocities: list = None,
+                 averaging: Averaging = Averaging(), averages: list = None):
         # --allreduce_dtype=float32 is the gradients' own dtype (float64 under float64).
         travel = config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None
         self.run, self.replicas, self.feed = run, replicas, feed
@@ -124,7 +126,7 @@ class ReplicaSteps(loop.Steps):
                                           config.accumulate_steps, config.bucket_kb,
                                           config.overlap == "auto", sgd,
                                           config.label_smoothing, self.velocities,
-                                          Averaging(config.ema), self.averages, self.averaged)
+                                          averaging, self.averages, self.averaged)
         self.train_window = make_train_window(self.train_step, run.plan, config.eager)
         # What is evaluated (and exported): the averaged parameters under --ema.
         evaluated = [averaged(params, mine) for params, mine in zip(replicas, self.averages)]
