@@ -12,10 +12,17 @@ launcher, tfdp.server), ``root(why)`` (Linux and root: namespaces, mounts; skipp
 saying why). The quick tier is ``-m "not slow and not cluster and not root"``.
 """
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The suite's measurements (bfloat16's speed, made under the suite's own load) go to a cache of
+# its own, inherited by every process it starts, never into the user's ~/.cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tfdp-test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 import pytest  # noqa: E402
 

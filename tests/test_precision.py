@@ -103,7 +103,7 @@ def test_bfloat16_speed_is_measured_once_per_machine_and_a_damaged_cache_measure
         tmp_path, caplog):
     speed = devices.bfloat16_speed(str(tmp_path))
     assert 0.05 < speed < 20
-    cache = tmp_path / "bfloat16-speed.json"
+    cache, = tmp_path.glob("bfloat16-speed-*.json")
     kept = json.loads(cache.read_text())
     cache.write_text(json.dumps(dict(kept, ratio=0.54)))  # Another machine's figure, this key.
     assert devices.bfloat16_speed(str(tmp_path)) == 0.54  # Read, not measured again.
@@ -115,11 +115,24 @@ def test_bfloat16_speed_is_measured_once_per_machine_and_a_damaged_cache_measure
     assert json.loads(cache.read_text())["machine"] == kept["machine"]
 
 
+def test_a_worker_narrowed_to_fewer_cores_keeps_its_own_figure(tmp_path, monkeypatch):
+    """tfdp.launch narrows each local worker to its share of the cores, which the figure
+    depends on: measured there, it must not replace the whole machine's (which every later
+    run would then measure again, under whatever load that moment has)."""
+    whole = devices.bfloat16_speed(str(tmp_path))
+    monkeypatch.setattr(devices, "available_cores", lambda: 1)
+    devices.bfloat16_speed(str(tmp_path))
+    monkeypatch.undo()
+    assert len(list(tmp_path.glob("bfloat16-speed-*.json"))) == 2
+    monkeypatch.setattr(devices, "matmul_gflops", lambda *a, **k: pytest.fail("measured again"))
+    assert devices.bfloat16_speed(str(tmp_path)) == whole
+
+
 def test_a_machine_slower_in_bfloat16_is_warned_with_its_measured_ratio(tmp_path, data_dir):
     """The cache says 0.54 for this machine (an Intel Xeon's avx512_bf16 without AMX): a bf16
     run warns with that figure, and trains."""
     devices.bfloat16_speed(str(tmp_path / "tfdp"))
-    cache = tmp_path / "tfdp" / "bfloat16-speed.json"
+    cache, = (tmp_path / "tfdp").glob("bfloat16-speed-*.json")
     cache.write_text(json.dumps(dict(json.loads(cache.read_text()), ratio=0.54)))
     result = run_module("tfdp.train", "--precision=bf16", "--epochs=1", "--steps_per_epoch=2",
                         "--eval_steps=1", f"--data_dir={data_dir}",
@@ -138,7 +151,7 @@ def test_auto_precision_is_bfloat16_only_where_the_machine_measured_it_faster(
     (an Intel Xeon's avx512_bf16 without AMX) or 1.8x (an AMD EPYC's); the run computes in what
     pays, says why, and records what it used."""
     devices.bfloat16_speed(str(tmp_path / "tfdp"))
-    cache = tmp_path / "tfdp" / "bfloat16-speed.json"
+    cache, = (tmp_path / "tfdp").glob("bfloat16-speed-*.json")
     cache.write_text(json.dumps(dict(json.loads(cache.read_text()), ratio=ratio)))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert Config(recipe="fast").precision == "auto" and Config().precision == "float32"

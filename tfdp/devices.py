@@ -101,15 +101,18 @@ def bfloat16_speed(cache_dir: str = None) -> float:
     """How fast this machine multiplies matrices in bfloat16, as a fraction of float32
     (measured: CPU flags promise more than some machines keep, e.g. avx512_bf16 without AMX ran
     at 0.54x). Measured once per machine and TensorFlow version, and cached in ``cache_dir``
-    (default ``$XDG_CACHE_HOME/tfdp`` or ``~/.cache/tfdp``); a damaged cache is measured anew."""
+    (default ``$XDG_CACHE_HOME/tfdp`` or ``~/.cache/tfdp``), a file per machine: a launcher's
+    worker narrowed to fewer cores keeps its own figure beside the whole machine's, rather than
+    replacing it. A damaged cache is measured anew."""
     import json
 
     from tfdp import files
 
     folder = cache_dir or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tfdp")
-    path = os.path.join(folder, "bfloat16-speed.json")
     machine = _machine()
+    key = hashlib.sha1(machine.encode()).hexdigest()[:12]
+    path = os.path.join(folder, f"bfloat16-speed-{key}.json")
     try:
         with open(path) as f:
             cached = json.load(f)
