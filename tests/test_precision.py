@@ -124,7 +124,8 @@ def test_a_worker_narrowed_to_fewer_cores_keeps_its_own_figure(tmp_path, monkeyp
     devices.bfloat16_speed(str(tmp_path))
     monkeypatch.undo()
     assert len(list(tmp_path.glob("bfloat16-speed-*.json"))) == 2
-    monkeypatch.setattr(devices, "matmul_gflops", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(devices, "_bfloat16_ratio_in_a_child",
+                        lambda: pytest.fail("measured again"))
     assert devices.bfloat16_speed(str(tmp_path)) == whole
 
 
@@ -163,3 +164,19 @@ def test_auto_precision_is_bfloat16_only_where_the_machine_measured_it_faster(
     assert metrics["precision"] == chosen
     assert (f"--precision=auto: {chosen} (this machine multiplies matrices in bfloat16 at "
             f"{ratio:.2f}x float32's speed" in capsys.readouterr().err)
+
+
+def test_auto_precision_measured_for_the_first_time_leaves_the_devices_to_the_run(tmp_path,
+                                                                                   data_dir):
+    """No figure cached yet: measuring bfloat16's speed (in a child process) must not start
+    TensorFlow in the run's process before it makes its 2 devices."""
+    result = run_module("tfdp.train", "--recipe=fast", "--num_gpus=2", "--epochs=1",
+                        "--steps_per_epoch=2", "--eval_steps=1", f"--data_dir={data_dir}",
+                        f"--workdir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'export'}",
+                        env={"XDG_CACHE_HOME": str(tmp_path / "empty"),
+                             "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"--precision=auto: (float32|bfloat16) \(this machine multiplies",
+                     result.stderr), result.stderr[-2000:]
+    assert "2 device(s)" in result.stderr + result.stdout
+    assert list((tmp_path / "empty" / "tfdp").glob("bfloat16-speed-*.json"))
