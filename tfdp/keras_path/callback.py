@@ -27,6 +27,7 @@ import time
 import keras
 import tensorflow as tf
 
+from tfdp.keras_path.evaluation import averages_of
 from tfdp.keras_path.train_step import ARRIVALS
 from tfdp.trace.arrivals import unfold
 from tfdp.training import divergence
@@ -53,9 +54,9 @@ def restore_state(model, state: list) -> None:
 
 def _slots(optimizer) -> list:
     """The optimizer's variables beside each weight: SGD's velocities, then the averages of
-    ``use_ema`` (Keras keeps them in a private list, built with the optimizer)."""
-    return [*getattr(optimizer, "momentums", []),
-            *getattr(optimizer, "_model_variables_moving_average", [])]
+    ``use_ema``."""
+    return [*getattr(optimizer, "momentums", []), *averages_of(optimizer)]
+
 
 class FitCallback(keras.callbacks.Callback):
     """``run``: the started run (``tfdp.training.skeleton.Run``); ``evaluate()`` -> (test

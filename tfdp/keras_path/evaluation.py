@@ -61,12 +61,18 @@ class Evaluator:
         return loss / examples, correct / examples
 
 
+def averages_of(optimizer) -> list:
+    """The weights' averages of an optimizer with ``use_ema`` (Keras keeps them in a private
+    list, built with the optimizer), in the order of the model's trainable variables; none
+    otherwise."""
+    return list(getattr(optimizer, "_model_variables_moving_average", None) or [])
+
+
 @contextlib.contextmanager
 def averaged_weights(model, strategy):
     """Under ``--ema`` (the optimizer's ``use_ema``), the model holds its weights' averages
     while the block runs, as it will once ``fit`` ends; its live weights after it."""
-    averages = getattr(getattr(model, "optimizer", None), "_model_variables_moving_average",
-                       None)
+    averages = averages_of(getattr(model, "optimizer", None))
     if not averages:
         yield
         return
