@@ -154,9 +154,9 @@ def settings(tmp_path, data_dir, name, **overrides):
 
 def test_the_fast_recipe_trains_the_same_lenet_on_1_2_and_4_devices(tmp_path, data_dir):
     """Momentum, Nesterov, weight decay, one-cycle, label smoothing, flips, the flipped
-    evaluation and weight averaging, in float64: the device count changes nothing but rounding. (lenet_bn's batch
-    statistics are each replica's shard's, as under Keras: they differ with the device count
-    by design, and the test below compares them across paths.)"""
+    evaluation and weight averaging, in float64: the device count changes nothing but
+    rounding. (lenet_bn's batch statistics are each replica's shard's, as under Keras: they
+    differ with the device count by design, and the test below compares them across paths.)"""
     start = lenet.init_params(2, np.float64, "glorot")
     runs = {k: paths.run(Config(**settings(tmp_path, data_dir, f"k{k}", num_gpus=k,
                                            model="lenet")),
