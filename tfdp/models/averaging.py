@@ -11,7 +11,6 @@ on every replica, and a backup holds them.
 
 from typing import NamedTuple
 
-import numpy as np
 import tensorflow as tf
 
 
@@ -23,8 +22,7 @@ class Averaging(NamedTuple):
         when resuming); none when off. Call on the replica's device."""
         if not self.momentum:
             return {}
-        values = slots or [v.numpy() if hasattr(v, "numpy") else np.asarray(v)
-                           for v in params.values()]
+        values = slots or [v.numpy() for v in params.values()]
         return {name: tf.Variable(value, trainable=False, name=f"average_{name}")
                 for name, value in zip(params, values)}
 
