@@ -2,6 +2,7 @@
 these are not timing tests; speed is checked by running tfdp.bench, not by the suite)."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -209,7 +210,8 @@ def test_the_cadence_table_measures_the_bare_step_the_loop_and_no_barrier(tmp_pa
 @pytest.mark.slow
 def test_time_to_accuracy_runs_every_seed_as_a_process_and_scores_as_mlperf(tmp_path, data_dir):
     result = run_module("tfdp.bench", "--time_to_accuracy=0.2", "--runs=3",
-                        "--tta_configs=manual:2:fast:e=2,beginner:1:e=2", "--tta_steps=6",
+                        "--tta_configs=manual:2:fast:e=2:eval_flip=false,beginner:1:e=2",
+                        "--tta_steps=6",
                         "--tta_eval_examples=1024", f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}", env=AS_FROM_A_SHELL)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -217,7 +219,7 @@ def test_time_to_accuracy_runs_every_seed_as_a_process_and_scores_as_mlperf(tmp_
                 if logs.STARTUP_BANNERS.match(line)], result.stderr[-3000:]
     report = json.loads((tmp_path / "time_to_accuracy.json").read_text())
     rows = {r["name"]: r for r in report["rows"]}
-    assert list(rows) == ["manual:2:fast:e=2", "beginner:1:e=2"]
+    assert list(rows) == ["manual:2:fast:e=2:eval_flip=false", "beginner:1:e=2"]
     for row in rows.values():
         assert [run["seed"] for run in row["runs"]] == [1, 2, 3]
         for run in row["runs"]:
@@ -228,11 +230,21 @@ def test_time_to_accuracy_runs_every_seed_as_a_process_and_scores_as_mlperf(tmp_
             assert run["seconds"] == (None if first is None else clock[first])
         assert row["score_s"] == tta.mlperf_mean([run["seconds"] for run in row["runs"]])
     assert any(run["seconds"] for row in rows.values() for run in row["runs"])
-    curves = [tuple(run["curve"]) for run in rows["manual:2:fast:e=2"]["runs"]]
+    curves = [tuple(run["curve"]) for run in rows["manual:2:fast:e=2:eval_flip=false"]["runs"]]
     assert len({tuple(a for _, a in c) for c in curves}) > 1  # Seeds differ.
     table = (tmp_path / "time_to_accuracy.md").read_text()
-    assert table.count("\n| manual:2:fast:e=2 | fast | ") == 1 and "| beginner:1:e=2 | - |" in table
+    assert table.count("\n| manual:2:fast:e=2:eval_flip=false | fast | ") == 1 and "| beginner:1:e=2 | - |" in table
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 1000
+
+
+def test_a_configuration_passes_any_other_train_flag_for_an_ablation():
+    config = tta.parse("mirrored:2:fast:e=4:label_smoothing=0:batch_size=256")
+    settings = SimpleNamespace(data_dir=None, manual_dir=None, tta_steps=None, tta_epochs=3,
+                               tta_eval_examples=1024)
+    command = tta.command(config, "/w", 0.9, 2, settings)
+    assert command[command.index("-m") + 1] == "tfdp.train"
+    assert {"--strategy=mirrored", "--recipe=fast", "--epochs=4", "--label_smoothing=0",
+            "--batch_size=256", "--eval_steps=4"} <= set(command), command
 
 
 def test_mlperf_scores_drop_the_fastest_and_slowest_run_and_need_every_run_to_reach():
@@ -246,6 +258,8 @@ def test_mlperf_scores_drop_the_fastest_and_slowest_run_and_need_every_run_to_re
     (["--time_to_accuracy=0.9", "--tta_configs=beginner:2"], "runs on 1 device"),
     (["--time_to_accuracy=0.9", "--tta_configs=manual:2:fastest"], "unknown option 'fastest'"),
     (["--time_to_accuracy=0.9", "--runs=0"], "--runs must be a positive integer, got 0"),
+    (["--time_to_accuracy=0.9", "--tta_configs=manual:2:seed=3"], "sets --seed itself"),
+    (["--time_to_accuracy=0.9", "--tta_configs=beginner:1:lr=1"], "unknown option 'lr=1'"),
 ])
 def test_time_to_accuracy_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     result = run_module("tfdp.bench", *flags, f"--workdir={tmp_path}")

@@ -83,7 +83,8 @@ flags.DEFINE_float("time_to_accuracy", None, "Measure the seconds to this test a
                    "instead of throughput: --runs runs of each --tta_configs entry "
                    "(tfdp.bench.time_to_accuracy; time_to_accuracy.md, .json, .png).")
 flags.DEFINE_list("tta_configs", TTA_CONFIGS,
-                  "--time_to_accuracy: path:devices[:recipe][:e=epochs] entries.")
+                  "--time_to_accuracy: path:devices[:recipe][:e=epochs][:flag=value...] entries "
+                  "(flag: any other tfdp.train flag, e.g. manual:2:fast:momentum=0).")
 flags.DEFINE_integer("runs", 5, "--time_to_accuracy: runs (seeds 1..runs) per configuration.")
 flags.DEFINE_integer("tta_epochs", 3, "--time_to_accuracy: epochs of each tfdp.train run (the "
                      "one-cycle schedule's length; a run stops at the target).")

@@ -10,10 +10,13 @@ all); a configuration scores only if every run reached the target.
 
 A configuration is ``path:devices[:option...]``: path is manual, mirrored, multi_worker,
 plain (tfdp.train's strategies) or beginner (the reference CNN, one device); options are a
-recipe (``fast`` or ``textbook``; default fast) and ``e=N``, the run's epochs (the one-cycle
-schedule's length; default ``--tta_epochs``, the beginner's own ``BEGINNER_EPOCHS``).
+recipe (``fast`` or ``textbook``; default fast), ``e=N``, the run's epochs (the one-cycle
+schedule's length; default ``--tta_epochs``, the beginner's own ``BEGINNER_EPOCHS``), and
+``flag=value``, any other ``tfdp.train`` flag, so that one bench runs an ablation side by side
+(``manual:2:fast:label_smoothing=0``).
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -22,12 +25,17 @@ import subprocess
 import sys
 import tempfile
 
+from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.recipes import RECIPES
 
 PATHS = ("manual", "mirrored", "multi_worker", "plain", "beginner")
 DEFAULT_CONFIGS = "manual:2:fast,mirrored:2:fast,plain:1:fast,beginner:1"
 BEGINNER_EPOCHS = 12  # At most: the beginner's runs stop at the target.
+# What the bench sets itself, per run or from its own flags.
+BENCH_SETS = {"strategy", "num_gpus", "recipe", "seed", "target_accuracy", "epochs", "workdir",
+              "export_dir", "data_dir", "manual_dir", "steps_per_epoch", "eval_steps"}
+TRAIN_FLAGS = {field.name for field in dataclasses.fields(Config)} - BENCH_SETS
 
 
 def parse(text: str) -> dict:
@@ -36,13 +44,17 @@ def parse(text: str) -> dict:
         raise UserError(f"--tta_configs entry {text!r}: expected path:devices[:option...] with "
                         f"path in {', '.join(PATHS)}")
     config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
-              "recipe": "fast", "epochs": None}
+              "recipe": "fast", "epochs": None, "train_flags": {}}
     for option in parts[2:]:
         name, _, value = option.partition("=")
         if option in ("fast", "textbook"):
             config["recipe"] = option
         elif name == "e" and value.isdigit() and int(value) > 0:
             config["epochs"] = int(value)
+        elif name in TRAIN_FLAGS and value and config["path"] != "beginner":
+            config["train_flags"][name] = value
+        elif name in BENCH_SETS:
+            raise UserError(f"--tta_configs entry {text!r}: the bench sets --{name} itself")
         else:
             raise UserError(f"--tta_configs entry {text!r}: unknown option {option!r}")
     if config["path"] == "beginner":
@@ -65,7 +77,8 @@ def command(config: dict, workdir: str, target: float, seed: int, settings) -> l
                   * bool(settings.tta_eval_examples))]
     args = [f"--recipe={config['recipe']}", f"--seed={seed}", f"--target_accuracy={target}",
             f"--epochs={config['epochs'] or settings.tta_epochs}", f"--workdir={workdir}",
-            f"--export_dir={workdir}/export", *data, *steps]
+            f"--export_dir={workdir}/export", *data, *steps,
+            *(f"--{name}={value}" for name, value in config["train_flags"].items())]
     if settings.tta_eval_examples:  # Tests only: MLPerf evaluates the whole test set.
         args.append(f"--eval_steps={_eval_steps(config, settings)}")
     if config["path"] == "multi_worker":
@@ -76,7 +89,8 @@ def command(config: dict, workdir: str, target: float, seed: int, settings) -> l
 
 
 def _eval_steps(config, settings) -> int:
-    return max(1, settings.tta_eval_examples // RECIPES[config["recipe"]]["batch_size"])
+    batch = config["train_flags"].get("batch_size", RECIPES[config["recipe"]]["batch_size"])
+    return max(1, settings.tta_eval_examples // int(batch))
 
 
 def run_once(config: dict, target: float, seed: int, settings) -> dict:
