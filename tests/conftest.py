@@ -34,23 +34,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.geteuid() == 0 and sys.platform.startswith("linux")
 
 
-# The suite runs two tests at a time (pytest-xdist, setup.cfg). Emulated hosts are the
-# machine's, and a launcher removes those whose maker has gone, such as a killed launcher's that
-# a test is about to check: the tests that make them (root, and the README's commands) run one
-# at a time, in this group, on one worker.
-EMULATED_HOSTS = pytest.mark.xdist_group("emulated-hosts")
-
-
 def pytest_collection_modifyitems(config, items):
-    """A test marked ``root(why)`` skips, saying why, where this is not Linux run as root, and
-    joins the ``EMULATED_HOSTS`` group where it is."""
+    """A test marked ``root(why)`` skips, saying why, where this is not Linux run as root."""
     for item in items:
         mark = item.get_closest_marker("root")
         if mark and not ROOT:
             why = mark.args[0] if mark.args else "network namespaces, mounts"
             item.add_marker(pytest.mark.skip(reason=f"needs Linux and root ({why})"))
-        elif mark:
-            item.add_marker(EMULATED_HOSTS)
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import EMULATED_HOSTS, REPO, ROOT
+from conftest import REPO, ROOT
 from processes import child_env
 from tfdp import flags
 
@@ -74,7 +74,6 @@ def shortened(command: str, data_dir: str, folder) -> list:
 
 @pytest.mark.slow
 @pytest.mark.cluster
-@EMULATED_HOSTS  # As root it runs the README's --hosts command too.
 def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir):
     from concurrent.futures import ThreadPoolExecutor
 
