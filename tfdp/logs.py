@@ -95,6 +95,16 @@ def quiet_below(level, *names):
             log.setLevel(old)
 
 
+def quiet_from_now_on(*names) -> None:
+    """Raise the named loggers above ERROR for the rest of the process, unless ``--verbose``:
+    for what a library's own threads would still log about a failure tfdp has just summed up
+    in its one line (a ClusterCoordinator's closures, each in a thread of its own, log a lost
+    parameter server after the main thread has heard of it)."""
+    if not verbose():
+        for name in names:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def stdout_dropped_unless_verbose():
     """Drop what a library prints on stdout in this block (tfdp's stdout is its results)."""
     return contextlib.nullcontext() if verbose() else contextlib.redirect_stdout(io.StringIO())

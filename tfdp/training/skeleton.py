@@ -14,7 +14,7 @@ resumes, states the plan, trains, exports and returns the ``Result``::
 import dataclasses
 from typing import Optional
 
-from tfdp import recipes
+from tfdp import logs, recipes
 from tfdp.cluster import tf_config
 from tfdp.config import Config
 from tfdp.errors import Finished, UserError
@@ -93,6 +93,7 @@ def run(config: Config, path_type, start_weights=None) -> Result:
             except PEER_LOST as e:
                 if not path.peers:
                     raise
+                logs.quiet_from_now_on("tensorflow")  # The one line below says it all.
                 why = type(e).__name__
                 raise UserError(tf_config.lost_contact(why, path.peers, str(e.message),
                                                        backups.steps())
