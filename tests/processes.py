@@ -100,9 +100,9 @@ def task_pid(launcher: int, kind: str, index: int) -> int:
 
 def slow_then_stop(run, folder, kind: str, index: int) -> tuple:
     """Task ``kind`` ``index`` of a launched ``run`` stopped 30 of every 40 ms (real SIGSTOP and
-    SIGCONT from outside: a host with a quarter of a CPU) from the moment the cluster has
-    started until the run's first backup (its first epoch's end), then stopped for good: hung,
-    alive, never answering. The run's (stdout, stderr) once it has ended."""
+    SIGCONT from outside: a host with a quarter of a CPU) through the run's second epoch (from
+    its first backup to its second), then stopped for good: hung, alive, never answering. The
+    run's (stdout, stderr) once it has ended."""
     from tfdp.training.backups import Backups
 
     task = None
@@ -113,18 +113,21 @@ def slow_then_stop(run, folder, kind: str, index: int) -> tuple:
                 task = task_pid(run.pid, kind, index)
             except AssertionError:
                 time.sleep(0.1)
-        # Once the cluster has started (the chief's reporter writes its folder), not before:
-        # a quarter of a CPU takes TensorFlow's start-up past the timeout.
-        while not (folder / "run" / "tensorboard").exists() and run.poll() is None:
-            time.sleep(0.05)
+        # From the first epoch's end, not before: its steps and evaluation are compiled then.
+        # A compilation at a quarter of a CPU, on a machine that another test may load too,
+        # can outlast the run's --collective_timeout: a stall, not a straggler.
         backups = Backups(str(folder / "run"), 0, {})
         while not backups.steps() and run.poll() is None and time.time() < deadline + 120:
+            time.sleep(0.05)
+        first = max(backups.steps(), default=0)
+        while (max(backups.steps(), default=0) == first and run.poll() is None
+               and time.time() < deadline + 240):
             try:
                 os.kill(task, signal.SIGSTOP)
                 time.sleep(0.030)
                 os.kill(task, signal.SIGCONT)
                 time.sleep(0.010)
-            except ProcessLookupError:  # Gone before its first backup: the run's lines say why.
+            except ProcessLookupError:  # Gone before its backup: the run's lines say why.
                 return run.communicate(timeout=120)
         os.kill(task, signal.SIGSTOP)
         return run.communicate(timeout=120)

@@ -31,7 +31,7 @@ class Path:
     strategy: str
     launcher: tuple           # tfdp.launch's flags
     chief: str                # the prefix of the chief's lines
-    straggler: str            # the first epoch's line names worker 1 so
+    straggler: str            # the slowed epoch's line names worker 1 so
     recorder: str             # what its flight recorder holds, as the lost line says
     victim: tuple             # the task killed, and the one whose host is cut off
     victim_name: str          # as the lost line names it
@@ -75,8 +75,8 @@ def nothing_exported(folder) -> bool:
 def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
                                                                             data_dir, path):
     """Worker 1 stopped 30 of every 40 ms (real SIGSTOP and SIGCONT from outside: a host with
-    a quarter of a CPU) through the first epoch, then for good: the first epoch's line names
-    it, and the hang ends the run in one line naming the flight recorder's file."""
+    a quarter of a CPU) through the second epoch, then for good: that epoch's line names it,
+    and the hang ends the run in one line naming the flight recorder's file."""
     run = launch(tmp_path, path.strategy, f"--data_dir={data_dir}", "--epochs=3",
                  "--steps_per_epoch=25", "--batch_size=64", "--eval_steps=1",
                  "--collective_timeout=10", launcher=path.launcher, popen=True)
@@ -85,17 +85,17 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
     assert run.returncode != 0 if path.strategy == "multi_worker" else run.returncode == 1, \
         err[-3000:]
     # A step stopped for a second or more on a loaded machine is named as a pause too.
-    first_line = re.search(rf"^{re.escape(path.chief)} epoch 1/3: .*; {path.straggler}"
-                           r"(; pause: .*)?$", out, re.M)
-    assert first_line, out[-3000:]
+    slowed_line = re.search(rf"^{re.escape(path.chief)} epoch 2/3: .*; {path.straggler}"
+                            r"(; pause: .*)?$", out, re.M)
+    assert slowed_line, out[-3000:]
     if path.strategy == "parameter_server":  # Asynchronous SGD: the staleness, with the pace.
-        assert re.search(r", staleness mean [\d.]+ max \d+; straggler", first_line[0])
+        assert re.search(r", staleness mean [\d.]+ max \d+; straggler", slowed_line[0])
     stopped = re.search(rf"^{re.escape(path.chief)} tfdp\.train: error: lost contact with the "
                         rf"cluster .* \(the last steps' {path.recorder}: "
                         r"(\S+flight_recorder\.json)\)$", err, re.M)
     assert stopped, err[-3000:]
     record = json.loads(open(stopped[1]).read())
-    assert record["steps"] and record["steps"][-1]["step"] >= 25
+    assert record["steps"] and record["steps"][-1]["step"] >= 50
     if path.strategy == "manual":  # The chief asks each worker: the hung one is named.
         # The hang meets a step, or the chief's look for a worker's SIGTERM between them.
         doing = r"(training steps? [\d-]+|asking the workers whether one was preempted)"
@@ -105,13 +105,13 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
                          stopped[0]), stopped[0]
         assert re.search(rf"while {doing}, --collective_timeout; not answering: worker 1$",
                          record["why"]), record["why"]
-    first = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
+    slowed = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][1]
     if path.strategy == "parameter_server":
-        assert sum(first["worker_steps"]) == 25
-        assert first["worker_step_ms"][1] > first["worker_step_ms"][0]
+        assert sum(slowed["worker_steps"]) == 25
+        assert slowed["worker_step_ms"][1] > slowed["worker_step_ms"][0]
         assert {s["worker"] for s in record["steps"]} <= {"worker 0", "worker 1"}
     else:
-        assert first["replica_late_ms"][1] > first["replica_late_ms"][0]
+        assert slowed["replica_late_ms"][1] > slowed["replica_late_ms"][0]
         assert [r["replica"] for r in record["steps"][-1]["replicas"]] == [
             "worker 0 (replica 0)", "worker 1 (replica 1)"]
     if path.strategy == "multi_worker":  # Keras reads the times at its callback's checks.
