@@ -124,8 +124,22 @@ def test_interrupting_a_jupyter_kernel_saves_and_raises_preempted_then_the_same_
                     kernel.interrupt_kernel()
                     interrupt_when = None
             elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                return client.get_shell_msg(timeout=30)["content"], output
+                return reply_to(msg_id), output
         pytest.fail(f"the cell did not finish: {output[-2000:]}")
+
+    def reply_to(msg_id):
+        """The content of the kernel's reply to request ``msg_id``. Others may come first:
+        ``wait_for_ready`` asks for the kernel's info every second until one answer arrives,
+        and a kernel slow to start (a loaded machine) answers every question it was asked."""
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                msg = client.get_shell_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg["content"]
+        pytest.fail(f"no reply to the cell's request {msg_id} within 30 s of its end")
 
     try:
         client.wait_for_ready(timeout=120)
