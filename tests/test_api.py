@@ -130,7 +130,8 @@ def test_interrupting_a_jupyter_kernel_saves_and_raises_preempted_then_the_same_
     def reply_to(msg_id):
         """The content of the kernel's reply to request ``msg_id``. Others may come first:
         ``wait_for_ready`` asks for the kernel's info every second until one answer arrives,
-        and a kernel slow to start (a loaded machine) answers every question it was asked."""
+        and a kernel slow to start (a loaded machine) answers every question it was asked
+        (jupyter/jupyter_client#592)."""
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
