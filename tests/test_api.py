@@ -2,7 +2,6 @@
 line, and behaves as documented when run twice in one process and in a notebook."""
 
 import json
-import queue
 import os
 import re
 import subprocess
@@ -108,39 +107,25 @@ def test_interrupting_a_jupyter_kernel_saves_and_raises_preempted_then_the_same_
 
     def execute(code, interrupt_when=None, seconds=240):
         """Run ``code``; interrupt the kernel once its output matches ``interrupt_when``;
-        return (the reply's content, the cell's output)."""
-        msg_id, output = client.execute(code), ""
-        deadline = time.time() + seconds
-        while time.time() < deadline:
-            try:
-                msg = client.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
+        return (the reply's content, the cell's output). ``execute_interactive`` takes the
+        reply to this request, not the first on the shell channel: ``wait_for_ready`` asks for
+        the kernel's info every second until one answer arrives, and a kernel slow to start (a
+        loaded machine) answers every question it was asked (jupyter/jupyter_client#592)."""
+        output = ""
+
+        def on_output(msg):
+            nonlocal output, interrupt_when
             if msg["msg_type"] == "stream":
                 output += msg["content"]["text"]
                 if interrupt_when and re.search(interrupt_when, output):
                     kernel.interrupt_kernel()
                     interrupt_when = None
-            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                return reply_to(msg_id), output
-        pytest.fail(f"the cell did not finish: {output[-2000:]}")
 
-    def reply_to(msg_id):
-        """The content of the kernel's reply to request ``msg_id``. Others may come first:
-        ``wait_for_ready`` asks for the kernel's info every second until one answer arrives,
-        and a kernel slow to start (a loaded machine) answers every question it was asked
-        (jupyter/jupyter_client#592)."""
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                msg = client.get_shell_msg(timeout=1)
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") == msg_id:
-                return msg["content"]
-        pytest.fail(f"no reply to the cell's request {msg_id} within 30 s of its end")
+        try:
+            reply = client.execute_interactive(code, timeout=seconds, output_hook=on_output)
+        except TimeoutError:
+            pytest.fail(f"the cell did not finish: {output[-2000:]}")
+        return reply["content"], output
 
     try:
         client.wait_for_ready(timeout=120)
