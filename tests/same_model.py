@@ -41,10 +41,12 @@ def train_manual(config, devices, train_split, test_split, reporter, params=None
     from tfdp.manual import trainer
     from tfdp.plan import make_plan
     from tfdp.training.skeleton import Run
+    from tfdp.training.state import TrainingState
 
     plan = make_plan(config, len(devices), len(train_split.labels), len(test_split.labels))
+    state = TrainingState(lenet.to_keras_weights(params)) if params is not None else None
     return trainer.train(Run(config, plan, reporter, devices, train_split=train_split,
-                             test_split=test_split), params)
+                             test_split=test_split), state)
 
 
 def served_disagreement(version, trained, start, images) -> float:

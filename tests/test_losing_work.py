@@ -22,6 +22,7 @@ from tfdp.errors import Diverged, UserError
 from tfdp.models import lenet
 from tfdp.training import divergence, export, run_folder
 from tfdp.training.backups import Backups, identity
+from tfdp.training.state import TrainingState
 
 
 needs_root = pytest.mark.root("mounts a small tmpfs and read-only folders")
@@ -137,7 +138,7 @@ def manual_config(tmp_path, data_dir, **overrides):
 def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
     earlier = manual_config(tmp_path, data_dir)
     backups = Backups(earlier.run_dir, 0, identity(earlier))
-    backups.save(5, lenet.to_keras_weights(lenet.init_params(0)))
+    backups.save(5, TrainingState(lenet.to_keras_weights(lenet.init_params(0))))
     with pytest.raises(UserError) as caught:
         paths.run(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
     assert str(caught.value) == (
@@ -150,7 +151,7 @@ def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, d
                                                                     caplog):
     config = manual_config(tmp_path, data_dir)
     backups = Backups(config.run_dir, 0, identity(config))
-    weights = lenet.to_keras_weights(lenet.init_params(0, init="glorot"))
+    weights = TrainingState(lenet.to_keras_weights(lenet.init_params(0, init="glorot")))
     backups.save(5, weights)
     newest = backups.save(10, weights)
     with open(newest, "r+b") as f:  # Truncated, as by a crash of the disk or the copy.

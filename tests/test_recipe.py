@@ -192,8 +192,8 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
                                    export_dir=str(tmp_path / "full-exp"))))
     save = Backups.save
 
-    def crash_after_epoch_1(self, step, weights):
-        path = save(self, step, weights)
+    def crash_after_epoch_1(self, step, state):
+        path = save(self, step, state)
         if step == 5:
             raise RuntimeError("simulated crash")
         return path
@@ -202,9 +202,9 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
     with pytest.raises(RuntimeError, match="simulated crash"):
         paths.run(Config(**common))
     monkeypatch.undo()
-    with np.load(Backups(common["workdir"], 0, {}).path(5)) as backup:
-        # The weights, then the 11 trained ones' velocities and averages.
-        assert len([k for k in backup.files if k.startswith("w")]) == 17 + 11 + 11
+    state = Backups(common["workdir"], 0, {}).load(5)
+    # The 17 weights, and the 11 trained ones' velocities and averages.
+    assert [len(state.weights), len(state.velocities), len(state.averages)] == [17, 11, 11]
     resumed = paths.run(Config(**common))
     for x, y in zip(full.weights, resumed.weights):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)

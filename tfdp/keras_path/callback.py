@@ -6,12 +6,12 @@ own bar would print its line around tfdp's and under other metric names). Every
 ``check_every`` steps and at every epoch's end it reads the loss, and stops the run once it is
 non-finite or has exploded (``Diverged``: nothing is exported), then looks for a SIGTERM
 (``tfdp.training.preemption.Watch``): if one has come, it saves the state of the step just
-finished and raises ``Preempted``. A check that falls on an epoch's last step leaves the stop
-to the epoch's end, which evaluates and records the epoch first (a resumed run starts after it
-and would never record it). Not after every step: reading a step's loss waits for that
-step, and doing so every step made mirrored fit 8 % slower (docs/benchmarks.md). The replicas'
-arrival times (stragglers, the flight recorder) are sampled at those same checks, where the
-step is waited for already.
+finished (the whole ``training_state``, as an epoch's end does) and raises ``Preempted``. A
+check that falls on an epoch's last step leaves the stop to the epoch's end, which evaluates
+and records the epoch first (a resumed run starts after it and would never record it). Not
+after every step: reading a step's loss waits for that step, and doing so every step made
+mirrored fit 8 % slower (docs/benchmarks.md). The replicas' arrival times (stragglers, the
+flight recorder) are sampled at those same checks, where the step is waited for already.
 
 Under MultiWorkerMirroredStrategy the workers must stop after the *same* step, or the ones still
 training wait in their next all-reduce for a peer that has gone. At every check, and at every
@@ -32,30 +32,33 @@ from tfdp.keras_path.train_step import ARRIVALS
 from tfdp.trace.arrivals import unfold
 from tfdp.training import divergence
 from tfdp.training.epoch_end import EpochEnd
+from tfdp.training.state import TrainingState
 
 CHECK_EVERY = 5  # steps between two checks (under multi_worker: SIGTERM all-reduces)
 
 
 
-def training_state(model) -> list:
-    """What a backup holds: the model's weights (Keras order), then the optimizer's momentum
-    velocities and weight averages, if any (``restore_state`` puts them back)."""
-    return model.get_weights() + [v.numpy() for v in _slots(model.optimizer)]
+def training_state(model) -> TrainingState:
+    """A compiled ``model``'s training state: its weights, its SGD's velocities (Keras keeps
+    them in the order of the trainable variables) and the averages of ``use_ema``."""
+    optimizer = model.optimizer
+    return TrainingState(model.get_weights(), _values(getattr(optimizer, "momentums", [])),
+                         _values(averages_of(optimizer)))
 
 
-def restore_state(model, state: list) -> None:
-    """``training_state``'s list back into a compiled ``model`` whose optimizer is built (in
-    the strategy's scope)."""
-    weights = len(model.get_weights())
-    model.set_weights(state[:weights])
-    for variable, value in zip(_slots(model.optimizer), state[weights:]):
-        variable.assign(value)
+def restore_state(model, state: TrainingState) -> None:
+    """``state`` into a compiled ``model`` whose optimizer is built (in the strategy's scope).
+    Slots the state has none of (a test's start) keep the optimizer's own start."""
+    model.set_weights(state.weights)
+    optimizer = model.optimizer
+    for variables, values in ((getattr(optimizer, "momentums", []), state.velocities),
+                              (averages_of(optimizer), state.averages)):
+        for variable, value in zip(variables, values):
+            variable.assign(value)
 
 
-def _slots(optimizer) -> list:
-    """The optimizer's variables beside each weight: SGD's velocities, then the averages of
-    ``use_ema``."""
-    return [*getattr(optimizer, "momentums", []), *averages_of(optimizer)]
+def _values(variables) -> list:
+    return [v.numpy() for v in variables]
 
 
 class FitCallback(keras.callbacks.Callback):
@@ -73,7 +76,7 @@ class FitCallback(keras.callbacks.Callback):
         self.resumed_at = run.offset  # Where the first epoch starts when a run resumes in it.
         self._agree = _flag_all_reduce(distribution) if distribution.num_workers > 1 else None
         self._divergence = divergence.Divergence()
-        self.epoch_end = EpochEnd(run, evaluate, lambda: training_state(self.model),
+        self.epoch_end = EpochEnd(run, evaluate, self._state,
                                   arrivals.epoch_figures if arrivals is not None else None,
                                   self._preempted)
         self._step = None
@@ -120,7 +123,11 @@ class FitCallback(keras.callbacks.Callback):
         step: ``EpochEnd`` evaluates and records the epoch, then stops)."""
         self._read_loss(logs)
         if not last and self._preempted():
-            self.run.watch.stop(self._step, self.run.backups, self.model.get_weights)
+            self.run.watch.stop(self._step, self.run.backups, self._state)
+
+    def _state(self) -> TrainingState:
+        """What every save holds, at an epoch's end or between two steps."""
+        return training_state(self.model)
 
     def _preempted(self) -> bool:
         if self._agree is None:

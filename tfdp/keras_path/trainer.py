@@ -98,7 +98,7 @@ class KerasFitPath(TrainingPath):
     def started(self) -> None:
         self.distribution.started()
 
-    def train(self, run, start_weights=None) -> list:
+    def train(self, run, state=None) -> list:
         config, plan, strategy = self.config, run.plan, self.distribution.strategy
         replicas = self.distribution.replicas
         with strategy.scope():
@@ -112,8 +112,8 @@ class KerasFitPath(TrainingPath):
                           metrics=["accuracy"], run_eagerly=config.eager,
                           steps_per_execution=config.steps_per_execution)
             model.optimizer.build(model.trainable_variables)
-            if start_weights is not None:  # A backup's state, or a test's weights.
-                restore_state(model, start_weights)
+            if state is not None:  # A backup's, or a test's weights.
+                restore_state(model, state)
             model.optimizer.iterations.assign(run.first_step)  # The schedule goes on from here.
         first_epoch, offset = run.first_epoch, run.offset
         if not run.trained:

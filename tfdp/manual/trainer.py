@@ -21,6 +21,7 @@ from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.sgd import SGD
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training import export, loop
+from tfdp.training.state import TrainingState
 from tfdp.training.training_path import TrainingPath
 
 
@@ -53,16 +54,12 @@ class FromScratchPath(TrainingPath):
                        + (f"{every} steps" if every > 1 else "step"))
         self.params = None
 
-    def train(self, run, start_weights=None) -> list:
+    def train(self, run, state=None) -> list:
         feed = None
         if self.cluster:
             feed = self.cluster.feed(self.config, run.plan)
             run.watch.listen(self.cluster.preempted_worker)
-        params = slots = None
-        if start_weights is not None:  # A backup's state, or a test's weights.
-            count = len(lenet.shapes(self.config.model == "lenet_bn"))
-            params, slots = lenet.from_keras_weights(start_weights[:count]), start_weights[count:]
-        self.params = train(run, params, feed, self.recorder, slots)
+        self.params = train(run, state, feed, self.recorder)
         return lenet.to_keras_weights(self.params)
 
     def export(self) -> str:
@@ -72,31 +69,29 @@ class FromScratchPath(TrainingPath):
                              self.config.eval_flip)
 
 
-def train(run, params: dict = None, feed: Feed = None, arrivals: Arrivals = None,
-          slots: list = None) -> dict:
+def train(run, state: TrainingState = None, feed: Feed = None,
+          arrivals: Arrivals = None) -> dict:
     """Train LeNet data-parallel on ``run.devices`` by ``run.plan`` from ``run.first_step``;
-    return the trained parameters (numpy). ``params`` override ``--init``, ``slots`` (a
-    backup's momentum velocities, then its averages, each in the order of the trainable
-    parameters) the velocities' zeros and the averages' start; the examples
-    come from ``run``'s splits unless a ``feed`` says otherwise; ``arrivals`` keeps the
-    replicas' times (``tfdp.trace.arrivals``); the parameters returned are the averaged
-    ones under ``--ema``, what is evaluated and exported."""
+    return the trained parameters (numpy). ``state`` (a backup's, or a test's weights)
+    overrides ``--init``, and its velocities and averages, where it has them, the velocities'
+    zeros and the averages' start; the examples come from ``run``'s splits unless a ``feed``
+    says otherwise; ``arrivals`` keeps the replicas' times (``tfdp.trace.arrivals``); the
+    parameters returned are the averaged ones under ``--ema``, what is evaluated and
+    exported."""
     config = run.config
-    if params is None:
-        params = lenet.start_params(config.initializer, config.seed,
-                                    np.dtype(config.variable_dtype), config.model == "lenet_bn")
+    state = state or TrainingState(lenet.to_keras_weights(lenet.start_params(
+        config.initializer, config.seed, np.dtype(config.variable_dtype),
+        config.model == "lenet_bn")))
+    params = lenet.from_keras_weights(state.weights)
     feed = feed or local_feed(config, run.plan, run.devices, run.train_split, run.test_split)
     sgd, averaging = SGD.of(config), Averaging(config.ema)
-    # A backup's slots: the velocities (under momentum), then the averages (under --ema).
-    slots = slots or []
-    held = len(lenet.trainable(params)) if sgd.momentum else 0
     with watching(run.stall, "placing the replicas"):
         replicas = replicate(params, run.devices)
         velocities, averages = [], []
         for device, replica in zip(run.devices, replicas):
             with tf.device(device):
-                velocities.append(sgd.velocities(lenet.trainable(replica), slots[:held]))
-                averages.append(averaging.averages(lenet.trainable(replica), slots[held:]))
+                velocities.append(sgd.velocities(lenet.trainable(replica), state.velocities))
+                averages.append(averaging.averages(lenet.trainable(replica), state.averages))
     steps = ReplicaSteps(config, run, replicas, feed,
                          arrivals or Arrivals(run.devices, config.workdir), sgd, velocities,
                          averaging, averages)
@@ -161,11 +156,11 @@ class ReplicaSteps(loop.Steps):
             return {name: var.numpy()
                     for name, var in averaged(self.replicas[0], self.averages[0]).items()}
 
-    def weights(self):
-        """What a backup holds: the live weights in Keras order, then the velocities and the
-        averages (replica 0's: every replica's are the same)."""
+    def state(self) -> TrainingState:
+        """The live weights, the velocities and the averages (replica 0's: every replica's
+        are the same)."""
         with watching(self.run.stall, "reading the trained parameters"):
             live = {name: var.numpy() for name, var in self.replicas[0].items()}
-            slots = [v.numpy() for v in [*self.velocities[0].values(),
-                                         *self.averages[0].values()]]
-        return lenet.to_keras_weights(live) + slots
+            return TrainingState(lenet.to_keras_weights(live),
+                                 [v.numpy() for v in self.velocities[0].values()],
+                                 [v.numpy() for v in self.averages[0].values()])

@@ -49,6 +49,7 @@ from tfdp.parameter_server.pace import WorkerPace
 from tfdp.parameter_server.step import make_eval_step, make_train_step
 from tfdp.parameter_server.store import MIN_SHARD_BYTES, Store, make_store
 from tfdp.training import export, loop
+from tfdp.training.state import TrainingState
 from tfdp.training.training_path import TrainingPath
 
 PROGRAM = ("tfdp.train --strategy=parameter_server (the coordinator; its workers and "
@@ -102,15 +103,17 @@ class ParameterServerPath(TrainingPath):
                        "asynchronous SGD, one global batch per step on one worker")
         self.store = self.weights = None
 
-    def train(self, run, start_weights=None) -> list:
-        self.store = make_store(self.config, self.strategy, self.servers, start_weights)
+    def train(self, run, state=None) -> list:
+        # Asynchronous SGD keeps no slots (tfdp.recipes): the state is the weights.
+        self.store = make_store(self.config, self.strategy, self.servers,
+                                state.weights if state is not None else None)
         logger.info("parameters: %s", self.store.describe())
         # In metrics.json: what each server holds (the host benchmark's arithmetic needs it).
         run.reporter.add_facts(parameter_server_bytes=self.store.bytes_per_server(self.servers))
         steps = ScheduledSteps(run, self.coordinator, self.recorder, self.store, self.arrays,
                                self.examples)
         loop.train(run, steps)
-        self.weights = steps.weights()
+        self.weights = steps.state().weights
         return self.weights
 
     def export(self) -> str:
@@ -235,9 +238,9 @@ class ScheduledSteps(loop.Steps):
                 continue
             return loop.mean_over(sums, self.run.plan.eval_examples)
 
-    def weights(self) -> list:
+    def state(self) -> TrainingState:
         with watching(self.run.stall, READING):
-            return self.store.weights()
+            return TrainingState(self.store.weights())
 
     def epoch_figures(self):
         mean, most = float(np.mean(self.staleness)), int(np.max(self.staleness))

@@ -1,12 +1,11 @@
 """Backups of a run's state, so a crash, a kill or a preemption loses at most part of an epoch.
 
-What a run needs to go on is its weights, its optimizer's momentum velocities (if any) and its
-global step: the learning rate is a function of the step, and the order of the batches (and
-their flips) a function of (seed, epoch). So a backup is one ``.npz`` file,
-``<workdir>/backup/worker-<i>/step-<n>.npz``, holding the training state (the weights in Keras
-order, for LeNet ``lenet.to_keras_weights``, then the velocities), the step and the flags
-that decide the training (``identity``: the ``RESUME_FLAGS``). Every path writes one after every epoch and one
-at the step where it is preempted, and keeps the newest ``KEEP``.
+What a run needs to go on is its training state (``tfdp.training.state.TrainingState``: the
+weights, the optimizer's momentum velocities and the weights' averages) and its global step:
+the rest is a function of the step. So a backup is one ``.npz`` file,
+``<workdir>/backup/worker-<i>/step-<n>.npz``, holding the state's arrays, the step and the flags
+that decide the training (``identity``: the ``RESUME_FLAGS``). Every path writes one after
+every epoch and one at the step where it is preempted, and keeps the newest ``KEEP``.
 
 * Written through ``files.write_atomic`` (a new temporary file, fsync, rename): a crash never
   leaves half a backup under a real name. A full disk is a one-line error, and the backup
@@ -33,6 +32,7 @@ import numpy as np
 from tfdp import files
 from tfdp.errors import UserError
 from tfdp.logs import logger
+from tfdp.training.state import TrainingState
 
 # The flags that decide what training computes, step by step: a run resumes from a backup only
 # under the same ones (--epochs may grow: the steps before are the same).
@@ -71,9 +71,9 @@ class Backups:
     def path(self, step: int) -> str:
         return os.path.join(self.folder, f"step-{step}.npz")
 
-    def save(self, step: int, weights: list) -> str:
+    def save(self, step: int, state: TrainingState) -> str:
         """Write the backup of ``step``; keep the newest ``KEEP``."""
-        arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(weights)}
+        arrays = state.arrays()
         arrays.update(step=np.int64(step), identity=np.array(json.dumps(self.identity,
                                                                         sort_keys=True)))
         path = self.path(step)
@@ -90,16 +90,15 @@ class Backups:
             os.remove(self.path(old))
         return path
 
-    def load(self, step: int) -> list:
-        """The weights saved at ``step``; raises ``OSError``/``ValueError`` if damaged."""
+    def load(self, step: int) -> TrainingState:
+        """The state saved at ``step``; raises ``OSError``/``ValueError`` if damaged."""
         if step not in self._loaded:
             with np.load(self.path(step), allow_pickle=False) as f:
-                count = len([k for k in f.files if re.fullmatch(r"w\d+", k)])
-                weights = [f[f"w{i}"] for i in range(count)]  # Reading checks each CRC.
+                state = TrainingState.from_arrays(f)  # Reading checks each CRC.
                 saved_step, identity = int(f["step"]), json.loads(str(f["identity"]))
             if saved_step != step:
                 raise ValueError(f"holds step {saved_step}")
-            self._loaded[step] = (weights, identity)
+            self._loaded[step] = (state, identity)
         return self._loaded[step][0]
 
     def intact_steps(self) -> list:

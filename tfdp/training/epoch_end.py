@@ -12,13 +12,13 @@ from tfdp.cluster.stall import watching
 
 
 class EpochEnd:
-    """``evaluate()`` -> (test loss, test accuracy); ``weights()`` the weights to back up, in
-    Keras order; ``figures()`` -> (a path's own figures of the epoch for its record, words for
+    """``evaluate()`` -> (test loss, test accuracy); ``state()`` the run's training state to
+    back up (``tfdp.training.state.TrainingState``); ``figures()`` -> (a path's own figures of the epoch for its record, words for
     its line); ``preempted()`` whether to stop after this epoch (default: this process's
     ``Watch``; across workers, their agreement)."""
 
-    def __init__(self, run, evaluate, weights, figures=None, preempted=None):
-        self.run, self.evaluate, self.weights = run, evaluate, weights
+    def __init__(self, run, evaluate, state, figures=None, preempted=None):
+        self.run, self.evaluate, self.state = run, evaluate, state
         self.figures = figures or (lambda: ({}, ""))
         self.preempted = preempted or (lambda: run.watch.requested)
 
@@ -38,7 +38,7 @@ class EpochEnd:
                                test_acc=test_acc, seconds=seconds, examples=examples,
                                resumed_at=resumed_at, extra=dict(extra, clock_s=clock),
                                note=note)
-        saved = run.backups.save(step, self.weights()) if run.backups else None
+        saved = run.backups.save(step, self.state()) if run.backups else None
         target = run.config.target_accuracy
         if target is not None and test_acc >= target:
             # Every worker evaluated the same global accuracy: all stop here, and export.

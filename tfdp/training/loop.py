@@ -9,7 +9,7 @@ results are collected (``collect``, which waits for them), how many steps one ca
 (``sync_every``: section 12.2's cadence of synchronisation; the host reads losses, accuracy and
 finiteness once per call), how many calls may be in flight (``window``: 1 reads each call's
 results before issuing the next; the parameter-server path keeps several workers busy), where
-the batches come from, how evaluation runs, and the weights to back up.
+the batches come from, how evaluation runs, and its training state (what a backup holds).
 
 Preemption is honoured between calls, so the step saved is one every replica finished; a
 divergence is found when its call's losses are read, and named by its own step.
@@ -30,8 +30,9 @@ class Steps:
     to ``first_step + count - 1`` on the next ``count`` batches, each at the plan's learning
     rate of its step, and returns something ``collect`` turns into one ``(loss, correct,
     examples)`` per step, waiting for them; ``evaluate()`` returns (test loss, test accuracy);
-    ``weights()`` the trained weights in Keras order; ``epoch_figures()`` a path's own figures
-    of the epoch just trained (for the record, and words for the epoch's line)."""
+    ``state()`` the training state after the last step collected (a
+    ``tfdp.training.state.TrainingState``: what every backup holds); ``epoch_figures()`` a
+    path's own figures of the epoch just trained (for the record, and words for its line)."""
 
     window = 1
     sync_every = 1
@@ -48,7 +49,7 @@ class Steps:
     def evaluate(self) -> tuple:
         raise NotImplementedError
 
-    def weights(self) -> list:
+    def state(self):
         raise NotImplementedError
 
     def epoch_figures(self) -> tuple:
@@ -100,7 +101,7 @@ class _Loop:
         self.done = self.issued = run.first_step  # Global steps finished; issued.
         self.in_flight = collections.deque()
         self.divergence = divergence.Divergence()
-        self.epoch_end = EpochEnd(run, steps.evaluate, steps.weights, steps.epoch_figures)
+        self.epoch_end = EpochEnd(run, steps.evaluate, steps.state, steps.epoch_figures)
 
     def epoch(self, epoch: int, first: int, batches) -> bool:
         """Train ``epoch`` from its step ``first``; whether training is over (its end's)."""
@@ -111,7 +112,7 @@ class _Loop:
         while i < plan.steps_per_epoch:
             if run.watch.requested:
                 self._drain(running)
-                run.watch.stop(self.done, run.backups, self.steps.weights)
+                run.watch.stop(self.done, run.backups, self.steps.state)
             # Short at the end of an epoch, and one step a call through a traced range.
             count = min(self.steps.sync_every, plan.steps_per_epoch - i,
                         run.tracer.room(self.issued))

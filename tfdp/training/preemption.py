@@ -122,10 +122,11 @@ class Watch:
         """The ``Preempted`` of ``step``, saved in ``saved``, naming the signal that asked."""
         return Preempted(step, saved, by=self.signal)
 
-    def stop(self, step: int, backups, weights):
-        """Raise ``Preempted`` after saving ``step`` (``weights()``: the weights in Keras
-        order; nothing is saved without ``backups``)."""
-        raise self.preempted(step, backups.save(step, weights()) if backups else None)
+    def stop(self, step: int, backups, state):
+        """Raise ``Preempted`` after saving ``step`` (``state()``: the run's
+        ``tfdp.training.state.TrainingState``, all an epoch's end saves; nothing is saved
+        without ``backups``)."""
+        raise self.preempted(step, backups.save(step, state()) if backups else None)
 
 
 _FINISHED = threading.Event()  # A run of this process has exported (``Watch.finished``).

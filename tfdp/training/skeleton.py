@@ -7,7 +7,7 @@ resumes, states the plan, trains, exports and returns the ``Result``::
     path = path_type(config, backups)     # devices or a strategy, replicas, chief, peers
     first_step = resume_step(backups)     # the newest step every worker backed up, or 0
     run = start(config, path, ...)        # data, plan, reporter
-    weights = path.train(run, weights)    # the path's own training (the epoch loop, or fit)
+    weights = path.train(run, state)      # the path's own training (the epoch loop, or fit)
     finish(run, weights, path.export)     # final line, export, Result
 """
 
@@ -24,6 +24,7 @@ from tfdp.training import preemption, report, run_folder
 from tfdp.training.backups import Backups, identity, resume_step
 from tfdp.training.clock import Clock
 from tfdp.training.result import Result
+from tfdp.training.state import TrainingState
 from tfdp.training.training_path import TrainingPath
 
 
@@ -83,10 +84,11 @@ def run(config: Config, path_type, start_weights=None) -> Result:
             finally:
                 path.started()  # Every worker has answered (or this one gave up).
             started = start(config, path, first_step, backups, watch)
-            weights = backups.load(first_step) if first_step else start_weights
+            state = (backups.load(first_step) if first_step else
+                     TrainingState(start_weights) if start_weights is not None else None)
             try:
                 try:
-                    weights = path.train(started, weights)
+                    weights = path.train(started, state)
                 finally:
                     started.reporter.close_progress()  # What ends a run speaks on its own line.
                 result = finish(started, weights, path.export, backups)

@@ -14,6 +14,7 @@ from typing import Callable, Optional, Sequence
 
 from tfdp.cluster.stall import Stall
 from tfdp.trace.flight_recorder import FlightRecorder
+from tfdp.training.state import TrainingState
 
 
 class TrainingPath(abc.ABC):
@@ -50,10 +51,9 @@ class TrainingPath(abc.ABC):
         gave up). A cluster's start-up watchdog stops here."""
 
     @abc.abstractmethod
-    def train(self, run, start_weights: Optional[list]) -> list:
-        """Train by ``run`` (``tfdp.training.skeleton.Run``) from ``start_weights`` (Keras
-        order: a backup's or the caller's; None for ``--init``); return the trained weights
-        in Keras order."""
+    def train(self, run, state: Optional[TrainingState]) -> list:
+        """Train by ``run`` (``tfdp.training.skeleton.Run``) from ``state`` (a backup's, or the
+        caller's weights; None for ``--init``); return the trained weights in Keras order."""
 
     @abc.abstractmethod
     def export(self) -> Optional[str]:
