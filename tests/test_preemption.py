@@ -7,73 +7,20 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
-import tensorflow as tf
 
-from conftest import REPO, ROOT
-from processes import (child_env, children, launch, run_train, tf_config_of, train_command,
-                       wait_for)
+from conftest import ROOT
+from processes import children, launch, run_train, tf_config_of, train_command, wait_for
 from terminal import Terminal
 from tfdp.errors import PREEMPTED_EXIT_CODE, Preempted
 from tfdp.training import preemption
 from tfdp.training.backups import Backups
 
 
-def served_logits(version, images):
-    return tf.saved_model.load(str(version)).signatures["serving_default"](
-        images=tf.constant(images))["logits"].numpy()
-
-
 # --- Preemption ---------------------------------------------------------------------------------
-
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["manual", "mirrored"])
-def test_sigterm_preempts_mid_epoch_and_the_same_command_resumes_to_the_same_model(
-        tmp_path, data_dir, test_split, strategy):
-    flags = [f"--strategy={strategy}", "--num_gpus=2", "--epochs=2", "--steps_per_epoch=200",
-             "--batch_size=64", "--eval_steps=1", "--init=glorot"]
-    command = train_command(data_dir, tmp_path, *flags)
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=child_env(), cwd=REPO)
-    backups = Backups(str(tmp_path / "run"), 0, {})
-    wait_for(lambda: 200 in backups.steps() or run.poll() is not None, 240, "the first epoch")
-    time.sleep(0.3)  # Into the second epoch.
-    run.send_signal(signal.SIGTERM)
-    out, err = run.communicate(timeout=60)
-    assert run.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
-    stopped = re.search(r"^tfdp\.train: preempted \(SIGTERM\) at step (\d+): state of step \1 "
-                        r"saved in .*step-\1\.npz; run the same command again to resume$",
-                        err, re.M)
-    assert stopped, err[-3000:]
-    step = int(stopped[1])
-    assert 200 < step < 400, f"stopped at step {step}, not within the second epoch"
-    assert "Traceback" not in err
-    assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")
-
-    resumed = run_train(command)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert (f"resuming at epoch 2/2, step {step - 200}/200 (global step {step})"
-            in resumed.stdout)
-    assert "epoch 1/2: loss" not in resumed.stdout
-    assert f"(resumed: steps after {step - 200} only)" in resumed.stdout
-    assert os.listdir(tmp_path / "export") == ["1"]
-    assert not (tmp_path / "run" / "backup").exists()  # Spent once the run is complete.
-    history = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"]
-    assert [r["epoch"] for r in history] == [1, 2]
-
-    # The same model as a run that was never interrupted: same batches, same steps, same bits.
-    whole = subprocess.run(train_command(data_dir, tmp_path / "whole", *flags),
-                           capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=300)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    images = test_split.images[:200]
-    np.testing.assert_array_equal(served_logits(tmp_path / "export" / "1", images),
-                                  served_logits(tmp_path / "whole" / "export" / "1", images))
-
 
 def test_sigterm_outside_training_raises_at_once_and_inside_waits_for_the_step():
     with preemption.Watch() as watch:

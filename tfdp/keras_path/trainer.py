@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tfdp import data
 from tfdp.cluster import tf_config
+from tfdp.errors import UserError
 from tfdp.keras_path import evaluation, keras_mwms_fix
 from tfdp.keras_path.callback import FitCallback, TraceSteps, restore_state
 from tfdp.keras_path.distributed_input import distribute
@@ -35,7 +36,8 @@ from tfdp.training import export
 from tfdp.training.backups import KEEP
 from tfdp.training.training_path import TrainingPath
 
-STAMPED = ("mirrored", "multi_worker")  # Replicas that meet at an exchange: arrivals say who.
+STAMPED = ("mirrored", "multi_worker")
+PRECISIONS = ("float32", "float64", "bfloat16")  # As resolved: never "auto" here.  # Replicas that meet at an exchange: arrivals say who.
 
 
 def build_model(config):
@@ -73,6 +75,19 @@ class PlanSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "total_steps": self.plan.total_steps}
 
 
+class RunSGD(keras.optimizers.SGD):
+    """Keras' SGD, whose averages (``use_ema``) take the weights' place when the run is over
+    (``finalize``), not whenever a ``fit`` ends: a run resumed within an epoch fits twice (the
+    rest of that epoch, then the epochs after it), and the second must go on from the live
+    weights, as the run that was never interrupted does."""
+
+    def finalize_variable_values(self, var_list):
+        """Called by ``fit`` as it ends: nothing, the run's training may go on."""
+
+    def finalize(self, var_list):
+        super().finalize_variable_values(var_list)
+
+
 class KerasFitPath(TrainingPath):
     """Keras ``fit`` under ``--strategy``'s ``tf.distribute`` strategy (``plain``: none)."""
 
@@ -90,6 +105,7 @@ class KerasFitPath(TrainingPath):
         self.worker_index, self.num_workers = d.worker_index, d.num_workers
         if d.num_workers > 1:
             self.peers, self.gather_steps = tf_config.task().peers, _gather_steps(d)
+            self.worker_precisions = _same_precision(d, config.precision)
         self.model = None
         # Stragglers, and the flight recorder a lost cluster's one-line error points to.
         self.recorder = (Arrivals(_replica_devices(d), config.workdir)
@@ -103,7 +119,7 @@ class KerasFitPath(TrainingPath):
         replicas = self.distribution.replicas
         with strategy.scope():
             model = self.model = build_model(config)
-            model.compile(optimizer=keras.optimizers.SGD(
+            model.compile(optimizer=RunSGD(
                               PlanSchedule(plan), momentum=config.momentum,
                               nesterov=bool(config.nesterov),
                               weight_decay=config.weight_decay or None,
@@ -115,6 +131,8 @@ class KerasFitPath(TrainingPath):
             if state is not None:  # A backup's, or a test's weights.
                 restore_state(model, state)
             model.optimizer.iterations.assign(run.first_step)  # The schedule goes on from here.
+        if self.distribution.num_workers > 1:
+            run.reporter.add_facts(worker_precisions=self.worker_precisions)
         first_epoch, offset = run.first_epoch, run.offset
         if not run.trained:
             # Evaluated by tfdp's callback with one iterator for the run, not by fit
@@ -145,10 +163,8 @@ class KerasFitPath(TrainingPath):
                               verbose=0,  # Shuffled already; tfdp's reporter draws progress.
                               callbacks=callbacks)
         run.tracer.finish()  # A traced range past the last step ends with the run.
-        # fit ends by putting the averages in the weights' place (--ema); a run resumed
-        # after its last epoch did not fit, and does it here (twice gives the same values).
-        with strategy.scope():
-            model.optimizer.finalize_variable_values(model.trainable_variables)
+        with strategy.scope():  # The averages in the weights' place (--ema), once.
+            model.optimizer.finalize(model.trainable_variables)
         weights = model.get_weights()
         if self.distribution.num_workers > 1:
             # Every worker logs this: equal digests show the replicas really ended identical.
@@ -190,23 +206,47 @@ def _replica_devices(distribution) -> list:
             for d in range(local)]
 
 
-def _gather_steps(distribution, slots: int = KEEP + 1):
-    """``gather(steps) -> [steps of every worker]``: one all-reduce, each worker filling its row."""
+def _gather_rows(distribution, width: int):
+    """``gather(row) -> [row of every worker]`` for rows of ``width`` integers: one all-reduce,
+    each worker filling its own row."""
     strategy = distribution.strategy
 
     @tf.function  # Collectives run eagerly are slow and warn about it.
     def all_rows(rows):
         return strategy.reduce("SUM", strategy.run(lambda r: r, args=(rows,)), axis=None)
 
-    def gather(steps):
-        rows = np.zeros([distribution.num_workers, slots], np.int64)
-        mine = np.asarray(steps[:slots], np.int64) + 1  # 0 stands for "no backup".
-        rows[distribution.worker_index, :len(mine)] = mine
+    def gather(row):
+        rows = np.zeros([distribution.num_workers, width], np.int64)
+        rows[distribution.worker_index, :len(row)] = row
         # Every local replica adds the rows once.
-        everyone = all_rows(tf.constant(rows)).numpy() // len(distribution.devices)
-        return [[int(s) - 1 for s in row if s > 0] for row in everyone]
+        return all_rows(tf.constant(rows)).numpy() // len(distribution.devices)
 
     return gather
+
+
+def _gather_steps(distribution, slots: int = KEEP + 1):
+    """``gather(steps) -> [steps of every worker]``."""
+    gather_rows = _gather_rows(distribution, slots)
+
+    def gather(steps):
+        mine = np.asarray(steps[:slots], np.int64) + 1  # 0 stands for "no backup".
+        return [[int(s) - 1 for s in row if s > 0] for row in gather_rows(mine)]
+
+    return gather
+
+
+def _same_precision(distribution, precision: str) -> list:
+    """Every worker's precision, refused in one line unless all are the same: the replicas of
+    one synchronous model must compute alike, and ``--precision=auto`` is decided by each
+    worker's own machine (``tfdp.models.precision.resolve``)."""
+    every = [PRECISIONS[int(row[0])] for row in
+             _gather_rows(distribution, 1)([PRECISIONS.index(precision)])]
+    if len(set(every)) > 1:
+        raise UserError("the workers would compute in different precisions ("
+                        + ", ".join(f"worker {i}: {p}" for i, p in enumerate(every))
+                        + "; --precision=auto decides by each worker's machine): give every "
+                        "worker the same --precision")
+    return every
 
 
 @tf.function
