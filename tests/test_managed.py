@@ -80,13 +80,77 @@ def test_a_pod_of_an_indexed_job_derives_its_task_from_its_index_and_hostname():
     for env, match in [(_pod(1, TFDP_SERVICE=""), "without TFDP_SERVICE"),
                        (_pod(3), "outside TFDP_NUM_TASKS=3"),
                        (_pod(1, HOSTNAME="train-7"), "is not <job>-1"),
-                       (_pod(1, TFDP_NUM_TASKS="three"), "is not a number"),
+                       (_pod(1, TFDP_NUM_TASKS="three"), "is not a whole number"),
                        (_pod(0), None)]:
         if match:
             with pytest.raises(UserError, match=match):
                 kubernetes.pod_task("manual", 1, env)
     with pytest.raises(UserError, match="trains in one process"):
         kubernetes.pod_task("plain", 1, _pod(0))
+
+
+@pytest.mark.parametrize("manager, changed, line", [
+    ("kubernetes", {"TFDP_PORT": "99999"}, "TFDP_PORT=99999 is out of range: it must be 1..65535"),
+    ("kubernetes", {"TFDP_PORT": "0"}, "TFDP_PORT=0 is out of range: it must be 1..65535"),
+    ("kubernetes", {"TFDP_PORT": "abc"}, "TFDP_PORT='abc' is not a whole number"),
+    ("kubernetes", {"TFDP_NUM_TASKS": "0"}, "TFDP_NUM_TASKS=0 is out of range: it must be at "
+                                            "least 1"),
+    ("kubernetes", {"JOB_COMPLETION_INDEX": "-1"}, "JOB_COMPLETION_INDEX=-1 is out of range: it "
+                                                   "must be at least 0"),
+    ("kubernetes", {"TFDP_SERVICE": "Train_Svc"}, "TFDP_SERVICE='Train_Svc' is not a DNS name"),
+    ("slurm", {"SLURM_STEP_TASKS_PER_NODE": None}, "a Slurm job step without "
+                                                    "SLURM_STEP_TASKS_PER_NODE: run the tasks "
+                                                    "with srun"),
+    ("slurm", {"SLURM_JOB_ID": None, "SLURM_PROCID": None}, None),  # Not a step: nothing read.
+    ("slurm", {"SLURM_JOB_ID": None}, "a Slurm job step without SLURM_JOB_ID"),
+    ("slurm", {"SLURM_PROCID": "3"}, "SLURM_PROCID=3 is out of range: it must be 0..2"),
+    ("slurm", {"SLURM_STEP_NUM_TASKS": "two"}, "SLURM_STEP_NUM_TASKS='two' is not a whole "
+                                               "number"),
+    ("slurm", {"SLURM_STEP_NUM_TASKS": "4"}, "SLURM_STEP_TASKS_PER_NODE=2,1 places 3 task(s), "
+                                             "SLURM_STEP_NUM_TASKS says 4"),
+    ("slurm", {"SLURM_JOB_ID": "12a"}, "SLURM_JOB_ID='12a' is not a whole number"),
+    ("slurm", {"SLURM_STEP_RESV_PORTS": "65535-65536"}, "SLURM_STEP_RESV_PORTS='65535-65536' is "
+                                                        "not Slurm's form of ports 1..65535"),
+    ("tf_config", {"TF_CONFIG": json.dumps({"cluster": {"worker": ["h:1", "h:99999"]},
+                                            "task": {"type": "worker", "index": 0}})},
+     "TF_CONFIG's worker 1 ('h:99999') has no port 1..65535: give every task as host:port"),
+])
+def test_a_cluster_setting_out_of_range_is_one_line_naming_it_before_anything_waits(
+        manager, changed, line):
+    """Every value read from a manager's environment, checked before Slurm's controller is
+    asked and before TensorFlow: a port of 0 or 99999 used to start the worker, which waited
+    for its peers until --collective_timeout; a half-set step was a KeyError."""
+    env = {"kubernetes": _pod(1), "slurm": _step(1), "tf_config": {}}[manager]
+    env = {k: v for k, v in {**env, **changed}.items() if v is not None}
+    asked = []
+    slurm_nodes = slurm.node_addresses
+    slurm.node_addresses = lambda nodes: asked.append(nodes) or ["10.0.0.2", "10.0.0.3"]
+    try:
+        if manager == "tf_config":
+            with pytest.raises(UserError) as caught:
+                tf_config.task(env)
+        elif line is None:
+            assert managed.described("multi_worker", 1, env) is None
+            return
+        else:
+            with pytest.raises(UserError) as caught:
+                managed.described("multi_worker", 1, env)
+    finally:
+        slurm.node_addresses = slurm_nodes
+    assert str(caught.value).startswith(line) and "\n" not in str(caught.value)
+    assert not asked  # Slurm's controller never asked.
+
+
+def test_tfdp_train_refuses_a_port_out_of_range_at_once_in_one_line():
+    """From outside: a pod whose TFDP_PORT is out of range stops at once (no TensorFlow, no
+    waiting), with one line naming the variable."""
+    done = subprocess.run([sys.executable, "-m", "tfdp.train", "--strategy=multi_worker",
+                           "--collective_timeout=600"], capture_output=True, text=True,
+                          env=child_env(**_pod(1, 2, TFDP_PORT="99999")), timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == ("tfdp.train: error: TFDP_PORT=99999 is out of range: it must "
+                                   "be 1..65535"), done.stderr
+    assert "tensorflow" not in done.stderr.lower()
 
 
 def test_a_hand_written_tf_config_wins_and_a_server_task_becomes_tfdp_server(tmp_path):

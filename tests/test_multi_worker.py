@@ -15,7 +15,7 @@ from conftest import DEVICES, REPO
 from exports import runtimes_agree, serve_in_clients
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
-from processes import launch as launch_cluster
+from processes import child_env, launch as launch_cluster
 from tfdp.config import Config
 from tfdp.keras_path import keras_mwms_fix
 from tfdp.training import report
@@ -160,3 +160,45 @@ def test_the_launcher_reads_train_flags_as_absl_does(train_args, value):
 
     name = "verbose" if "verbose" in "".join(train_args) else "strategy"
     assert _train_flag(train_args, name) == value
+
+
+@pytest.mark.cluster
+def test_workers_whose_machines_decide_auto_differently_refuse_in_one_line(tmp_path, data_dir):
+    """Two workers started by hand, each on "its own machine": a bfloat16 speed cached as 2x
+    float32's for one and 0.5x for the other, so ``--precision=auto`` resolves to bfloat16 on
+    worker 0 and float32 on worker 1. One synchronous model computed in two precisions would
+    train while the run reported one: both stop at once, naming each worker's."""
+    import socket
+
+    from tfdp import devices
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    key = __import__("hashlib").sha1(devices._machine().encode()).hexdigest()[:12]
+    workers = []
+    for index, ratio in enumerate([2.0, 0.5]):
+        cache = tmp_path / f"cache-{index}"
+        (cache / "tfdp").mkdir(parents=True)
+        (cache / "tfdp" / f"bfloat16-speed-{key}.json").write_text(
+            json.dumps({"machine": devices._machine(), "ratio": ratio}))
+        tf_config = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                "task": {"type": "worker", "index": index}})
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "tfdp.train", "--strategy=multi_worker", "--precision=auto",
+             f"--data_dir={data_dir}", f"--workdir={tmp_path / 'run'}", "--epochs=1",
+             "--steps_per_epoch=2", "--eval_steps=1", "--collective_timeout=60",
+             f"--export_dir={tmp_path / 'export'}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            env=dict(child_env(), TF_CONFIG=tf_config, XDG_CACHE_HOME=str(cache))))
+    for worker in workers:
+        out, err = worker.communicate(timeout=180)
+        assert worker.returncode == 1, err[-3000:]
+        assert err.strip().splitlines()[-1] == (
+            "tfdp.train: error: the workers would compute in different precisions (worker 0: "
+            "bfloat16, worker 1: float32; --precision=auto decides by each worker's machine): "
+            "give every worker the same --precision"), err[-3000:]
+        assert "epoch 1/1" not in out
+    assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")

@@ -13,6 +13,9 @@ resolves every other as ``<job>-<index>.<service>``. tfdp reads:
 * ``TFDP_PORT``: the port every pod listens on (default ``PORT``: each pod has an address of
   its own).
 
+Each is checked before anything waits on it (``tfdp.cluster.env_values``): one line names a
+variable missing, not a number, or out of range.
+
 The roles are those of every cluster manager (``tfdp.cluster.tf_config.roles``): pod 0 the
 chief, the others workers, or servers of the from-scratch and parameter-server paths.
 ``docs/clusters.md`` has the manifest.
@@ -22,7 +25,7 @@ import os
 import re
 from typing import Optional
 
-from tfdp.cluster import tf_config
+from tfdp.cluster import env_values, tf_config
 from tfdp.errors import UserError
 
 PORT = 2222
@@ -35,13 +38,13 @@ def pod_task(strategy: str, num_ps: int, environ=None) -> Optional[tuple]:
     env = os.environ if environ is None else environ
     if "JOB_COMPLETION_INDEX" not in env or "TFDP_NUM_TASKS" not in env:
         return None
-    missing = [name for name in NEEDED if not env.get(name)]
-    if missing:
-        raise UserError(f"a Kubernetes Indexed Job pod without {', '.join(missing)}: set them "
-                        "in the manifest (docs/clusters.md)")
-    index, count = _number(env, "JOB_COMPLETION_INDEX"), _number(env, "TFDP_NUM_TASKS")
-    port = _number(env, "TFDP_PORT") if env.get("TFDP_PORT") else PORT
-    if not 0 <= index < count:
+    env_values.require(env, NEEDED, "a Kubernetes Indexed Job pod",
+                       "set them in the manifest (docs/clusters.md)")
+    index = env_values.integer(env, "JOB_COMPLETION_INDEX", low=0)
+    count = env_values.integer(env, "TFDP_NUM_TASKS", low=1)
+    port = env_values.port(env, "TFDP_PORT", default=PORT)
+    service = env_values.dns_name(env, "TFDP_SERVICE")
+    if index >= count:
         raise UserError(f"JOB_COMPLETION_INDEX={index} is outside TFDP_NUM_TASKS={count}: "
                         "set TFDP_NUM_TASKS to the Job's completions")
     hostname = env["HOSTNAME"].split(".")[0]
@@ -54,15 +57,8 @@ def pod_task(strategy: str, num_ps: int, environ=None) -> Optional[tuple]:
     if strategy in tf_config.SINGLE_PROCESS:
         raise UserError(f"--strategy={strategy} trains in one process, and this Indexed Job "
                         f"has {count} pods: completions 1, or --strategy=multi_worker")
-    job, service = match[1], env["TFDP_SERVICE"]
+    job = match[1]
     addresses = [f"{job}-{i}.{service}:{port}" for i in range(count)]
     kinds = tf_config.roles(strategy, count, num_ps)
     kind, task_index = kinds[index]
     return tf_config.cluster_of(addresses, kinds), kind, task_index, job
-
-
-def _number(env, name: str) -> int:
-    try:
-        return int(env[name])
-    except ValueError:
-        raise UserError(f"{name}={env[name]!r} is not a number") from None

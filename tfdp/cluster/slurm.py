@@ -16,6 +16,9 @@ same list of task addresses:
   id and the task's local rank, so tasks sharing a node, and two jobs' tasks on one node,
   differ.
 
+Every variable read is checked before Slurm's controller is asked or anything waits on it
+(``tfdp.cluster.env_values``): one line names a variable missing, malformed or out of range.
+
 Who is who (``tf_config.roles``): task 0 is the chief; under ``multi_worker`` every task is a
 worker; under ``manual`` the others are ``tfdp.server`` workers, and under
 ``parameter_server`` the last ``--num_ps`` of them parameter servers. A server task becomes
@@ -29,13 +32,16 @@ import re
 import subprocess
 from typing import Optional
 
-from tfdp.cluster import tf_config
+from tfdp.cluster import env_values, tf_config
 from tfdp.errors import UserError
 
 # Ports derived when Slurm reserves none: a block of PORTS_PER_JOB per job id from PORT_BASE.
 PORT_BASE = 20000
 PORTS_PER_JOB = 16
 JOB_BLOCKS = 2500  # 20000 + 2500 * 16 = 60000: below Linux's ephemeral ports.
+# What srun sets in every task of a step, and tfdp needs of a step of several tasks.
+STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
+                  "SLURM_JOB_ID")
 
 
 def in_step(environ=None) -> bool:
@@ -59,8 +65,12 @@ def expand_ports(text: str) -> list:
     """``SLURM_STEP_RESV_PORTS``: ``"12000-12002,12010"`` -> ``[12000, 12001, 12002, 12010]``."""
     ports = []
     for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        ports += range(int(first), int(last or first) + 1)
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        first, last = (int(match[1]), int(match[2] or match[1])) if match else (0, -1)
+        if not match or not 1 <= first <= last <= env_values.MAX_PORT:
+            raise UserError(f"SLURM_STEP_RESV_PORTS={text!r} is not Slurm's form of ports "
+                            f"1..{env_values.MAX_PORT} (12000-12002,12010)")
+        ports += range(first, last + 1)
     return ports
 
 
@@ -99,13 +109,13 @@ def node_addresses(nodelist: str) -> list:
     return [addresses.get(name, name) for name in names]
 
 
-def task_addresses(environ) -> list:
-    """``host:port`` of every task of the step, in rank order (the same list on every task)."""
+def task_addresses(environ, tasks: int) -> list:
+    """``host:port`` of every task of the step of ``tasks`` tasks, in rank order (the same list
+    on every task). Slurm's variables are checked before its controller is asked."""
     counts = expand_counts(environ["SLURM_STEP_TASKS_PER_NODE"])
-    nodes = node_addresses(environ["SLURM_STEP_NODELIST"])
-    if len(nodes) != len(counts):
-        raise UserError(f"SLURM_STEP_NODELIST names {len(nodes)} node(s), "
-                        f"SLURM_STEP_TASKS_PER_NODE {len(counts)}")
+    if sum(counts) != tasks:
+        raise UserError(f"SLURM_STEP_TASKS_PER_NODE={environ['SLURM_STEP_TASKS_PER_NODE']} "
+                        f"places {sum(counts)} task(s), SLURM_STEP_NUM_TASKS says {tasks}")
     placed = task_nodes(counts, environ.get("SLURM_DISTRIBUTION", "block"))
     reserved = environ.get("SLURM_STEP_RESV_PORTS")
     if reserved:
@@ -117,8 +127,13 @@ def task_addresses(environ) -> list:
         if max(counts) > PORTS_PER_JOB:
             raise UserError(f"{max(counts)} tasks on one node: tfdp derives at most "
                             f"{PORTS_PER_JOB} ports a node; reserve them with srun --resv-ports")
-        first = PORT_BASE + int(environ["SLURM_JOB_ID"]) % JOB_BLOCKS * PORTS_PER_JOB
+        job = env_values.integer(environ, "SLURM_JOB_ID", low=0)
+        first = PORT_BASE + job % JOB_BLOCKS * PORTS_PER_JOB
         ports = list(range(first, first + PORTS_PER_JOB))
+    nodes = node_addresses(environ["SLURM_STEP_NODELIST"])
+    if len(nodes) != len(counts):
+        raise UserError(f"SLURM_STEP_NODELIST names {len(nodes)} node(s), "
+                        f"SLURM_STEP_TASKS_PER_NODE {len(counts)}")
     seen, addresses = [0] * len(counts), []
     for node in placed:  # A task's port: its local rank on its node.
         addresses.append(f"{_host(nodes[node])}:{ports[seen[node]]}")
@@ -134,14 +149,20 @@ def step_task(strategy: str, num_ps: int, environ=None) -> Optional[tuple]:
     """``(cluster, kind, index, job id)`` of this task of a Slurm step that spans several
     tasks; None outside one, or in a step of one task."""
     env = os.environ if environ is None else environ
-    tasks = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", 1)))
-    if not in_step(env) or tasks < 2:
+    if not in_step(env):
+        return None
+    counted = "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
+    tasks = env_values.integer(env, counted, low=1, default=1)
+    if tasks < 2:
         return None
     if strategy in tf_config.SINGLE_PROCESS:
         raise UserError(f"--strategy={strategy} trains in one process, and this Slurm step has "
                         f"{tasks} tasks: "
                         "srun -n 1 (--gpus for its devices), or --strategy=multi_worker")
-    addresses = task_addresses(env)
+    env_values.require(env, STEP_VARIABLES, "a Slurm job step",
+                       "run the tasks with srun, which sets them (docs/clusters.md)")
+    rank = env_values.integer(env, "SLURM_PROCID", 0, tasks - 1)
+    addresses = task_addresses(env, tasks)
     kinds = tf_config.roles(strategy, len(addresses), num_ps)
-    kind, index = kinds[int(env["SLURM_PROCID"])]
+    kind, index = kinds[rank]
     return tf_config.cluster_of(addresses, kinds), kind, index, env["SLURM_JOB_ID"]

@@ -16,6 +16,8 @@ import time
 
 from tfdp.errors import UserError
 
+MAX_PORT = 65535
+
 ENV = "TF_CONFIG"
 # The strategies that train in one process: a cluster of several tasks is not theirs.
 SINGLE_PROCESS = ("mirrored", "plain")
@@ -79,6 +81,12 @@ def task(environ=None, kinds=("chief", "worker"), program="tfdp.train") -> Task:
                         f"{len(jobs)} {kind} task(s), indexes 0..{len(jobs) - 1}")
     if len(cluster.get("chief", [])) > 1:
         raise UserError(f"{ENV}: a cluster has at most one chief, got {len(cluster['chief'])}")
+    for job, addresses in cluster.items():
+        for i, address in enumerate(addresses):
+            port = address.rpartition(":")[2]
+            if not (port.isdigit() and 1 <= int(port) <= MAX_PORT):
+                raise UserError(f"{ENV}'s {job} {i} ({address!r}) has no port 1..{MAX_PORT}: "
+                                "give every task as host:port")
     return Task(cluster, kind, index)
 
 
@@ -159,9 +167,6 @@ def check_addresses(task_: Task, wait: float = 60.0) -> None:
 
 def _check_port_free(task_: Task) -> None:
     host, _, port = task_.address.rpartition(":")
-    if not port.isdigit():
-        raise UserError(f"{ENV}: {task_.type} {task_.index} address {task_.address!r} has no "
-                        "port (host:port)")
     probe = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET)
     # As gRPC binds: connections of an earlier run still in TIME_WAIT do not hold the port.
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
