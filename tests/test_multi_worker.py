@@ -57,7 +57,9 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     assert os.listdir(tmp_path / "export") == ["1"]  # Exported once, by the chief.
     # Each worker's replica stamped its steps; the chief's record holds both, read at steps
     # 5 and 10 (the callback's checks).
-    record = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][0]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["worker_precisions"] == ["float64", "float64"]  # What each worker computed in.
+    record = metrics["epochs"][0]
     assert record["replicas"] == ["worker 0 (replica 0)", "worker 1 (replica 1)"]
     assert all(ms > 0 for ms in record["replica_compute_ms"]), record
     assert min(record["replica_wait_ms"]) >= 0

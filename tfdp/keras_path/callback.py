@@ -84,6 +84,8 @@ class FitCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         # Counted here: reading the optimizer's counter after every step waits for the step.
         self._step = int(self.model.optimizer.iterations.numpy())
+        if self._preempted():  # A signal while the model was built and compiled.
+            self.run.watch.stop(self._step, self.run.backups, self._state)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._progress = self.run.reporter.progress(epoch, self.steps)

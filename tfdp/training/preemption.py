@@ -1,11 +1,15 @@
 """SIGTERM, or a first Ctrl-C, is a preemption: stop at a step boundary, save, exit non-zero,
 resume later.
 
-``Watch`` turns SIGTERM and SIGINT into a flag that the training loop reads between steps (a
-step is never cut in half, and the state saved is a step's). Outside the training loop (loading
-data, evaluating the last epoch, exporting) there is nothing new to save, and the signal raises
-``Preempted`` at once, so an export is abandoned (its temporary folder removed) and never
-published. A second Ctrl-C while the first is being honoured means "do not wait": on the
+``Watch`` turns SIGTERM and SIGINT into a flag, and never raises from the signal handler while
+a run is in progress: a handler runs wherever Python is, and that is often TensorFlow's own
+Python code called back from its C++ (tracing a step, flattening a structure, writing a
+SavedModel), where an exception raised was seen to come out as another error (an
+``AttributeError`` from ``nest.flatten`` while a step was being made) or a segmentation fault.
+The training loop reads the flag between steps (a step is never cut in half, and the state
+saved is a step's); the run's set-up reads it between its stages and the run before its export
+(``check``: nothing new to save). A signal during the export lets it finish: the run is then
+complete, and exits 0. A second Ctrl-C while the first is being honoured means "do not wait": on the
 command line (``exit_on_second_ctrl_c``) the process exits at once with one line, even in the
 middle of a step; in a notebook, where exiting would kill the kernel, it raises ``Interrupted``
 (a ``KeyboardInterrupt``) as soon as Python runs again. Either way the newest backup is kept.
@@ -37,8 +41,8 @@ NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
 
 class Watch:
-    """While entered, SIGTERM or SIGINT sets ``requested`` during training (``with
-    watch.training(step)``) and raises ``Preempted`` elsewhere; a second SIGINT raises
+    """While entered, SIGTERM or SIGINT sets ``requested``: the training loop stops between
+    steps (``stop``), the run elsewhere at its next ``check``; a second SIGINT raises
     ``Interrupted``. The loop says which step it has reached (``reached``), so a signal outside
     training names it."""
 
@@ -47,6 +51,7 @@ class Watch:
         self.signal = None  # What asked: "SIGTERM" or "Ctrl-C", for the messages.
         self.step = 0  # The last step reached, for the message when a signal comes outside.
         self._training = False
+        self._first = None  # The step training started from: a stop there has nothing new.
         self._finished = False
         self._previous = {}
         self._elsewhere, self._every, self._asked = None, 0.0, 0.0
@@ -93,7 +98,7 @@ class Watch:
     @contextlib.contextmanager
     def training(self, first_step: int):
         """Training from ``first_step``: a SIGTERM now waits for the end of a step."""
-        self.step, self._training = first_step, True
+        self.step, self._first, self._training = first_step, first_step, True
         try:
             yield self
         finally:
@@ -115,7 +120,11 @@ class Watch:
         if self._requested and signum == signal.SIGINT:
             raise Interrupted()
         self._requested, self.signal = True, self.signal or NAMES[signum]
-        if not self._training:
+
+    def check(self) -> None:
+        """Between two stages of a run (no TensorFlow code under way): raise ``Preempted`` if a
+        signal has come (nothing new to save since the step reached)."""
+        if self._requested and not self._finished:
             raise self.preempted(self.step)
 
     def preempted(self, step: int, saved: str = None) -> Preempted:
@@ -125,8 +134,9 @@ class Watch:
     def stop(self, step: int, backups, state):
         """Raise ``Preempted`` after saving ``step`` (``state()``: the run's
         ``tfdp.training.state.TrainingState``, all an epoch's end saves; nothing is saved
-        without ``backups``)."""
-        raise self.preempted(step, backups.save(step, state()) if backups else None)
+        without ``backups``, or at the step training started from: its backup exists)."""
+        new = backups is not None and step != self._first
+        raise self.preempted(step, backups.save(step, state()) if new else None)
 
 
 _FINISHED = threading.Event()  # A run of this process has exported (``Watch.finished``).

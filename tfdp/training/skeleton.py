@@ -83,7 +83,10 @@ def run(config: Config, path_type, start_weights=None) -> Result:
                 first_step = resume_step(backups, gather=path.gather_steps)
             finally:
                 path.started()  # Every worker has answered (or this one gave up).
+            watch.reached(first_step)
+            watch.check()  # Signals wait for the ends of stages: see preemption.Watch.
             started = start(config, path, first_step, backups, watch)
+            watch.check()
             state = (backups.load(first_step) if first_step else
                      TrainingState(start_weights) if start_weights is not None else None)
             try:
@@ -179,6 +182,7 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
                                reached_at_epoch=run.reached["epoch"] if run.reached else None)
         if run.reporter.is_chief:
             print(_target_line(run, target), flush=True)
+    run.watch.check()  # The last backup holds the trained state: nothing new to save.
     try:
         version = export()
     except (OSError, tf.errors.OpError) as e:
