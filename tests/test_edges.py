@@ -114,8 +114,8 @@ def test_sigterm_to_one_server_preempts_the_from_scratch_cluster_and_the_same_co
     out = run.finish()
     assert run.proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
     stopped = re.search(r"^\[chief\] tfdp\.train: preempted \(SIGTERM to worker 1 at "
-                        r"127\.0\.0\.1:\d+\) at step (\d+): (state of step \1 saved in |nothing new "
-                        r"to save)", out, re.M)
+                        r"127\.0\.0\.1:\d+\) at step (\d+): (state of step \1 saved in "
+                        r"|nothing new to save)", out, re.M)
     assert stopped, out[-3000:]
     step = int(stopped[1])
     assert (stopped[2] == "nothing new to save") == (step == 0), out[-3000:]  # Before a step.

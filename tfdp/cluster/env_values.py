@@ -7,6 +7,7 @@ import re
 
 from tfdp.cluster.tf_config import MAX_PORT
 from tfdp.errors import UserError
+
 # DNS labels (RFC 1123) joined by dots: a Kubernetes Service's name, or its longer forms.
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 _DNS_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")

@@ -36,8 +36,8 @@ from tfdp.training import export
 from tfdp.training.backups import KEEP
 from tfdp.training.training_path import TrainingPath
 
-STAMPED = ("mirrored", "multi_worker")
-PRECISIONS = ("float32", "float64", "bfloat16")  # As resolved: never "auto" here.  # Replicas that meet at an exchange: arrivals say who.
+STAMPED = ("mirrored", "multi_worker")  # Replicas that meet at an exchange: arrivals say who.
+PRECISIONS = ("float32", "float64", "bfloat16")  # As resolved: never "auto" here.
 
 
 def build_model(config):

@@ -13,9 +13,9 @@ from tfdp.cluster.stall import watching
 
 class EpochEnd:
     """``evaluate()`` -> (test loss, test accuracy); ``state()`` the run's training state to
-    back up (``tfdp.training.state.TrainingState``); ``figures()`` -> (a path's own figures of the epoch for its record, words for
-    its line); ``preempted()`` whether to stop after this epoch (default: this process's
-    ``Watch``; across workers, their agreement)."""
+    back up (``tfdp.training.state.TrainingState``); ``figures()`` -> (a path's own figures of
+    the epoch for its record, words for its line); ``preempted()`` whether to stop after this
+    epoch (default: this process's ``Watch``; across workers, their agreement)."""
 
     def __init__(self, run, evaluate, state, figures=None, preempted=None):
         self.run, self.evaluate, self.state = run, evaluate, state

@@ -52,6 +52,8 @@ class Watch:
         self.step = 0  # The last step reached, for the message when a signal comes outside.
         self._training = False
         self._first = None  # The step training started from: a stop there has nothing new.
+        # Training processes of one model: more than one stop only where they agree to.
+        self.workers = 1
         self._finished = False
         self._previous = {}
         self._elsewhere, self._every, self._asked = None, 0.0, 0.0
@@ -123,8 +125,11 @@ class Watch:
 
     def check(self) -> None:
         """Between two stages of a run (no TensorFlow code under way): raise ``Preempted`` if a
-        signal has come (nothing new to save since the step reached)."""
-        if self._requested and not self._finished:
+        signal has come (nothing new to save since the step reached). Not across several
+        ``workers``: one stopping alone would leave the others waiting in a collective for it,
+        so the flag waits for the checks they agree on (the Keras callback's, from the start
+        of training), and after training the run completes."""
+        if self._requested and not self._finished and self.workers == 1:
             raise self.preempted(self.step)
 
     def preempted(self, step: int, saved: str = None) -> Preempted:

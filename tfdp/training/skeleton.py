@@ -79,6 +79,7 @@ def run(config: Config, path_type, start_weights=None) -> Result:
         with preemption.Watch() as watch:
             path = path_type(config, backups)
             watch.install()  # The path's set-up may have created TensorFlow's own handler.
+            watch.workers = path.num_workers
             try:
                 first_step = resume_step(backups, gather=path.gather_steps)
             finally:
