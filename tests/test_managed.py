@@ -116,27 +116,23 @@ def test_a_pod_of_an_indexed_job_derives_its_task_from_its_index_and_hostname():
      "TF_CONFIG's worker 1 ('h:99999') has no port 1..65535: give every task as host:port"),
 ])
 def test_a_cluster_setting_out_of_range_is_one_line_naming_it_before_anything_waits(
-        manager, changed, line):
+        monkeypatch, manager, changed, line):
     """Every value read from a manager's environment, checked before Slurm's controller is
     asked and before TensorFlow: a port of 0 or 99999 used to start the worker, which waited
     for its peers until --collective_timeout; a half-set step was a KeyError."""
     env = {"kubernetes": _pod(1), "slurm": _step(1), "tf_config": {}}[manager]
     env = {k: v for k, v in {**env, **changed}.items() if v is not None}
     asked = []
-    slurm_nodes = slurm.node_addresses
-    slurm.node_addresses = lambda nodes: asked.append(nodes) or ["10.0.0.2", "10.0.0.3"]
-    try:
+    monkeypatch.setattr(slurm, "node_addresses",
+                        lambda nodes: asked.append(nodes) or ["10.0.0.2", "10.0.0.3"])
+    if line is None:
+        assert managed.described("multi_worker", 1, env) is None
+        return
+    with pytest.raises(UserError) as caught:
         if manager == "tf_config":
-            with pytest.raises(UserError) as caught:
-                tf_config.task(env)
-        elif line is None:
-            assert managed.described("multi_worker", 1, env) is None
-            return
+            tf_config.task(env)
         else:
-            with pytest.raises(UserError) as caught:
-                managed.described("multi_worker", 1, env)
-    finally:
-        slurm.node_addresses = slurm_nodes
+            managed.described("multi_worker", 1, env)
     assert str(caught.value).startswith(line) and "\n" not in str(caught.value)
     assert not asked  # Slurm's controller never asked.
 
