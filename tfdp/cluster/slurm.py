@@ -67,9 +67,9 @@ def expand_ports(text: str) -> list:
     for part in text.split(","):
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
         first, last = (int(match[1]), int(match[2] or match[1])) if match else (0, -1)
-        if not match or not 1 <= first <= last <= env_values.MAX_PORT:
+        if not match or not 1 <= first <= last <= tf_config.MAX_PORT:
             raise UserError(f"SLURM_STEP_RESV_PORTS={text!r} is not Slurm's form of ports "
-                            f"1..{env_values.MAX_PORT} (12000-12002,12010)")
+                            f"1..{tf_config.MAX_PORT} (12000-12002,12010)")
         ports += range(first, last + 1)
     return ports
 
