@@ -76,7 +76,10 @@ def test_a_bucketed_ring_starts_during_the_backward_pass_and_the_barrier_after(t
 
 
 def test_buckets_and_overlap_elsewhere_are_one_line_errors():
-    with pytest.raises(UserError, match=r"^--bucket_kb and --overlap are the manual path's"):
+    with pytest.raises(UserError, match=r"^--bucket_kb=64 is --strategy=manual's \(the buckets "
+                                        r"of its own allreduce\): --strategy=mirrored exchanges"):
         Config(strategy="mirrored", bucket_kb=64)
+    with pytest.raises(UserError, match=r"^--overlap=none is --strategy=manual's"):
+        Config(strategy="plain", overlap="none")
     with pytest.raises(UserError, match=r"^--overlap=some is not one of: auto, none$"):
         Config(overlap="some")

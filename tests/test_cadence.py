@@ -80,7 +80,7 @@ def test_a_sigterm_inside_a_window_saves_its_end_and_resumes_to_the_same_bits(
     ("mirrored", "under tf.distribute Keras' multi-step loop"),
     ("parameter_server", "the coordinator already runs up to two steps per worker ahead")])
 def test_sync_every_elsewhere_is_a_one_line_error_saying_why(strategy, why):
-    with pytest.raises(UserError, match=rf"^--sync_every=4 is the manual path's: {why}"):
+    with pytest.raises(UserError, match=rf"^--sync_every=4 is --strategy=manual's \(.*\): {why}"):
         Config(strategy=strategy, sync_every=4)
     assert Config(strategy=strategy).steps_between_syncs == 1
     assert Config(strategy=strategy, sync_every=1).steps_between_syncs == 1

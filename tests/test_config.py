@@ -44,7 +44,7 @@ from tfdp.plan import global_batch_size, peak_lr
     ({"augment": "crop"}, "--augment=crop is not one of: none, flip"),
     ({"recipe": "fast", "sync_batch_norm": True}, "--sync_batch_norm is the Keras paths'"),
     ({"recipe": "fast", "accumulate_steps": 2}, "--accumulate_steps=2 with lenet_bn"),
-    ({"strategy": "parameter_server", "model": "lenet_bn"}, "--model=lenet_bn: the parameter"),
+    ({"strategy": "parameter_server", "model": "lenet_bn"}, "--model=lenet_bn: its servers' store"),
     ({"strategy": "parameter_server", "momentum": 0.9}, "--momentum=0.9: asynchronous SGD"),
     ({"recipe": "fast", "init": "/nonexistent.npz"}, "--init=/nonexistent.npz is neither"),
 ])

@@ -13,7 +13,7 @@ PACKAGE = os.path.join(REPO, "tfdp")
 # Bottom to top; a unit may import its own layer's units and those of the layers below.
 LAYERS = [
     {"errors", "logs", "files"},                                  # the ground floor
-    {"config_checks", "formats", "config", "flags", "plan", "recipes"},  # flags, checks, sums
+    {"path_registry", "config_checks", "formats", "config", "flags", "plan", "recipes"},
     {"fashion_mnist", "data", "devices", "models"},              # data, devices, models
     {"cluster", "launcher"},                                     # in-process runtime; launcher
     {"trace"},                                                   # seeing the steps
@@ -105,15 +105,31 @@ def test_the_launcher_runs_without_tensorflow():
         # Nor through tfdp: only modules that import no TensorFlow themselves.
         for target in imports(path, known):
             assert unit(target) in ("launcher", "errors", "config", "config_checks",
-                                    "formats", "files", "logs"), (module, target)
+                                    "formats", "files", "logs", "path_registry"), (module, target)
 
 
-def test_every_strategy_has_a_registered_path():
-    from tfdp import config_checks, paths
+def test_every_registered_path_trains_through_the_path_contract():
+    from tfdp import path_registry
     from tfdp.training.training_path import TrainingPath
 
-    assert set(paths.PATHS) == set(config_checks.STRATEGIES)
-    assert all(issubclass(p, TrainingPath) for p in paths.PATHS.values())
+    assert path_registry.names()[:5] == ("manual", "mirrored", "multi_worker", "plain",
+                                         "parameter_server")
+    assert all(issubclass(p.training_path(), TrainingPath) for p in path_registry.all_paths())
+
+
+def test_the_paths_descriptions_are_read_without_tensorflow():
+    """The launcher and the cluster managers ask the registry before TensorFlow starts."""
+    from tfdp import path_registry
+
+    known = modules()
+    for module in path_registry.BUILT_IN:
+        with open(known[module]) as f:
+            tree = ast.parse(f.read())
+        named = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        named |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {n for n in named if n.split(".")[0] in ("tensorflow", "keras")}, module
+        for target in imports(known[module], known):
+            assert unit(target) in ("path_registry", "errors"), (module, target)
 
 
 def defined(module_path: str) -> set:

@@ -148,7 +148,7 @@ def test_the_launcher_refuses_strategies_that_train_in_one_process(capsys, train
 
     assert launcher.launch(2, train_args) == 2  # Refused before any process starts.
     assert capsys.readouterr().err == (
-        "tfdp.launch: error: the launcher starts --strategy=multi_worker, manual or "
+        "tfdp.launch: error: the launcher starts --strategy=manual, multi_worker or "
         f"parameter_server clusters; --strategy={strategy} trains in one process: run python "
         "-m tfdp.train instead\n")
 

@@ -195,8 +195,8 @@ def test_without_a_cluster_or_with_ps_shards_elsewhere_tfdp_train_refuses(tmp_pa
         "tfdp.train: error: --strategy=parameter_server needs a cluster: TF_CONFIG with a chief")
     shards = run_module("tfdp.train", "--ps_shards=2", f"--workdir={tmp_path / 'run'}")
     assert shards.stderr.strip().splitlines()[-1] == (
-        "tfdp.train: error: --ps_shards=2 is --strategy=parameter_server's (--strategy=manual "
-        "keeps no parameter servers)")
+        "tfdp.train: error: --ps_shards=2 is --strategy=parameter_server's (its parameters split "
+        "across servers): --strategy=manual keeps no parameter servers")
 
 
 class _Remote:

@@ -82,7 +82,7 @@ def test_bfloat16_agrees_with_float32_to_its_rounding(train_split):
     (dict(precision="fp16"), "--precision=fp16 is not one of: float32, float64, bfloat16"),
     (dict(allreduce_dtype="fp16"), "--allreduce_dtype=fp16 is not one of: float32, bfloat16"),
     (dict(strategy="mirrored", allreduce_dtype="bf16"),
-     "--allreduce_dtype=bfloat16 is the manual path's (its own allreduce); "
+     "--allreduce_dtype=bfloat16 is --strategy=manual's (the dtype of its own allreduce): "
      "--strategy=mirrored sums in float32"),
     (dict(precision="float64", allreduce_dtype="bf16"),
      "--allreduce_dtype=bfloat16 with --precision=float64 would round the gradients the "

@@ -8,15 +8,12 @@ import dataclasses
 import os
 from typing import Optional
 
-from tfdp import config_checks, formats, recipes
+from tfdp import config_checks, formats, path_registry, recipes
 from tfdp.config_checks import parse_steps
 
 # Short names accepted for --precision (the issue tracker and other libraries use them).
 PRECISION_ALIASES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}
 DEFAULT_BATCH_SIZE = recipes.RECIPES["textbook"]["batch_size"]
-# The manual path's default --sync_every: the smallest N whose loop passed its bare compiled
-# step's rate at batch 32 in both runs of the cadence table (docs/section-12.2.md).
-DEFAULT_SYNC_EVERY = 16
 # Set by the launcher: for all its workers, so they share one default run folder; for its
 # chief, when the launcher runs in a terminal, so that the chief draws its progress bar.
 RUN_STAMP_ENV = "TFDP_RUN_STAMP"
@@ -24,8 +21,15 @@ LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 
 
 def _flag(default, help_text):
-    """A field that is also a flag of ``tfdp.train`` (and a keyword of ``tfdp.run``)."""
+    """A field that is also a flag of ``tfdp.train`` (and a keyword of ``tfdp.run``); its help
+    a text, or a function that writes it when asked (``help_of``)."""
     return dataclasses.field(default=default, metadata={"help": help_text})
+
+
+def help_of(field: dataclasses.Field) -> str:
+    """A flag's help, as of now: ``--strategy``'s lists the paths registered."""
+    text = field.metadata["help"]
+    return text() if callable(text) else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,15 +37,7 @@ class Config:
     """What one training run needs. Each field is a flag: its default and help are written here
     only (``tfdp.flags`` defines the command line from them)."""
 
-    strategy: str = _flag(
-        "manual",
-        "manual: the from-scratch data-parallel loop (on the devices of tfdp.server workers "
-        "when TF_CONFIG names them); mirrored: Keras fit under "
-        "MirroredStrategy; multi_worker: Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG); "
-        "plain: Keras fit on one device with no tf.distribute strategy (the baseline); "
-        "parameter_server: the from-scratch LeNet on parameter servers, asynchronous SGD on "
-        "ParameterServerStrategy (TF_CONFIG with workers and ps tasks: python -m tfdp.launch "
-        "--num_ps).")
+    strategy: str = _flag("manual", path_registry.help_text)
     recipe: str = _flag(
         "textbook", "A named set of the choices below, each of which a flag given explicitly "
         "overrides: textbook (the chapter's: lenet, plain SGD at a constant rate, batch 256) "
@@ -104,7 +100,8 @@ class Config:
     init: Optional[str] = _flag(
         None, "Starting weights: textbook (normal x 0.01; the loss sits at ln 10 for about an "
         "epoch), glorot (Glorot-uniform, Keras' default; learns at once), or a .npz file of "
-        "LeNet parameters W1..b4. Default: textbook for manual, glorot for the Keras strategies.")
+        "LeNet parameters W1..b4. Default: the path's (textbook for manual and "
+        "parameter_server, glorot for the Keras strategies).")
     steps_per_epoch: Optional[int] = _flag(
         None, "Cap on training steps per epoch, for short runs (default: whole epoch).")
     eval_steps: Optional[int] = _flag(
@@ -139,10 +136,10 @@ class Config:
         1, "plain only: training steps per compiled Keras call (fewer Python round trips; "
         "progress and callbacks then update every N steps).")
     sync_every: Optional[int] = _flag(
-        None, f"manual path: training steps per compiled call; the host reads their losses, "
-        f"accuracy and finiteness together, once per call (section 12.2: each read is a "
-        f"barrier). Default {DEFAULT_SYNC_EVERY}, measured in docs/section-12.2.md; 1 reads "
-        f"every step. Progress moves, and a SIGTERM is honoured, between calls.")
+        None, "manual path: training steps per compiled call; the host reads their losses, "
+        "accuracy and finiteness together, once per call (section 12.2: each read is a "
+        "barrier). Default: the path's (manual 16, measured in docs/section-12.2.md); 1 reads "
+        "every step. Progress moves, and a SIGTERM is honoured, between calls.")
     accumulate_steps: int = _flag(
         1, "Gradient accumulation: each update sums the gradients of this many micro-batches "
         "of --batch_size, locally on each replica, and allreduces once. The update's global "
@@ -209,16 +206,16 @@ class Config:
 
     @property
     def steps_between_syncs(self) -> int:
-        """``--sync_every`` as resolved: the default on the manual path, 1 elsewhere."""
+        """``--sync_every`` as resolved: the path's default (the manual path's own), else 1."""
         if self.sync_every is not None:
             return self.sync_every
-        return DEFAULT_SYNC_EVERY if self.strategy == "manual" else 1
+        return path_registry.get(self.strategy).defaults.get("sync_every", 1)
 
     @property
     def initializer(self) -> str:
-        """The textbook's start for the from-scratch paths, Keras' own (Glorot) for fit."""
-        return self.init or ("textbook" if self.strategy in ("manual", "parameter_server")
-                             else "glorot")
+        """``--init`` as resolved: the path's default (the textbook's start for the
+        from-scratch paths), else Keras' own (Glorot)."""
+        return self.init or path_registry.get(self.strategy).defaults.get("init", "glorot")
 
     @property
     def variable_dtype(self) -> str:

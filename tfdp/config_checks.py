@@ -1,7 +1,8 @@
-"""Every check of ``tfdp.config.Config``, each written once: the flags every run has, then each
-path's own (``from_scratch``, ``keras_fit``, ``parameter_server``), then the cadence flags of
-section 12.2. ``check(config)`` runs them all in that order, before any device, data or model
-work, and each refusal is one line naming the flag to change.
+"""Every check of ``tfdp.config.Config``, each written once: the flags every run has, the
+recipe's, the cadence flags of section 12.2, then what ``--strategy``'s path takes (its models,
+its own flags, its refusals: each path declares them, ``tfdp.path_registry``). ``check(config)``
+runs them all in that order, before any device, data or model work, and each refusal is one
+line naming the flag to change.
 """
 
 import dataclasses
@@ -9,24 +10,13 @@ import math
 import os
 import typing
 
+from tfdp import path_registry
 from tfdp.errors import UserError
 
-STRATEGIES = ("manual", "mirrored", "multi_worker", "plain", "parameter_server")
 MODELS = ("lenet", "lenet_bn", "resnet18")
-FROM_SCRATCH_MODELS = ("lenet", "lenet_bn")  # The from-scratch step's own LeNets.
 ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
 PRECISIONS = ("float32", "float64", "bfloat16", "auto")
-KERAS_FIT = ("mirrored", "multi_worker", "plain")
-
-NO_SYNC_EVERY = {
-    "plain": "Keras fit's own is --steps_per_execution",
-    # See the --steps_per_execution refusal in keras_fit.
-    "mirrored": "under tf.distribute Keras' multi-step loop (--steps_per_execution) fails",
-    "multi_worker": "under tf.distribute Keras' multi-step loop (--steps_per_execution) fails",
-    "parameter_server": "the coordinator already runs up to two steps per worker ahead and "
-                        "reads each step's result as it arrives",
-}
 
 
 def choice(flag, value, choices):
@@ -54,10 +44,8 @@ def check(config) -> None:
     types(config)
     common(config)
     recipe(config)
-    from_scratch(config)
-    keras_fit(config)
-    parameter_server(config)
     cadence(config)
+    the_path(config)
 
 
 def types(config) -> None:
@@ -80,7 +68,7 @@ _NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a s
 
 def common(config) -> None:
     """The flags every path reads."""
-    choice("strategy", config.strategy, STRATEGIES)
+    path_registry.get(config.strategy)  # Its own line when there is no such path.
     choice("model", config.model, MODELS)
     choice("allreduce", config.allreduce, ALLREDUCES)
     choice("allreduce_dtype", config.allreduce_dtype, ("float32", "bfloat16"))
@@ -132,95 +120,21 @@ def recipe(config) -> None:
         raise UserError(f"--weight_decay must be in [0, 1), got {config.weight_decay}")
 
 
-def from_scratch(config) -> None:
-    """--strategy=manual, and the flags of its own allreduce that no other path has."""
-    if config.strategy == "manual":
-        if config.model not in FROM_SCRATCH_MODELS:
-            raise UserError(f"--model={config.model} needs --strategy=mirrored, multi_worker, "
-                            "plain or parameter_server: the from-scratch path (--strategy="
-                            "manual) trains lenet and lenet_bn")
-        if config.sync_batch_norm:
-            raise UserError("--sync_batch_norm is the Keras paths': the from-scratch lenet_bn "
-                            "normalizes each replica's shard and keeps one set of running "
-                            "statistics, their mean")
-        if config.steps_per_execution > 1:
-            raise UserError("--steps_per_execution is a Keras option: the manual path runs "
-                            "one compiled step per call")
-        if config.model == "lenet_bn" and config.accumulate_steps > 1:
-            raise UserError(f"--accumulate_steps={config.accumulate_steps} with lenet_bn: the "
-                            "from-scratch step moves batch normalization's statistics once an "
-                            "update; use --batch_size instead, or a Keras strategy")
-    elif config.allreduce_dtype != "float32":
-        raise UserError(f"--allreduce_dtype={config.allreduce_dtype} is the manual path's "
-                        f"(its own allreduce); --strategy={config.strategy} sums in float32")
-    elif config.bucket_kb is not None or config.overlap != "auto":
-        raise UserError(f"--bucket_kb and --overlap are the manual path's (its own "
-                        f"allreduce); --strategy={config.strategy} exchanges gradients in "
-                        "TensorFlow's collectives")
+def cadence(config) -> None:
+    """--sync_every and --accumulate_steps (section 12.2)."""
+    if config.sync_every is not None:
+        positive("sync_every", config.sync_every)
+    positive("accumulate_steps", config.accumulate_steps)
     if config.allreduce_dtype != "float32" and config.precision == "float64":
         raise UserError("--allreduce_dtype=bfloat16 with --precision=float64 would round "
                         "the gradients the float64 run exists to keep exact")
 
 
-def keras_fit(config) -> None:
-    """Keras ``fit``: plain (no strategy), mirrored and multi_worker."""
-    if config.strategy == "plain" and config.num_gpus != 1:
-        raise UserError(f"--strategy=plain trains on one device without tf.distribute; for "
-                        f"--num_gpus={config.num_gpus} use --strategy=mirrored")
-    if config.steps_per_execution > 1 and config.strategy in ("mirrored", "multi_worker"):
-        # Keras 3.15's multi-step loop (multi_step_on_iterator in its backend/tensorflow/
-        # trainer.py) calls get_next_as_optional() on the distributed iterator inside a
-        # tf.cond inside its tf.while_loop; TF 2.21 then leaves a placeholder of that cond
-        # unfed: "You must feed a value for placeholder tensor 'while/body/_1/while/cond/
-        # then/_171/while/cond/Placeholder'" (docs/section-12.2.md).
-        raise UserError(f"--steps_per_execution={config.steps_per_execution} works with "
-                        "--strategy=plain only: Keras fails with it under tf.distribute")
-
-
-def parameter_server(config) -> None:
-    """--ps_shards, and what --strategy=parameter_server cannot do."""
-    if config.strategy != "parameter_server":
-        if config.ps_shards != 1:
-            raise UserError(f"--ps_shards={config.ps_shards} is --strategy=parameter_server's "
-                            f"(--strategy={config.strategy} keeps no parameter servers)")
-        return
-    if config.model == "lenet_bn":
-        raise UserError("--model=lenet_bn: the parameter servers' from-scratch store holds "
-                        "parameters only, not batch normalization's running statistics; use "
-                        "lenet or resnet18")
-    if config.ema:
-        raise UserError(f"--ema={config.ema}: the parameter servers' workers each apply their "
-                        "own gradients, and no one step moves an average; use --ema=0")
-    if config.momentum or config.nesterov:
-        raise UserError(f"--momentum={config.momentum}: asynchronous SGD applies each "
-                        "worker's gradients to parameters other workers moved since it read "
-                        "them, and momentum would carry those stale steps on; use --momentum=0")
-    if config.model != "lenet" and config.ps_shards > 1:
-        raise UserError(f"--ps_shards={config.ps_shards} splits the from-scratch lenet's "
-                        f"parameters; --model={config.model}'s Keras layers read whole "
-                        "variables: use --ps_shards=1 (its variables are spread round robin)")
-    if config.num_gpus != 1:
-        raise UserError(f"--num_gpus={config.num_gpus}: under --strategy=parameter_server "
-                        "each worker trains on one device; add workers (tfdp.launch "
-                        "--num_workers) instead")
-    if config.eager:
-        raise UserError("--eager: the coordinator of --strategy=parameter_server schedules "
-                        "compiled steps only")
-    if config.steps_per_execution > 1:
-        raise UserError("--steps_per_execution is a Keras option: the parameter-server "
-                        "path schedules one compiled step at a time")
-
-
-def cadence(config) -> None:
-    """--sync_every and --accumulate_steps against the path (section 12.2)."""
-    if config.sync_every is not None:
-        positive("sync_every", config.sync_every)
-        if config.sync_every > 1 and config.strategy != "manual":
-            raise UserError(f"--sync_every={config.sync_every} is the manual path's: "
-                            + NO_SYNC_EVERY[config.strategy])
-    positive("accumulate_steps", config.accumulate_steps)
-    if config.accumulate_steps > 1 and config.strategy == "parameter_server":
-        raise UserError(f"--accumulate_steps={config.accumulate_steps} saves the allreduces "
-                        "of synchronous training; parameter servers take each worker's "
-                        "gradients as they come, and accumulating them on a worker would "
-                        "only make its updates staler: raise --batch_size instead")
+def the_path(config) -> None:
+    """What ``--strategy``'s path takes (``tfdp.path_registry``): its models, no other path's
+    flags, and its own refusals."""
+    path = path_registry.get(config.strategy)
+    path_registry.check_model(config)
+    path_registry.check_flags_owned(config)
+    if path.check:
+        path.check(config)

@@ -17,7 +17,7 @@ import typing
 
 from absl import flags
 
-from tfdp.config import Config
+from tfdp.config import Config, help_of
 
 FLAGS = flags.FLAGS
 
@@ -33,7 +33,7 @@ def define_flags() -> None:
         kind = field.type
         if typing.get_origin(kind) is typing.Union:  # Optional[X]: X, with None as default.
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        _DEFINE[kind](field.name, field.default, field.metadata["help"])
+        _DEFINE[kind](field.name, field.default, help_of(field))
 
 
 HELP_ARGS = ("-h", "--help", "-help", "--helpshort")
@@ -85,7 +85,7 @@ def markdown() -> str:
              "| flag | default | meaning |", "| --- | --- | --- |"]
     for field in dataclasses.fields(Config):
         default = "none" if field.default is None else f"`{field.default}`"
-        text = field.metadata["help"].replace("|", "\\|")
+        text = help_of(field).replace("|", "\\|")
         lines.append(f"| `--{field.name}` | {default} | {text} |")
     return "\n".join(lines) + "\n"
 

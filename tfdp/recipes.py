@@ -10,9 +10,11 @@ bfloat16 where this machine's measured speed makes it pay (``--precision=auto``)
 
 A flag given explicitly wins over its recipe's value; what the run used is in ``metrics.json``
 (``config``). Choices a path cannot take are refused in one line (``tfdp.config_checks``), and
-``fast`` on the parameter-server path keeps only what asynchronous SGD can take
-(``for_strategy``).
+a path may take other values of some choices instead (``fast`` on the parameter-server path
+keeps only what asynchronous SGD can take): it says which (``tfdp.path_registry``).
 """
+
+from tfdp import path_registry
 
 RECIPES = {
     "textbook": {"model": "lenet", "batch_size": 256, "lr": 0.2, "momentum": 0.0,
@@ -25,23 +27,14 @@ RECIPES = {
              "precision": "auto", "ema": 0.0},
 }
 
-# What asynchronous SGD on parameter servers cannot take: momentum (each worker's update
-# lands on parameters other workers moved since it read them) and batch normalization's
-# running statistics (the from-scratch store holds parameters only).
-NOT_ON_PARAMETER_SERVERS = {"model": "lenet", "momentum": 0.0, "nesterov": False, "ema": 0.0}
-
-
 def choices(recipe: str, strategy: str) -> dict:
-    """The values ``recipe`` gives the flags left unset, on ``strategy``."""
-    values = dict(RECIPES[recipe])
-    if strategy == "parameter_server":
-        values.update(NOT_ON_PARAMETER_SERVERS)
-    return values
+    """The values ``recipe`` gives the flags left unset, on ``strategy`` (whose path may take
+    others instead: ``tfdp.path_registry.Path.recipe_overrides``)."""
+    return {**RECIPES[recipe], **path_registry.get(strategy).recipe_overrides}
 
 
 def dropped(recipe: str, strategy: str) -> list:
     """The recipe's choices ``strategy`` leaves out, as ``flag=value`` (for one log line)."""
-    if strategy != "parameter_server":
-        return []
-    return [f"{name}={RECIPES[recipe][name]}" for name in NOT_ON_PARAMETER_SERVERS
-            if RECIPES[recipe][name] != NOT_ON_PARAMETER_SERVERS[name]]
+    overrides = path_registry.get(strategy).recipe_overrides
+    return [f"{name}={RECIPES[recipe][name]}" for name, value in overrides.items()
+            if RECIPES[recipe].get(name) != value]

@@ -8,17 +8,25 @@ import subprocess
 import sys
 import tempfile
 
-PATHS = ("manual", "mirrored", "multi_worker", "plain", "stock")
+from tfdp import path_registry
+
+STOCK = "stock"  # Keras' own defaults (tfdp.bench.stock), beside tfdp.train's paths.
+
+
+def paths() -> tuple:
+    """What a configuration may name: every registered --strategy, and ``stock``."""
+    return (*path_registry.names(), STOCK)
 
 
 def parse_config(text: str) -> dict:
     parts = text.strip().split(":")
-    if len(parts) < 2 or parts[0] not in PATHS or not parts[1].isdigit() or int(parts[1]) < 1:
+    if len(parts) < 2 or parts[0] not in paths() or not parts[1].isdigit() or int(parts[1]) < 1:
         raise ValueError(f"--configs entry {text!r}: expected path:devices[:option...] with "
-                         f"path in {', '.join(PATHS)}")
+                         f"path in {', '.join(paths())}")
+    own = path_registry.get(parts[0]).own_flags if parts[0] != STOCK else {}
     config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
-              "allreduce": "add_n" if parts[0] == "manual" else "-", "eager": False, "spe": 1,
-              "precision": "float32", "intra": None, "inter": None}
+              "allreduce": own["allreduce"].off[0] if "allreduce" in own else "-",
+              "eager": False, "spe": 1, "precision": "float32", "intra": None, "inter": None}
     for option in parts[2:]:
         name, _, value = option.partition("=")
         if option in ("add_n", "sharded", "ring"):
@@ -31,7 +39,10 @@ def parse_config(text: str) -> dict:
             config[name] = int(value)
         else:
             raise ValueError(f"--configs entry {text!r}: unknown option {option!r}")
-    if config["path"] == "stock" and (config["precision"] != "float32" or config["spe"] > 1):
+    if "allreduce" not in own and any(o in ("add_n", "sharded", "ring") for o in parts[2:]):
+        raise ValueError(f"--configs entry {text!r}: --strategy={config['path']} has no "
+                         "allreduce of its own to choose")
+    if config["path"] == STOCK and (config["precision"] != "float32" or config["spe"] > 1):
         raise ValueError(f"--configs entry {text!r}: stock is Keras' defaults (float32, one "
                          "step per execution); tune plain:1 instead")
     return config
@@ -39,7 +50,7 @@ def parse_config(text: str) -> dict:
 
 def train_command(config: dict, workdir: str, settings) -> list:
     """The command that runs ``config`` once (``settings``: the benchmark's flags)."""
-    if config["path"] == "stock":
+    if config["path"] == STOCK:
         return [sys.executable, "-m", "tfdp.bench.stock", f"--workdir={workdir}",
                 f"--batch_size={settings.batch_size}", f"--epochs={settings.epochs}",
                 f"--steps={settings.steps}",
@@ -53,15 +64,21 @@ def train_command(config: dict, workdir: str, settings) -> list:
     args += ["--synthetic_data"] * (settings.data == "synthetic")
     args += ["--eager"] * config["eager"]
     args += [f"--precision={config['precision']}"]
-    if config["path"] == "manual":
+    if config["allreduce"] != "-":
         args.append(f"--allreduce={config['allreduce']}")
-    else:
+    if config["spe"] > 1:
         args.append(f"--steps_per_execution={config['spe']}")
-    if config["path"] == "multi_worker":
-        return [sys.executable, "-m", "tfdp.launch", f"--num_workers={config['devices']}", "--",
-                "--strategy=multi_worker", "--num_gpus=1", *args]
-    return [sys.executable, "-m", "tfdp.train", f"--strategy={config['path']}",
-            f"--num_gpus={config['devices']}", *args]
+    return path_command(config["path"], config["devices"], args)
+
+
+def path_command(strategy: str, count: int, args: list) -> list:
+    """``tfdp.train`` on ``count`` devices, or ``tfdp.launch`` of ``count`` workers of one
+    device each where the path scales by workers (``tfdp.path_registry.Path.scales_by``)."""
+    if path_registry.get(strategy).scales_by == "workers":
+        return [sys.executable, "-m", "tfdp.launch", f"--num_workers={count}", "--",
+                f"--strategy={strategy}", "--num_gpus=1", *args]
+    return [sys.executable, "-m", "tfdp.train", f"--strategy={strategy}", f"--num_gpus={count}",
+            *args]
 
 
 def run_once(config: dict, settings) -> list:

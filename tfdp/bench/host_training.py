@@ -40,10 +40,10 @@ import sys
 import tempfile
 
 from tfdp.bench.host_allreduce import predict
+from tfdp import path_registry
 from tfdp.errors import UserError
 from tfdp.launcher import emulated_hosts
 
-PATHS = ("manual", "multi_worker", "parameter_server")
 _SENT = re.compile(r"^tfdp\.launch: host \d+ \((?:worker|ps)[^)]*\) sent ([\d.]+) MB", re.M)
 
 
@@ -62,12 +62,16 @@ def parse(text: str) -> dict:
     options = parts[2:]
     settings = dict(o.partition("=")[::2] for o in options if "=" in o)
     allreduce = [o for o in options if o in ("add_n", "sharded", "ring")]
-    manual_only = {"acc", "bucket", "overlap"} & set(settings)
-    if (len(parts) < 2 or parts[0] not in PATHS or not parts[1].isdigit() or int(parts[1]) < 1
+    allreduce_options = {"acc", "bucket", "overlap"} & set(settings)
+    clustered = {p.name: p for p in path_registry.all_paths()
+                 if p.cluster != path_registry.NO_CLUSTER}
+    path = clustered.get(parts[0])
+    own_allreduce = path is not None and "allreduce" in path.own_flags
+    if (len(parts) < 2 or path is None or not parts[1].isdigit() or int(parts[1]) < 1
             or len(options) != len(settings) + len(allreduce) or len(allreduce) > 1
             or set(settings) - {"acc", "bucket", "overlap", "ps"}
-            or (parts[0] != "manual" and (allreduce or manual_only))
-            or (parts[0] != "parameter_server" and "ps" in settings)
+            or (not own_allreduce and (allreduce or allreduce_options))
+            or (not path.parameter_servers and "ps" in settings)
             or settings.get("overlap", "none") != "none"
             or not all(settings[k].isdigit() and int(settings[k]) > 0
                        for k in ("acc", "bucket", "ps") if k in settings)):
@@ -77,11 +81,11 @@ def parse(text: str) -> dict:
                         "micro-batches per update; gradients in buckets of KB)")
     return {"name": text.strip(), "path": parts[0], "workers": int(parts[1]),
             "allreduce": allreduce[0] if allreduce else (
-                "add_n" if parts[0] == "manual" else "-"),
+                path.own_flags["allreduce"].off[0] if own_allreduce else "-"),
             "accumulate": int(settings.get("acc", 1)),
             "bucket_kb": int(settings["bucket"]) if "bucket" in settings else None,
             "overlap": settings.get("overlap", "auto"),
-            "servers": int(settings.get("ps", 1)) if parts[0] == "parameter_server" else 0}
+            "servers": int(settings.get("ps", 1)) if path.parameter_servers else 0}
 
 
 def predict_parameter_server(workers: int, gradient: int, busiest_server: int,
@@ -125,7 +129,8 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
             step = update / statistics.median(samples[(config["name"], link)])
             sent_per_epoch = statistics.median(sent[(config["name"], link)])
             communication = step - compute
-            if config["path"] == "parameter_server":
+            path = path_registry.get(config["path"])
+            if path.parameter_servers:
                 busiest = max(held[config["name"]])
                 predicted = (predict_parameter_server(k, size, busiest, rates[link])
                              if link else 0.0)
@@ -140,7 +145,8 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
                     "k_machines_step_seconds": None, "sent_bytes_per_epoch": sent_per_epoch,
                     "samples": samples[(config["name"], link)]})
                 continue
-            like = "ring" if config["path"] == "multi_worker" else config["allreduce"]
+            # TensorFlow's collectives (every task a worker) exchange as a ring does.
+            like = "ring" if path.cluster == path_registry.WORKERS else config["allreduce"]
             predicted = predict(like, k, size, rates[link]) if link and k > 1 else 0.0
             rows.append({
                 **config, "link": link or "unshaped",
@@ -167,12 +173,12 @@ def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> tuple
     train = [f"--strategy={config['path']}", f"--batch_size={batch_size}", f"--epochs={epochs}",
              f"--steps_per_epoch={max(1, steps // accumulate)}", "--eval_steps=1",
              "--init=glorot", f"--workdir={workdir}", f"--export_dir={workdir}/export"]
-    if config["path"] == "manual":
+    if config["allreduce"] != "-":
         train += [f"--allreduce={config['allreduce']}", f"--accumulate_steps={accumulate}",
                   f"--overlap={config.get('overlap', 'auto')}"]
         train += [f"--bucket_kb={config['bucket_kb']}"] * bool(config.get("bucket_kb"))
     servers = []
-    if config["path"] == "parameter_server":
+    if config["servers"]:
         servers = [f"--num_ps={config['servers']}"]
         train.append(f"--ps_shards={config['servers']}")
     train += [f"--data_dir={data_dir}"] * bool(data_dir)
@@ -213,14 +219,14 @@ def format_rows(rows: list) -> str:
              "predicted step | measured / predicted | k real machines | sent per epoch |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        if r["path"] == "parameter_server":
+        if r["servers"]:
             continue
         lines.append(f"| {r['name']} | {r['link']} | {ms(r['step_seconds'])} | "
                      f"{ms(r['compute_seconds'])} | {ms(r['communication_seconds'])} | "
                      f"{ms(r['predicted_communication_seconds'])} | "
                      f"{ms(r['predicted_step_seconds'])} | {r['ratio']:.2f} | "
                      f"{ms(r['k_machines_step_seconds'])} | {mb(r['sent_bytes_per_epoch'])} |")
-    servers = [r for r in rows if r["path"] == "parameter_server"]
+    servers = [r for r in rows if r["servers"]]
     if servers:
         lines += ["", "parameter servers: steps a second of all workers together; predicted: "
                   "the links' bound min(B / s_max, m B / 2S), or compute where it binds "
@@ -252,9 +258,9 @@ def format_overlap(rows: list) -> str:
              "|" + " --- |" * 9]
     by_name = {(r["name"], r["link"]): r for r in rows}
     for r in rows:
-        if r["path"] != "manual" or r["link"] == "unshaped" or r["workers"] < 2:
+        if r["allreduce"] == "-" or r["link"] == "unshaped" or r["workers"] < 2:
             continue
-        twin = f"manual:{r['workers']}:{r['allreduce']}:overlap=none"
+        twin = f"{r['path']}:{r['workers']}:{r['allreduce']}:overlap=none"
         if (twin, r["link"]) not in by_name:
             continue
         barrier = by_name[(twin, r["link"])]

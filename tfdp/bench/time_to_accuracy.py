@@ -25,11 +25,13 @@ import subprocess
 import sys
 import tempfile
 
+from tfdp import path_registry
+from tfdp.bench.configs import path_command
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.recipes import RECIPES
 
-PATHS = ("manual", "mirrored", "multi_worker", "plain", "beginner")
+BEGINNER = "beginner"  # The reference CNN (tfdp.bench.beginner), beside tfdp.train's paths.
 DEFAULT_CONFIGS = "manual:2:fast,mirrored:2:fast,plain:1:fast,beginner:1"
 BEGINNER_EPOCHS = 12  # At most: the beginner's runs stop at the target.
 # What the bench sets itself, per run or from its own flags.
@@ -40,9 +42,10 @@ TRAIN_FLAGS = {field.name for field in dataclasses.fields(Config)} - BENCH_SETS
 
 def parse(text: str) -> dict:
     parts = text.strip().split(":")
-    if len(parts) < 2 or parts[0] not in PATHS or not parts[1].isdigit() or int(parts[1]) < 1:
+    paths = (*path_registry.names(), BEGINNER)
+    if len(parts) < 2 or parts[0] not in paths or not parts[1].isdigit() or int(parts[1]) < 1:
         raise UserError(f"--tta_configs entry {text!r}: expected path:devices[:option...] with "
-                        f"path in {', '.join(PATHS)}")
+                        f"path in {', '.join(paths)}")
     config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
               "recipe": "fast", "epochs": None, "train_flags": {}}
     for option in parts[2:]:
@@ -51,13 +54,13 @@ def parse(text: str) -> dict:
             config["recipe"] = option
         elif name == "e" and value.isdigit() and int(value) > 0:
             config["epochs"] = int(value)
-        elif name in TRAIN_FLAGS and value and config["path"] != "beginner":
+        elif name in TRAIN_FLAGS and value and config["path"] != BEGINNER:
             config["train_flags"][name] = value
         elif name in BENCH_SETS:
             raise UserError(f"--tta_configs entry {text!r}: the bench sets --{name} itself")
         else:
             raise UserError(f"--tta_configs entry {text!r}: unknown option {option!r}")
-    if config["path"] == "beginner":
+    if config["path"] == BEGINNER:
         if config["devices"] != 1:
             raise UserError(f"--tta_configs entry {text!r}: the beginner's CNN runs on 1 device")
         config["recipe"] = "-"
@@ -69,7 +72,7 @@ def command(config: dict, workdir: str, target: float, seed: int, settings) -> l
     data = ([f"--data_dir={settings.data_dir}"] * bool(settings.data_dir)
             + [f"--manual_dir={settings.manual_dir}"] * bool(settings.manual_dir))
     steps = [f"--steps_per_epoch={settings.tta_steps}"] * bool(settings.tta_steps)
-    if config["path"] == "beginner":
+    if config["path"] == BEGINNER:
         return [sys.executable, "-m", "tfdp.bench.beginner", f"--workdir={workdir}",
                 f"--target_accuracy={target}", f"--seed={seed}",
                 f"--epochs={config['epochs'] or BEGINNER_EPOCHS}", *data, *steps,
@@ -81,11 +84,7 @@ def command(config: dict, workdir: str, target: float, seed: int, settings) -> l
             *(f"--{name}={value}" for name, value in config["train_flags"].items())]
     if settings.tta_eval_examples:  # Tests only: MLPerf evaluates the whole test set.
         args.append(f"--eval_steps={_eval_steps(config, settings)}")
-    if config["path"] == "multi_worker":
-        return [sys.executable, "-m", "tfdp.launch", f"--num_workers={config['devices']}", "--",
-                "--strategy=multi_worker", "--num_gpus=1", *args]
-    return [sys.executable, "-m", "tfdp.train", f"--strategy={config['path']}",
-            f"--num_gpus={config['devices']}", *args]
+    return path_command(config["path"], config["devices"], args)
 
 
 def _eval_steps(config, settings) -> int:

@@ -15,7 +15,8 @@ import sys
 
 from tfdp.cluster import kubernetes, slurm, tf_config
 from tfdp.config import RUN_STAMP_ENV
-from tfdp.launcher.local_cluster import CLIENT_STRATEGIES, server_flags
+from tfdp import path_registry
+from tfdp.launcher.local_cluster import server_flags
 from tfdp.logs import logger
 
 
@@ -41,7 +42,7 @@ def join(strategy: str, num_ps: int, train_args: list) -> None:
                                             "task": {"type": kind, "index": index}})
     os.environ.setdefault(RUN_STAMP_ENV, f"{manager.lower()}-{job}")
     logger.info("%s: %s %d of %s", manager, kind, index, json.dumps(cluster))
-    if strategy in CLIENT_STRATEGIES and kind != "chief":
+    if path_registry.get(strategy).cluster == path_registry.CLIENT and kind != "chief":
         sys.stdout.flush()
         os.execv(sys.executable, [sys.executable, "-m", "tfdp.server",
                                   *server_flags(train_args)])

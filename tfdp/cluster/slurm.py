@@ -32,6 +32,7 @@ import re
 import subprocess
 from typing import Optional
 
+from tfdp import path_registry
 from tfdp.cluster import env_values, tf_config
 from tfdp.errors import UserError
 
@@ -155,7 +156,7 @@ def step_task(strategy: str, num_ps: int, environ=None) -> Optional[tuple]:
     tasks = env_values.integer(env, counted, low=1, default=1)
     if tasks < 2:
         return None
-    if strategy in tf_config.SINGLE_PROCESS:
+    if path_registry.get(strategy).cluster == path_registry.NO_CLUSTER:
         raise UserError(f"--strategy={strategy} trains in one process, and this Slurm step has "
                         f"{tasks} tasks: "
                         "srun -n 1 (--gpus for its devices), or --strategy=multi_worker")

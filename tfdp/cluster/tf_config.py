@@ -14,13 +14,12 @@ import re
 import socket
 import time
 
+from tfdp import path_registry
 from tfdp.errors import UserError
 
 MAX_PORT = 65535
 
 ENV = "TF_CONFIG"
-# The strategies that train in one process: a cluster of several tasks is not theirs.
-SINGLE_PROCESS = ("mirrored", "plain")
 _EXAMPLE = '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}'
 
 
@@ -95,9 +94,10 @@ def roles(strategy: str, count: int, num_ps: int) -> list:
     task 0 the chief; under ``multi_worker`` every task a worker (task 0 worker 0, the chief);
     else the client ``chief``, then the ``tfdp.server`` workers, then ``num_ps`` parameter
     servers under ``parameter_server`` (``tfdp.launch``'s order)."""
-    if strategy == "multi_worker":
+    path = path_registry.get(strategy)
+    if path.cluster == path_registry.WORKERS:
         return [("worker", i) for i in range(count)]
-    servers = num_ps if strategy == "parameter_server" else 0
+    servers = num_ps if path.parameter_servers else 0
     workers = count - 1 - servers
     if workers < 1:
         raise UserError(f"--strategy={strategy} on {count} task(s) needs a client, a worker"

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from tfdp import path_registry
 from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
 from tfdp.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, UserError
 from tfdp.launcher import emulated_hosts, isolation, supervise
@@ -23,8 +24,6 @@ from tfdp.launcher.output import pump, say
 # Seconds the workers get to save and exit after a SIGTERM before they are killed.
 PREEMPT_GRACE = 30.0
 HOST_PORT = 2222  # Each emulated host has its own address, so every worker can use one port.
-# The strategies whose cluster is tfdp.server tasks and one tfdp.train client, the chief.
-CLIENT_STRATEGIES = ("manual", "parameter_server")
 
 
 def free_ports(count: int) -> list:
@@ -79,7 +78,7 @@ def processes(strategy: str, num_workers: int, train_args: list, addresses: list
     """The processes of the cluster ``strategy`` needs, the one that reports first."""
     shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
     train = [sys.executable, "-m", "tfdp.train", *train_args]
-    if strategy == "multi_worker":
+    if path_registry.get(strategy).cluster == path_registry.WORKERS:
         return [Process(f"worker {i}", train, worker_env(i, addresses, stamp, live), shares[i],
                         f"[{i}] ") for i in range(num_workers)]
     server = [sys.executable, "-m", "tfdp.server", *server_flags(train_args)]
@@ -114,16 +113,18 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
     ``INTERRUPTED_EXIT_CODE`` after a second Ctrl-C, which stops them at once.
 
     With ``isolate`` this process first moves into a private network namespace (its workers
-    inherit it: ``tfdp.launcher.isolation``). With ``hosts`` every worker runs on an emulated host of
-    its own, its link shaped to ``link`` (``tfdp.launcher.emulated_hosts``)."""
+    inherit it: ``tfdp.launcher.isolation``). With ``hosts`` every worker runs on an emulated
+    host of its own, its link shaped to ``link`` (``tfdp.launcher.emulated_hosts``)."""
     problem = _check(num_workers, hosts, link, train_args, num_ps)
     if problem:
         say(f"tfdp.launch: error: {problem}")
         return 2
     strategy = _strategy(train_args)
-    num_ps = (num_ps or 1) if strategy == "parameter_server" else 0
+    path = path_registry.get(strategy)
+    client = path.cluster == path_registry.CLIENT
+    num_ps = (num_ps or 1) if path.parameter_servers else 0
     # The client (chief) of the manual and parameter-server paths is a host too.
-    count = num_workers + num_ps + (strategy in CLIENT_STRATEGIES)
+    count = num_workers + num_ps + client
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
     procs, copiers, emulated, specs = [], [], None, []
     supervise.SIGNALLED.clear()
@@ -141,7 +142,7 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
         else:
             where = _network(isolate)
             addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
-        chief = addresses.pop(0) if strategy in CLIENT_STRATEGIES else None
+        chief = addresses.pop(0) if client else None
         ps = addresses[num_workers:]
         specs = processes(strategy, num_workers, train_args, addresses[:num_workers], chief,
                           stamp, live, ps)
@@ -169,13 +170,12 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             procs.append(start(host))
         say(f"tfdp.launch: {_summary(specs)} {where}")
         supervise.raise_if_signalled()
-        if strategy in CLIENT_STRATEGIES:
-            restart = start if strategy == "parameter_server" else None
+        if client:
+            restart = start if path.restart_lost_workers else None
             return supervise.supervise_client(procs, specs, poll_seconds, restart)
         return supervise.supervise(procs, poll_seconds, grace)
     except (KeyboardInterrupt, supervise.Terminated) as stop:
         interrupted = isinstance(stop, KeyboardInterrupt)
-        client = strategy in CLIENT_STRATEGIES
         say(f"tfdp.launch: {'interrupted' if interrupted else 'SIGTERM'}; asking the "
             f"{'chief' if client else 'workers'} to save and stop")
         # The client saves what it reads from the workers or servers: they stay up until it has.
@@ -235,13 +235,18 @@ def _check(num_workers: int, hosts: bool, link, train_args: list, num_ps=None) -
     if num_workers < 1:
         return f"--num_workers must be a positive integer, got {num_workers}"
     strategy = _strategy(train_args)
-    if (strategy not in ("multi_worker", *CLIENT_STRATEGIES)
-            and not _HELP.intersection(train_args)):
+    try:
+        path = path_registry.get(strategy)
+    except UserError as e:
+        return str(e)
+    if path.cluster == path_registry.NO_CLUSTER and not _HELP.intersection(train_args):
         # Each worker would train a run of its own, all in one folder.
-        return (f"the launcher starts --strategy=multi_worker, manual or parameter_server "
+        clustered = [p.name for p in path_registry.all_paths()
+                     if p.cluster != path_registry.NO_CLUSTER]
+        return (f"the launcher starts --strategy={path_registry.either(clustered)} "
                 f"clusters; --strategy={strategy} trains in one process: run python -m "
                 "tfdp.train instead")
-    if num_ps is not None and strategy != "parameter_server":
+    if num_ps is not None and not path.parameter_servers:
         return (f"--num_ps starts parameter servers for --strategy=parameter_server, not "
                 f"--strategy={strategy}")
     if num_ps is not None and num_ps < 1:

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import time
 
+from tfdp import path_registry
 from tfdp.cluster import tf_config
 from tfdp.config import RUN_STAMP_ENV, Config
 from tfdp.errors import UserError
@@ -52,9 +53,11 @@ def with_run_dir(config: Config) -> Config:
     if config.workdir is not None:
         return config
     stamp = os.environ.get(RUN_STAMP_ENV)
-    if stamp is None and config.strategy == "multi_worker" and tf_config.num_workers() > 1:
-        raise UserError("--strategy=multi_worker with several workers needs --workdir: every "
-                        "worker must use the same run folder (tfdp.launch chooses one for you)")
+    every_task_trains = path_registry.get(config.strategy).cluster == path_registry.WORKERS
+    if stamp is None and every_task_trains and tf_config.num_workers() > 1:
+        raise UserError(f"--strategy={config.strategy} with several workers needs --workdir: "
+                        "every worker must use the same run folder (tfdp.launch chooses one for "
+                        "you)")
     base = os.path.join("runs", f"{config.strategy}-{config.model}-{config.num_gpus}dev-"
                                 f"{stamp or time.strftime('%Y%m%d-%H%M%S')}")
     path, n = base, 1

@@ -14,7 +14,7 @@ resumes, states the plan, trains, exports and returns the ``Result``::
 import dataclasses
 from typing import Optional
 
-from tfdp import logs, recipes
+from tfdp import logs, path_registry, recipes
 from tfdp.cluster import tf_config
 from tfdp.config import Config
 from tfdp.errors import Finished, UserError
@@ -70,7 +70,9 @@ def run(config: Config, path_type, start_weights=None) -> Result:
     from tfdp.cluster.stall import PEER_LOST
 
     config = run_folder.with_run_dir(config)
-    worker = tf_config.task().worker_index if config.strategy == "multi_worker" else 0
+    # Where every task trains a replica, each keeps its own backups.
+    every_task_trains = path_registry.get(config.strategy).cluster == path_registry.WORKERS
+    worker = tf_config.task().worker_index if every_task_trains else 0
     with run_folder.claim(config.run_dir, worker):
         done = report.exported(config.run_dir)
         if done:
@@ -133,9 +135,9 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     logger.info("%s", plan.describe(path.engine))
     left_out = recipes.dropped(config.recipe, config.strategy)
     if left_out:
-        logger.info("--recipe=%s on --strategy=%s leaves out %s: asynchronous SGD cannot take "
-                    "them (docs/time-to-accuracy.md)", config.recipe, config.strategy,
-                    ", ".join(left_out))
+        logger.info("--recipe=%s on --strategy=%s leaves out %s: %s (docs/time-to-accuracy.md)",
+                    config.recipe, config.strategy, ", ".join(left_out),
+                    path_registry.get(config.strategy).recipe_note)
     if "bfloat16" in (config.precision, config.allreduce_dtype):
         speed = bfloat16_speed()
         if speed < 1:

@@ -1,0 +1,49 @@
+"""A path of the tests' own, declared in this one module and nowhere else: ``--strategy=toy``,
+Keras ``fit`` without tf.distribute under another name, whose tasks make a cluster of workers.
+``tests/test_path_registry.py`` checks that the flags, ``--help``, the launcher, the bench and
+``tfdp.run`` take it; ``$TFDP_PATHS=toy_path`` registers it in a process started there."""
+
+import dataclasses
+
+from tfdp.errors import UserError
+from tfdp.path_registry import WORKERS, OwnFlag, Path, register
+
+
+def check(config) -> None:
+    if config.num_gpus != 1:
+        raise UserError(f"--num_gpus={config.num_gpus}: --strategy=toy trains on one device")
+
+
+def training_path():
+    """Made when a run starts: TensorFlow is imported only then."""
+    from tfdp.keras_path.trainer import KerasFitPath
+    from tfdp.training.training_path import TrainingPath
+
+    class ToyPath(TrainingPath):
+        def __init__(self, config, backups):
+            self.fit = KerasFitPath(dataclasses.replace(config, strategy="plain"), backups)
+            self.devices, self.replicas = self.fit.devices, self.fit.replicas
+            self.engine = f"the toy path: {self.fit.engine}"
+
+        def train(self, run, state):
+            return self.fit.train(run, state)
+
+        def export(self):
+            return self.fit.export()
+
+    return ToyPath
+
+
+TOY = register(Path(
+    name="toy",
+    summary="the tests' toy path (Keras fit, one device)",
+    trainer=training_path,
+    cluster=WORKERS,
+    scales_by="workers",
+    models=("lenet",),
+    models_note="a toy",
+    own_flags={"steps_per_execution": OwnFlag((1,), "Keras fit's steps per call",
+                                              "runs one step per call")},
+    defaults={"init": "textbook"},
+    check=check,
+))

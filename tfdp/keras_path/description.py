@@ -1,0 +1,48 @@
+"""Keras ``fit`` as the registry knows it (``tfdp.path_registry``), without TensorFlow:
+``--strategy=plain`` (no tf.distribute), ``mirrored`` and ``multi_worker``."""
+
+from tfdp.errors import UserError
+from tfdp.path_registry import NO_CLUSTER, WORKERS, OwnFlag, Path, register
+
+TRAINER = "tfdp.keras_path.trainer:KerasFitPath"
+# Keras 3.15's multi-step loop (multi_step_on_iterator in its backend/tensorflow/trainer.py)
+# calls get_next_as_optional() on the distributed iterator inside a tf.cond inside its
+# tf.while_loop; TF 2.21 then leaves a placeholder of that cond unfed: "You must feed a value
+# for placeholder tensor 'while/body/_1/while/cond/then/_171/while/cond/Placeholder'"
+# (docs/section-12.2.md).
+UNDER_DISTRIBUTE = {
+    "steps_per_execution": "Keras fails with it under tf.distribute",
+    "sync_every": "under tf.distribute Keras' multi-step loop (--steps_per_execution) fails",
+}
+
+
+def check_plain(config) -> None:
+    if config.num_gpus != 1:
+        raise UserError(f"--strategy=plain trains on one device without tf.distribute; for "
+                        f"--num_gpus={config.num_gpus} use --strategy=mirrored")
+
+
+register(Path(
+    name="mirrored",
+    summary="Keras fit under MirroredStrategy",
+    trainer=TRAINER,
+    refuses=UNDER_DISTRIBUTE,
+))
+register(Path(
+    name="multi_worker",
+    summary="Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG)",
+    trainer=TRAINER,
+    cluster=WORKERS,
+    scales_by="workers",
+    refuses=UNDER_DISTRIBUTE,
+))
+register(Path(
+    name="plain",
+    summary="Keras fit on one device with no tf.distribute strategy (the baseline)",
+    trainer=TRAINER,
+    cluster=NO_CLUSTER,
+    own_flags={"steps_per_execution": OwnFlag(
+        (1,), "Keras fit's steps per compiled call", "runs one step per call")},
+    refuses={"sync_every": "Keras fit's own is --steps_per_execution"},
+    check=check_plain,
+))
