@@ -17,8 +17,7 @@ from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.keras_path import train_step
 from tfdp.manual import allreduce as allreduce_module
-from tfdp.manual.replicate import replicate
-from tfdp.manual.step import make_train_step
+from tfdp.manual.step import Replicas, StepSettings, make_train_step
 from tfdp.models import lenet
 from tfdp.plan import make_plan
 from tfdp.training import report
@@ -87,8 +86,8 @@ def test_one_allreduce_per_update_whatever_k(train_split, monkeypatch):
     logits = lenet.logits
     monkeypatch.setattr(lenet, "logits", lambda params, x, *args: forward.append(x.device) or
                         logits(params, x, *args))
-    replicas = replicate(comparable_start(4), DEVICES[:2])
-    step = make_train_step(replicas, DEVICES[:2], "add_n", accumulate=8)
+    replicas = Replicas.place(comparable_start(4), DEVICES[:2])
+    step = make_train_step(replicas, StepSettings(accumulate=8))
     for images, labels in data.train_batches(head(train_split, 256), 128, 0, 0, 1):
         step(images, labels, tf.constant(0.1))
     assert calls == [2]  # One trace, one allreduce over the two replicas' summed gradients.

@@ -10,8 +10,9 @@ from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data
 from tfdp.config import Config
-from tfdp.manual.replicate import replicate
-from tfdp.manual.step import make_train_step
+from tfdp.manual.replicate import split_batch
+from tfdp.manual.step import (Replicas, StepSettings, exchange_gradients, make_train_step,
+                              moved_statistics, replica_gradients, update_replicas)
 from tfdp.training import report
 
 
@@ -31,15 +32,15 @@ def train_params(tmp_path, split, k, allreduce="add_n", batch_size=96, dtype=np.
 
 @pytest.mark.parametrize("allreduce", ["add_n", "sharded", "ring"])
 def test_replicas_stay_identical(train_split, allreduce):
-    devices = DEVICES[:4]
-    replicas = replicate(start_params(), devices)
-    step = make_train_step(replicas, devices, allreduce)
+    replicas = Replicas.place(start_params(), DEVICES[:4])
+    step = make_train_step(replicas, StepSettings(allreduce=allreduce))
     for images, labels in data.train_batches(head(train_split, 1000), 130, 0, 0, 1):
         step(images, labels, tf.constant(0.1))
-    for replica in replicas[1:]:
+    first, *others = replicas.params
+    for replica in others:
         for name, var in replica.items():
-            np.testing.assert_array_equal(var.numpy(), replicas[0][name].numpy(), err_msg=name)
-    moved = replicas[0]["W3"].numpy() - start_params()["W3"]
+            np.testing.assert_array_equal(var.numpy(), first[name].numpy(), err_msg=name)
+    moved = first["W3"].numpy() - start_params()["W3"]
     assert np.abs(moved).max() > 1e-4  # The steps did update the replicas.
 
 
@@ -82,17 +83,47 @@ def test_every_float32_step_agrees_across_devices(train_split):
         w = reference
 
 
+def test_the_three_stages_of_a_step_each_alone(train_split):
+    """In float64: the replicas' gradients on their shards add up to one device's on the whole
+    batch; the exchange gives every device that sum, whatever the allreduce, its buckets and
+    overlap; the update moves every replica by lr x the sum."""
+    start = start_params(np.float64)
+    images = tf.constant(train_split.images[:90])
+    labels = tf.constant(train_split.labels[:90])
+    n = tf.constant(90.0, tf.float64)
+    one = Replicas.place(start, DEVICES[:1])
+    three = Replicas.place(start, DEVICES[:3])
+    whole = replica_gradients(one, split_batch(images, labels, DEVICES[:1]), n)[0]
+    shards = replica_gradients(three, split_batch(images, labels, DEVICES[:3]), n)
+    assert [int(r.size) for r in shards] == [30, 30, 30]
+    total = [sum(r.gradients[i] for r in shards) for i in range(len(whole.gradients))]
+    for mine, theirs in zip(total, whole.gradients):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-9, atol=1e-15)
+    assert moved_statistics(three, shards) == {}  # lenet keeps no running statistics.
+    for settings in (StepSettings(allreduce="ring"), StepSettings(allreduce="sharded"),
+                     StepSettings(allreduce="ring", bucket_kb=4, overlap=False)):
+        summed = exchange_gradients([r.gradients for r in shards], DEVICES[:3], settings)
+        for per_device in summed:
+            for mine, theirs in zip(per_device, total):
+                np.testing.assert_allclose(mine, theirs, rtol=1e-12, atol=1e-18)
+    update_replicas(three, summed, {}, tf.constant(0.5))
+    for params in three.params:
+        for (name, var), grad in zip([(k, v) for k, v in params.items()], total):
+            np.testing.assert_allclose(var.numpy(), start[name] - 0.5 * grad.numpy(),
+                                       rtol=1e-12, atol=1e-15)
+
+
 def _stepper(params, k, allreduce):
     """One step of the k-device trainer from the weights it is given (compiled once)."""
-    replicas = replicate(params, DEVICES[:k])
-    step = make_train_step(replicas, DEVICES[:k], allreduce)
+    replicas = Replicas.place(params, DEVICES[:k])
+    step = make_train_step(replicas, StepSettings(allreduce=allreduce))
 
     def one_step(weights, images, labels):
-        for replica in replicas:
+        for replica in replicas.params:
             for name, var in replica.items():
                 var.assign(weights[name])
         step(images, labels, tf.constant(0.1))
-        return {name: var.numpy() for name, var in replicas[0].items()}
+        return {name: var.numpy() for name, var in replicas.params[0].items()}
 
     return one_step
 

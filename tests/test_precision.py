@@ -17,8 +17,7 @@ import tfdp
 from tfdp import devices
 from tfdp.config import Config
 from tfdp.errors import UserError
-from tfdp.manual.replicate import replicate
-from tfdp.manual.step import make_train_step
+from tfdp.manual.step import Replicas, StepSettings, make_train_step
 
 # bfloat16 keeps 8 significant bits: rounding to it moves a value by up to 2^-9 of itself.
 HALF_ULP = 2.0 ** -9
@@ -53,10 +52,10 @@ def test_bfloat16_under_multi_worker_trains_and_exports(tmp_path, data_dir):
 
 
 def _one_step(start, images, labels, **dtypes):
-    replicas = replicate(start, DEVICES[:2])
-    make_train_step(replicas, DEVICES[:2], "ring", **dtypes)(images, labels,
-                                                                     tf.constant(0.1))
-    return {name: var.numpy() for name, var in replicas[0].items()}
+    replicas = Replicas.place(start, DEVICES[:2])
+    make_train_step(replicas, StepSettings(allreduce="ring", **dtypes))(images, labels,
+                                                                        tf.constant(0.1))
+    return {name: var.numpy() for name, var in replicas.params[0].items()}
 
 
 def test_bfloat16_agrees_with_float32_to_its_rounding(train_split):

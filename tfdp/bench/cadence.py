@@ -168,16 +168,15 @@ def _bare(config, devices, train, asynchronous: bool) -> dict:
     from tensorflow.python.eager import context
 
     from tfdp import data
-    from tfdp.manual.replicate import replicate
-    from tfdp.manual.step import make_train_step
+    from tfdp.manual.step import Replicas, StepSettings, make_train_step
     from tfdp.models import lenet
     from tfdp.plan import make_plan
 
     plan = make_plan(config, DEVICES, len(train.labels), 1)
     batches = list(data.train_batches(train, plan.global_batch, config.seed, 0, 1,
                                       config.steps_per_epoch))
-    replicas = replicate(lenet.start_params("glorot", config.seed), devices)
-    step = make_train_step(replicas, devices, "add_n", accumulate=config.accumulate_steps)
+    replicas = Replicas.place(lenet.start_params("glorot", config.seed), devices)
+    step = make_train_step(replicas, StepSettings(accumulate=config.accumulate_steps))
     lr = tf.constant(0.05)
     idle = _reset_peak()
     seconds = []

@@ -26,99 +26,187 @@ plan: the host issues one call per ``--sync_every`` steps and reads their losses
 (section 12.2).
 """
 
+import dataclasses
+from typing import Optional
+
 import tensorflow as tf
 
 from tfdp.manual.allreduce import ALLREDUCE, on_replica
 from tfdp.manual.buckets import exchange
 from tfdp.manual.feed import Feed, images_feed
+from tfdp.manual.replicate import replicate
 from tfdp.models import lenet
-from tfdp.models.averaging import Averaging
+from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
 from tfdp.models.sgd import SGD
 from tfdp.plan import shard_sizes
 from tfdp.trace.arrivals import stamp_after
 
 
-def make_train_step(replicas: list, devices: list, allreduce: str, eager: bool = False,
-                    feed: Feed = None, compute_dtype=None, allreduce_dtype=None,
-                    accumulate: int = 1, bucket_kb: int = None, overlap: bool = True,
-                    sgd: SGD = SGD(), smoothing: float = 0.0, velocities: list = None,
-                    averaging: Averaging = Averaging(), averages: list = None,
-                    averaged: tf.Variable = None):
-    """``step(*batch, lr) -> (loss, correct, times)`` over the global batch, updating replicas;
-    ``times[d]`` is (start, gradients ready) of replica d, in Unix seconds
-    (``tfdp.trace.arrivals``). The
-    batch is ``(images, labels)`` unless a ``feed`` says otherwise. ``compute_dtype``
-    (default: the parameters') is what the forward and backward passes compute in;
-    ``allreduce_dtype`` (default: the gradients') is what the gradients travel and are summed
-    in, cast back before the update; ``accumulate`` micro-batches per device make one update;
-    ``bucket_kb`` and ``overlap`` say when the gradients travel (``tfdp.manual.buckets``);
-    ``sgd`` is the update, with each replica's ``velocities`` (``SGD.velocities``) under
-    momentum; ``smoothing`` the loss's label smoothing; ``averaging`` moves each replica's
-    ``averages`` (``Averaging.averages``) after its update, ``averaged`` (a bool variable)
-    saying whether an earlier step has set them."""
-    reduce = ALLREDUCE[allreduce]
-    velocities = velocities or [{} for _ in replicas]
-    averages = averages or [{} for _ in replicas]
-    trained = len(lenet.trainable(replicas[0]))
-    dtype = replicas[0]["W1"].dtype
-    compute = tf.as_dtype(compute_dtype or dtype)
-    travel = tf.as_dtype(allreduce_dtype or dtype)
-    feed = feed or images_feed(devices)
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+    """What a from-scratch step does, read from the config once (``of``): the allreduce and
+    when it runs, the dtypes of the passes and of the gradients' travel (None: the
+    parameters'), micro-batches per update, the update, the loss's label smoothing, the
+    weight averaging, and whether the step is compiled."""
+    allreduce: str = "add_n"
+    compute_dtype: Optional[str] = None
+    allreduce_dtype: Optional[str] = None
+    accumulate: int = 1
+    bucket_kb: Optional[int] = None
+    overlap: bool = True
+    sgd: SGD = SGD()
+    smoothing: float = 0.0
+    averaging: Averaging = Averaging()
+    eager: bool = False
+    eval_flip: bool = False
+
+    @classmethod
+    def of(cls, config) -> "StepSettings":
+        return cls(config.allreduce, config.precision,
+                   # float32 is the gradients' own dtype (float64 under --precision=float64).
+                   config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None,
+                   config.accumulate_steps, config.bucket_kb, config.overlap == "auto",
+                   SGD.of(config), config.label_smoothing, Averaging(config.ema), config.eager,
+                   config.eval_flip)
+
+
+@dataclasses.dataclass
+class Replicas:
+    """The model on every device: each replica's parameters (``params[d]``, the textbook's
+    ``get_params``), its SGD velocities and its weight averages, and whether a step has set the
+    averages yet (``averaged``, a bool variable)."""
+    devices: list
+    params: list
+    velocities: list
+    averages: list
+    averaged: tf.Variable
+
+    @classmethod
+    def place(cls, params: dict, devices: list, settings: StepSettings = StepSettings(),
+              velocities: list = None, averages: list = None, resumed: bool = False):
+        """``params`` (numpy) copied onto every device, with zero velocities under momentum
+        (or ``velocities``) and averages starting at the parameters (or ``averages``);
+        ``resumed``: the averages came with a backup, so the first step does not reset them."""
+        replicas = replicate(params, devices)
+        slots, means = [], []
+        for device, replica in zip(devices, replicas):
+            with tf.device(device):
+                slots.append(settings.sgd.velocities(lenet.trainable(replica), velocities))
+                means.append(settings.averaging.averages(lenet.trainable(replica), averages))
+        with tf.device(devices[0]):
+            averaged_yet = tf.Variable(resumed, trainable=False, name="averaged")
+        return cls(devices, replicas, slots, means, averaged_yet)
+
+    def evaluated(self) -> list:
+        """Each replica's model as evaluated and exported: averaged under ``--ema``."""
+        return [averaged(params, mine) for params, mine in zip(self.params, self.averages)]
+
+
+def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),
+                    feed: Feed = None):
+    """``step(*batch, lr) -> (loss, correct, times)`` over the global batch: the textbook's
+    three stages, each a function of its own: every replica's gradients on its shard
+    (``replica_gradients``), their exchange (``exchange_gradients``), the same update on every
+    replica (``update_replicas``). ``times[d]`` is (start, gradients ready) of replica d, in
+    Unix seconds (``tfdp.trace.arrivals``). The batch is ``(images, labels)`` unless a ``feed``
+    says otherwise."""
+    feed = feed or images_feed(replicas.devices)
+    dtype = replicas.params[0]["W1"].dtype
 
     def step(*batch_and_lr):
         *batch, lr = batch_and_lr
         with tf.name_scope("input"):
-            placed = feed.shards("train", *batch)
+            shards = feed.shards("train", *batch)
         n = tf.cast(tf.shape(batch[-1])[0], dtype)  # Labels, or indices: both one per example.
-        grads, losses, correct, times, batch_stats = [], [], [], [], []
-        for d, (params, (x, y)) in enumerate(zip(replicas, placed)):
-            with on_replica(devices, d):
-                loss, right, started, *g = _unless_empty(
-                    y, _stamped(lambda: _accumulated_gradients(params, x, y, n, compute,
-                                                               accumulate, smoothing)),
-                    _stamped(lambda: _no_gradients(params)))
-                g, stats = g[:trained], g[trained:]
-                ready = stamp_after(tf.math.is_finite(loss), g, params["b4"])
-                times.append(tf.stack([started, ready]))
-                grads.append(g)
-                batch_stats.append((tf.cast(tf.size(y), dtype), stats))
-                losses.append(loss)
-                correct.append(right)
+        shard_results = replica_gradients(replicas, shards, n, settings)
         with tf.name_scope("allreduce"):
-            if travel != dtype:
-                grads = [_cast_on(devices, d, g, travel) for d, g in enumerate(grads)]
-            summed = exchange(grads, devices, reduce, bucket_kb, overlap)
-        moved = _moved_statistics(replicas[0], batch_stats, devices)
-        for d, (params, g) in enumerate(zip(replicas, summed)):
-            with on_replica(devices, d), tf.name_scope("update"):
-                for (name, var), grad in zip(lenet.trainable(params).items(), g):
-                    with tf.name_scope(name):  # update/<name>/: the trace names it.
-                        sgd.update(var, grad, lr, velocities[d].get(name))
-                for name, value in moved.items():
-                    params[name].assign(value)
-                for name, average in averages[d].items():
-                    averaging.update(average, params[name], averaged)
-        if averaged is not None:
-            averaged.assign(True)
-        return tf.add_n(losses), tf.add_n(correct), tf.stack(times)
+            summed = exchange_gradients([r.gradients for r in shard_results], replicas.devices,
+                                        settings)
+        statistics = moved_statistics(replicas, shard_results)
+        update_replicas(replicas, summed, statistics, lr, settings)
+        return (tf.add_n([r.loss for r in shard_results]),
+                tf.add_n([r.correct for r in shard_results]),
+                tf.stack([r.times for r in shard_results]))
 
-    if eager:
+    if settings.eager:
         return step
     return tf.function(step, input_signature=[*feed.signature, tf.TensorSpec([], tf.float32)])
 
 
-def _moved_statistics(params: dict, batch_stats: list, devices: list) -> dict:
-    """lenet_bn's running statistics after this step, {name: value}, from each replica's
-    (shard size, [mean, variance per layer]): their mean weighted by the shards' sizes
-    (none for lenet)."""
-    if not batch_stats[0][1]:
+@dataclasses.dataclass
+class ShardResult:
+    """One replica's part of a step: its loss share, correct answers, (start, gradients ready)
+    times, gradients, and lenet_bn's batch statistics with its shard's size."""
+    loss: tf.Tensor
+    correct: tf.Tensor
+    times: tf.Tensor
+    gradients: list
+    statistics: list
+    size: tf.Tensor
+
+
+def replica_gradients(replicas: Replicas, shards: list, global_batch,
+                      settings: StepSettings = StepSettings()) -> list:
+    """On each device, its replica's forward and backward pass on its shard, under its own
+    tape (in ``settings.accumulate`` micro-batches): one ``ShardResult`` per replica. The loss
+    is summed over the shard and divided by the global batch, so the gradients add up to the
+    mean loss's."""
+    dtype = replicas.params[0]["W1"].dtype
+    compute = tf.as_dtype(settings.compute_dtype or dtype)
+    trained = len(lenet.trainable(replicas.params[0]))
+    results = []
+    for d, (params, (x, y)) in enumerate(zip(replicas.params, shards)):
+        with on_replica(replicas.devices, d):
+            loss, right, started, *g = _unless_empty(
+                y, _stamped(lambda: _accumulated_gradients(params, x, y, global_batch, compute,
+                                                           settings.accumulate,
+                                                           settings.smoothing)),
+                _stamped(lambda: _no_gradients(params)))
+            g, stats = g[:trained], g[trained:]
+            ready = stamp_after(tf.math.is_finite(loss), g, params["b4"])
+            results.append(ShardResult(loss, right, tf.stack([started, ready]), g, stats,
+                                       tf.cast(tf.size(y), dtype)))
+    return results
+
+
+def exchange_gradients(grads: list, devices: list,
+                       settings: StepSettings = StepSettings()) -> list:
+    """The allreduce of ``settings`` over ``grads[d][i]`` (gradient i of replica d), in its
+    travel dtype, buckets and overlap (``tfdp.manual.buckets``): every device's sums."""
+    travel = settings.allreduce_dtype
+    if travel and tf.as_dtype(travel) != grads[0][0].dtype:
+        grads = [_cast_on(devices, d, g, tf.as_dtype(travel)) for d, g in enumerate(grads)]
+    return exchange(grads, devices, ALLREDUCE[settings.allreduce], settings.bucket_kb,
+                    settings.overlap)
+
+
+def update_replicas(replicas: Replicas, summed: list, statistics: dict, lr,
+                    settings: StepSettings = StepSettings()) -> None:
+    """The same update on every replica: SGD with the summed gradients (cast back to the
+    parameters' dtype), lenet_bn's moved running statistics, then the weight averages."""
+    for d, (params, g) in enumerate(zip(replicas.params, summed)):
+        with on_replica(replicas.devices, d), tf.name_scope("update"):
+            for (name, var), grad in zip(lenet.trainable(params).items(), g):
+                with tf.name_scope(name):  # update/<name>/: the trace names it.
+                    settings.sgd.update(var, grad, lr, replicas.velocities[d].get(name))
+            for name, value in statistics.items():
+                params[name].assign(value)
+            for name, average in replicas.averages[d].items():
+                settings.averaging.update(average, params[name], replicas.averaged)
+    replicas.averaged.assign(True)
+
+
+def moved_statistics(replicas: Replicas, shard_results: list) -> dict:
+    """lenet_bn's running statistics after this step, {name: value}: the mean of the
+    replicas' batch statistics weighted by their shards' sizes (none for lenet)."""
+    if not shard_results[0].statistics:
         return {}
-    with on_replica(devices, 0), tf.name_scope("batch_norm_statistics"):
-        total = tf.add_n([size for size, _ in batch_stats])
-        mean = [tf.add_n([size * stats[k] for size, stats in batch_stats]) / total
-                for k in range(len(batch_stats[0][1]))]
-        return lenet.moved_statistics(params, list(zip(mean[::2], mean[1::2])))
+    with on_replica(replicas.devices, 0), tf.name_scope("batch_norm_statistics"):
+        total = tf.add_n([r.size for r in shard_results])
+        mean = [tf.add_n([r.size * r.statistics[k] for r in shard_results]) / total
+                for k in range(len(shard_results[0].statistics))]
+        return lenet.moved_statistics(replicas.params[0], list(zip(mean[::2], mean[1::2])))
 
 
 def _cast_on(devices, d, tensors, dtype) -> list:
@@ -204,21 +292,24 @@ def _shard_gradients(params: dict, x, y, global_batch, compute, smoothing: float
             *[tf.cast(t, params["W1"].dtype) for pair in batch_stats for t in pair]]
 
 
-def make_eval_step(replicas: list, devices: list, eager: bool = False, feed: Feed = None,
-                   compute_dtype=None, eval_flip: bool = False):
-    """``step(*batch) -> (summed loss, correct)``, the batch split like in training; with
-    ``eval_flip`` the logits are the mean of each image's and its mirror image's."""
-    dtype = replicas[0]["W1"].dtype
-    feed = feed or images_feed(devices)
+def make_eval_step(replicas: Replicas, settings: StepSettings = StepSettings(),
+                   feed: Feed = None):
+    """``step(*batch) -> (summed loss, correct)`` of the model as evaluated
+    (``Replicas.evaluated``), the batch split like in training; with ``settings.eval_flip`` the
+    logits are the mean of each image's and its mirror image's."""
+    dtype = replicas.params[0]["W1"].dtype
+    feed = feed or images_feed(replicas.devices)
 
     def shard_sums(params, x, y):
-        logits = test_logits(lambda images: lenet.logits(params, images, compute_dtype), x,
-                             eval_flip)
+        logits = test_logits(lambda images: lenet.logits(params, images,
+                                                         settings.compute_dtype),
+                             x, settings.eval_flip)
         return [summed_cross_entropy(logits, y), count_correct(logits, y)]
 
     def step(*batch):
         losses, correct = [], []
-        for device, params, (x, y) in zip(devices, replicas, feed.shards("test", *batch)):
+        for device, params, (x, y) in zip(replicas.devices, replicas.evaluated(),
+                                          feed.shards("test", *batch)):
             with tf.device(device):
                 loss, right = _unless_empty(y, lambda: shard_sums(params, x, y),
                                             lambda: [tf.zeros([], dtype), tf.zeros([], tf.int64)])
@@ -226,7 +317,7 @@ def make_eval_step(replicas: list, devices: list, eager: bool = False, feed: Fee
                 correct.append(right)
         return tf.add_n(losses), tf.add_n(correct)
 
-    return step if eager else tf.function(step, input_signature=feed.signature)
+    return step if settings.eager else tf.function(step, input_signature=feed.signature)
 
 
 def _unless_empty(labels, compute, zeros) -> list:

@@ -14,11 +14,9 @@ from tfdp.cluster.stall import watching
 from tfdp.devices import configure_devices
 from tfdp.manual import remote
 from tfdp.manual.feed import Feed, local_feed
-from tfdp.manual.replicate import replicate
-from tfdp.manual.step import make_eval_step, make_train_step, make_train_window
+from tfdp.manual.step import (Replicas, StepSettings, make_eval_step, make_train_step,
+                              make_train_window)
 from tfdp.models import lenet
-from tfdp.models.averaging import Averaging, averaged
-from tfdp.models.sgd import SGD
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training import export, loop
 from tfdp.training.state import TrainingState
@@ -82,19 +80,15 @@ def train(run, state: TrainingState = None, feed: Feed = None,
     state = state or TrainingState(lenet.to_keras_weights(lenet.start_params(
         config.initializer, config.seed, np.dtype(config.variable_dtype),
         config.model == "lenet_bn")))
-    params = lenet.from_keras_weights(state.weights)
-    feed = feed or local_feed(config, run.plan, run.devices, run.train_split, run.test_split)
-    sgd, averaging = SGD.of(config), Averaging(config.ema)
+    settings = StepSettings.of(config)
     with watching(run.stall, "placing the replicas"):
-        replicas = replicate(params, run.devices)
-        velocities, averages = [], []
-        for device, replica in zip(run.devices, replicas):
-            with tf.device(device):
-                velocities.append(sgd.velocities(lenet.trainable(replica), state.velocities))
-                averages.append(averaging.averages(lenet.trainable(replica), state.averages))
-    steps = ReplicaSteps(config, run, replicas, feed,
-                         arrivals or Arrivals(run.devices, config.workdir), sgd, velocities,
-                         averaging, averages)
+        replicas = Replicas.place(lenet.from_keras_weights(state.weights), run.devices,
+                                  settings, state.velocities, state.averages,
+                                  resumed=run.first_step > 0)
+    steps = ReplicaSteps(run, replicas, settings,
+                         feed or local_feed(config, run.plan, run.devices, run.train_split,
+                                            run.test_split),
+                         arrivals or Arrivals(run.devices, config.workdir))
     loop.train(run, steps)
     return steps.trained()
 
@@ -103,30 +97,14 @@ class ReplicaSteps(loop.Steps):
     """The loop's steps on replicas: ``--sync_every`` steps a call (one compiled window), each
     call's results read before the next is issued."""
 
-    def __init__(self, config, run, replicas: list, feed: Feed, arrivals: Arrivals,
-                 sgd: SGD = SGD(), velocities: list = None,
-                 averaging: Averaging = Averaging(), averages: list = None):
-        # --allreduce_dtype=float32 is the gradients' own dtype (float64 under float64).
-        travel = config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None
+    def __init__(self, run, replicas: Replicas, settings: StepSettings, feed: Feed,
+                 arrivals: Arrivals):
         self.run, self.replicas, self.feed = run, replicas, feed
-        self.velocities = velocities or [{} for _ in replicas]
-        self.averages = averages or [{} for _ in replicas]
-        # Whether a step has set the averages yet: a resumed run's came with its backup.
-        with tf.device(run.devices[0]):
-            self.averaged = tf.Variable(run.first_step > 0, trainable=False, name="averaged")
-        self.sync_every = config.steps_between_syncs
+        self.sync_every = run.config.steps_between_syncs
         self.arrivals, self.collected = arrivals, run.first_step
-        self.train_step = make_train_step(replicas, run.devices, config.allreduce, config.eager,
-                                          feed, config.precision, travel,
-                                          config.accumulate_steps, config.bucket_kb,
-                                          config.overlap == "auto", sgd,
-                                          config.label_smoothing, self.velocities,
-                                          averaging, self.averages, self.averaged)
-        self.train_window = make_train_window(self.train_step, run.plan, config.eager)
-        # What is evaluated (and exported): the averaged parameters under --ema.
-        evaluated = [averaged(params, mine) for params, mine in zip(replicas, self.averages)]
-        self.eval_step = make_eval_step(evaluated, run.devices, config.eager, feed,
-                                        config.precision, config.eval_flip)
+        self.train_window = make_train_window(make_train_step(replicas, settings, feed),
+                                              run.plan, settings.eager)
+        self.eval_step = make_eval_step(replicas, settings, feed)
 
     def batches(self, first_epoch, offset):
         return self.feed.train_batches(first_epoch, offset)
@@ -153,14 +131,13 @@ class ReplicaSteps(loop.Steps):
     def trained(self) -> dict:
         """The model trained: replica 0's parameters, averaged under ``--ema``."""
         with watching(self.run.stall, "reading the trained parameters"):
-            return {name: var.numpy()
-                    for name, var in averaged(self.replicas[0], self.averages[0]).items()}
+            return {name: var.numpy() for name, var in self.replicas.evaluated()[0].items()}
 
     def state(self) -> TrainingState:
         """The live weights, the velocities and the averages (replica 0's: every replica's
         are the same)."""
         with watching(self.run.stall, "reading the trained parameters"):
-            live = {name: var.numpy() for name, var in self.replicas[0].items()}
+            live = {name: var.numpy() for name, var in self.replicas.params[0].items()}
             return TrainingState(lenet.to_keras_weights(live),
-                                 [v.numpy() for v in self.velocities[0].values()],
-                                 [v.numpy() for v in self.averages[0].values()])
+                                 [v.numpy() for v in self.replicas.velocities[0].values()],
+                                 [v.numpy() for v in self.replicas.averages[0].values()])
