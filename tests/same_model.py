@@ -36,17 +36,14 @@ def update_difference(a, b, start):
     return max(np.linalg.norm(a[n] - b[n]) / np.linalg.norm(b[n] - start[n]) for n in a)
 
 
-def train_manual(config, devices, train_split, test_split, reporter, params=None):
-    """The manual path's loop on given splits, with the plan its ``run`` would make."""
-    from tfdp.manual import trainer
-    from tfdp.plan import make_plan
-    from tfdp.training.skeleton import Run
-    from tfdp.training.state import TrainingState
+def train_manual(config, train_split, test_split, params=None):
+    """The manual path on given splits, from LeNet ``params`` (else ``--init``), through the
+    one entry that trains, without an export: (the trained parameters, the ``Result``)."""
+    from tfdp import training_run
 
-    plan = make_plan(config, len(devices), len(train_split.labels), len(test_split.labels))
-    state = TrainingState(lenet.to_keras_weights(params)) if params is not None else None
-    return trainer.train(Run(config, plan, reporter, devices, train_split=train_split,
-                             test_split=test_split), state)
+    weights = lenet.to_keras_weights(params) if params is not None else None
+    result = training_run.train(config, weights, (train_split, test_split), export=False)
+    return lenet.from_keras_weights(result.weights), result
 
 
 def served_disagreement(version, trained, start, images) -> float:

@@ -12,7 +12,7 @@ import tensorflow as tf
 from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data
-from tfdp import paths
+from tfdp import training_run
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.keras_path import train_step
@@ -20,15 +20,12 @@ from tfdp.manual import allreduce as allreduce_module
 from tfdp.manual.step import Replicas, StepSettings, make_train_step
 from tfdp.models import lenet
 from tfdp.plan import make_plan
-from tfdp.training import report
 
 
 def manual_params(tmp_path, split, k, name, **flags):
     config = Config(num_gpus=k, lr=0.1, epochs=2, seed=5, eval_steps=1, precision="float64",
                     workdir=str(tmp_path / name), **flags)
-    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:k], is_chief=False)
-    return train_manual(config, DEVICES[:k], split, split, reporter,
-                        params=comparable_start(4, np.float64))
+    return train_manual(config, split, split, params=comparable_start(4, np.float64))[0]
 
 
 @pytest.mark.parametrize("k, examples, micro, accumulate", [
@@ -61,11 +58,11 @@ def test_mirrored_accumulates_like_the_manual_path_and_like_one_large_batch(
                         lambda *args: micro_batches.append(1) or pad(*args))
     settings = dict(num_gpus=2, lr=0.1, epochs=2, seed=5, eval_steps=1, precision="float64",
                     data_dir=data_dir, export_dir=str(tmp_path / "exports"))
-    mirrored = paths.run(Config(strategy="mirrored", batch_size=25, accumulate_steps=4,
+    mirrored = training_run.train(Config(strategy="mirrored", batch_size=25, accumulate_steps=4,
                                    workdir=str(tmp_path / "mirrored"), **settings),
                             start_weights=lenet.to_keras_weights(start))
     assert micro_batches and len(micro_batches) % 8 == 0  # 4 on each replica, every trace.
-    whole = paths.run(Config(strategy="mirrored", batch_size=100,
+    whole = training_run.train(Config(strategy="mirrored", batch_size=100,
                                 workdir=str(tmp_path / "mirrored-whole"), **settings),
                          start_weights=lenet.to_keras_weights(start))
     accumulated = lenet.from_keras_weights(mirrored.weights)

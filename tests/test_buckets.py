@@ -7,13 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
-from tfdp import paths
+from tfdp import training_run
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.manual.buckets import backward_order, buckets
-from tfdp.training import report
 
 
 def test_buckets_pack_the_backward_pass_order_up_to_the_cap():
@@ -28,9 +26,7 @@ def manual_params(tmp_path, split, name, **flags):
     config = Config(num_gpus=2, batch_size=60, lr=0.1, epochs=1, seed=5, eval_steps=1,
                     precision="float64", allreduce="ring", workdir=str(tmp_path / name),
                     **flags)
-    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2], is_chief=False)
-    return train_manual(config, DEVICES[:2], split, split, reporter,
-                        params=comparable_start(4, np.float64))
+    return train_manual(config, split, split, params=comparable_start(4, np.float64))[0]
 
 
 def test_buckets_and_the_barrier_train_the_same_model(tmp_path, train_split):
@@ -44,7 +40,7 @@ def test_buckets_and_the_barrier_train_the_same_model(tmp_path, train_split):
 def exchange_against_backward(tmp_path, data_dir, name, **flags) -> list:
     """Per traced step and replica: (its allreduce's first op's start, its own backward pass's
     end, every replica's backward pass's end), ns."""
-    paths.run(Config(num_gpus=2, batch_size=256, epochs=1, steps_per_epoch=6, eval_steps=1,
+    training_run.train(Config(num_gpus=2, batch_size=256, epochs=1, steps_per_epoch=6, eval_steps=1,
                         allreduce="ring", trace_steps="4:6", data_dir=data_dir,
                         workdir=str(tmp_path / name), export_dir=str(tmp_path / "exports"),
                         **flags))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdp.training import export
+from tfdp.training import saved_model
 from tfdp.errors import UserError
 from tfdp.models import lenet
 
@@ -17,8 +17,8 @@ def module():
 
 def test_versions_count_up_and_serve(tmp_path):
     root = str(tmp_path / "exp")
-    first = export.export(module(), root)
-    second = export.export(module(), root)
+    first = saved_model.export(module(), root)
+    second = saved_model.export(module(), root)
     assert first.endswith(os.path.join("exp", "1")) and second.endswith(os.path.join("exp", "2"))
     assert sorted(os.listdir(root)) == ["1", "2"]  # No temporary folders left behind.
     serve = tf.saved_model.load(second).signatures["serving_default"]
@@ -29,7 +29,7 @@ def test_versions_count_up_and_serve(tmp_path):
 
 def test_failed_save_leaves_earlier_versions_alone(tmp_path, monkeypatch):
     root = str(tmp_path / "exp")
-    export.export(module(), root)
+    saved_model.export(module(), root)
     before = sorted(os.listdir(os.path.join(root, "1")))
 
     def crash(*args, **kwargs):
@@ -37,7 +37,7 @@ def test_failed_save_leaves_earlier_versions_alone(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tf.saved_model, "save", crash)
     with pytest.raises(OSError):
-        export.export(module(), root)
+        saved_model.export(module(), root)
     assert os.listdir(root) == ["1"]
     assert sorted(os.listdir(os.path.join(root, "1"))) == before
 
@@ -46,6 +46,6 @@ def test_export_root_that_is_a_file_or_unwritable(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("x")
     with pytest.raises(UserError, match="is a file"):
-        export.check_export_root(str(a_file))
+        saved_model.check_export_root(str(a_file))
     with pytest.raises(UserError, match="not writable"):
-        export.check_export_root(str(a_file / "below"))
+        saved_model.check_export_root(str(a_file / "below"))

@@ -10,11 +10,11 @@ import pytest
 
 from conftest import REPO
 from processes import AS_FROM_A_SHELL, child_env, run_module
-from tfdp import formats
+from tfdp import export_formats
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.models import lenet
-from tfdp.training import export
+from tfdp.training import saved_model
 
 
 def test_a_bad_format_or_a_missing_converter_is_one_line(monkeypatch):
@@ -22,7 +22,7 @@ def test_a_bad_format_or_a_missing_converter_is_one_line(monkeypatch):
                                         r"comma-separated list of saved_model, onnx, litert$"):
         Config(export_formats="saved_model,pdf")
     assert Config(export_formats="litert,onnx").export_formats == "saved_model,litert,onnx"
-    monkeypatch.setattr(formats, "_importable", lambda module: module != "tf2onnx")
+    monkeypatch.setattr(export_formats, "_importable", lambda module: module != "tf2onnx")
     with pytest.raises(UserError, match=r"^--export_formats: onnx needs tf2onnx, which is not "
                                         r"installed: pip install 'tfdp\[onnx\]'$"):
         Config(export_formats="onnx")
@@ -42,16 +42,16 @@ def test_a_failed_conversion_publishes_no_version(tmp_path, monkeypatch):
     def fails(saved_model, path):
         raise UserError("converter broke")
 
-    monkeypatch.setattr(formats, "_to_onnx", fails)
+    monkeypatch.setattr(export_formats, "_to_onnx", fails)
     model = lenet.serving_model(lenet.start_params("glorot", 0), "float32")
     with pytest.raises(UserError, match="converter broke"):
-        export.export(model, str(tmp_path), "saved_model,onnx")
+        saved_model.export(model, str(tmp_path), "saved_model,onnx")
     assert os.listdir(tmp_path) == []  # No version, no temporary folder.
 
 
 def test_tfdp_export_adds_the_formats_to_an_earlier_version(tmp_path):
     model = lenet.serving_model(lenet.start_params("glorot", 0), "float32")
-    version = export.export(model, str(tmp_path / "exp"))
+    version = saved_model.export(model, str(tmp_path / "exp"))
     assert not os.path.exists(os.path.join(version, "model.onnx"))
     done = subprocess.run([sys.executable, "-m", "tfdp.export", version,
                            "--formats=onnx,litert"], capture_output=True, text=True,

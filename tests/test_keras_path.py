@@ -14,12 +14,11 @@ from conftest import DEVICES
 from processes import AS_FROM_A_SHELL, child_env, run_module
 from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data, logs
-from tfdp import paths
+from tfdp import training_run
 from tfdp.config import Config
 from tfdp.keras_path import distributed_input, evaluation, keras_mwms_fix
 from tfdp.models import lenet, resnet
 from tfdp.models.replicated_batch_norm import ReplicatedBatchNormalization
-from tfdp.training import report
 from tfdp.training.backups import Backups
 
 
@@ -35,11 +34,9 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
     # Float64, so the comparison is exact whatever the CPU's kernels (conftest.comparable_start).
     start = comparable_start(7, np.float64)
     manual_config = Config(**common(tmp_path, data_dir, "manual", precision="float64"))
-    reporter = report.Reporter(manual_config.run_dir, manual_config.to_dict(), DEVICES[:2])
-    manual = train_manual(manual_config, DEVICES[:2], train_split, test_split, reporter,
-                                  params=start)
+    manual, manual_run = train_manual(manual_config, train_split, test_split, params=start)
 
-    mirrored = paths.run(Config(strategy="mirrored", **common(
+    mirrored = training_run.train(Config(strategy="mirrored", **common(
         tmp_path, data_dir, "mirrored", precision="float64")),
         start_weights=lenet.to_keras_weights(start))
 
@@ -48,7 +45,7 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
     assert "(first 192 of 10000 test examples)" in mirrored.final_line
     assert mirrored.export_path.endswith(os.path.join("mirrored-exp", "1"))
     # Both paths evaluate the same 192 test examples with the same weights.
-    assert mirrored.history[-1]["test_acc"] == reporter.records[-1]["test_acc"]
+    assert mirrored.history[-1]["test_acc"] == manual_run.history[-1]["test_acc"]
     metrics = json.loads((tmp_path / "mirrored" / "metrics.json").read_text())
     assert [r["epoch"] for r in metrics["epochs"]] == [1]
     assert (tmp_path / "mirrored" / "accuracy.png").exists()
@@ -69,14 +66,13 @@ def test_mirrored_trains_uneven_and_empty_shards_like_manual(tmp_path, data_dir,
     start = comparable_start(2, np.float64)
     settings = common(tmp_path, data_dir, f"uneven{k}", num_gpus=k, batch_size=batch,
                       steps_per_epoch=None, eval_steps=None, epochs=2, precision="float64")
-    reporter = report.Reporter(str(tmp_path / f"manual{k}"), {"epochs": 2}, DEVICES[:k],
-                               is_chief=False)
-    manual = train_manual(Config(**settings), DEVICES[:k], split, split, reporter,
-                                  params=start)
-    mirrored = paths.run(Config(strategy="mirrored", **settings),
+    manual, manual_run = train_manual(
+        Config(**dict(settings, workdir=str(tmp_path / f"manual{k}"))), split, split,
+        params=start)
+    mirrored = training_run.train(Config(strategy="mirrored", **settings),
                                  start_weights=lenet.to_keras_weights(start))
     assert update_difference(lenet.from_keras_weights(mirrored.weights), manual, start) < 1e-9
-    for got, want in zip(mirrored.history, reporter.records):
+    for got, want in zip(mirrored.history, manual_run.history):
         # Keras' trackers hold float32; a count differing by one example would be 1e-3 here.
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
         assert got["train_acc"] == pytest.approx(want["train_acc"], abs=1e-6)
@@ -152,7 +148,7 @@ def test_evaluator_covers_the_same_batches_every_time(test_split):
 def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monkeypatch):
     settings = common(tmp_path, data_dir, "resume", steps_per_epoch=5, eval_steps=1, epochs=3)
     start = lenet.to_keras_weights(comparable_start(1))
-    full = paths.run(Config(strategy="mirrored", **dict(
+    full = training_run.train(Config(strategy="mirrored", **dict(
         settings, workdir=str(tmp_path / "full"), export_dir=str(tmp_path / "full-exp"))),
         start_weights=start)
     assert not os.path.exists(tmp_path / "full" / "backup")  # Spent.
@@ -167,13 +163,13 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monke
 
     monkeypatch.setattr(Backups, "save", crash_after_epoch_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        paths.run(Config(strategy="mirrored", **settings), start_weights=start)
+        training_run.train(Config(strategy="mirrored", **settings), start_weights=start)
     monkeypatch.undo()
     assert Backups(str(tmp_path / "resume"), 0, {}).steps() == [5, 10]
     assert not os.path.exists(tmp_path / "resume-exp") or not os.listdir(tmp_path / "resume-exp")
     capsys.readouterr()
 
-    resumed = paths.run(Config(strategy="mirrored", **settings), start_weights=start)
+    resumed = training_run.train(Config(strategy="mirrored", **settings), start_weights=start)
     out = capsys.readouterr().out
     assert "resuming at epoch 3/3, step 0/5 (global step 10)" in out
     assert out.count("epoch 3/3: loss") == 1 and "epoch 1/3: loss" not in out

@@ -13,13 +13,13 @@ PACKAGE = os.path.join(REPO, "tfdp")
 # Bottom to top; a unit may import its own layer's units and those of the layers below.
 LAYERS = [
     {"errors", "logs", "files"},                                  # the ground floor
-    {"path_registry", "config_checks", "formats", "config", "flags", "plan", "recipes"},
+    {"path_registry", "config_checks", "export_formats", "config", "flags", "plan", "recipes"},
     {"fashion_mnist", "data", "devices", "models"},              # data, devices, models
     {"cluster", "launcher"},                                     # in-process runtime; launcher
     {"trace"},                                                   # seeing the steps
     {"training"},                                                # what every run does
     {"manual", "keras_path", "parameter_server"},                # the paths
-    {"paths", "api", "train", "launch", "server", "export", "bench"},  # the commands
+    {"training_run", "api", "train", "launch", "server", "export", "bench"},  # the commands
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
@@ -105,7 +105,8 @@ def test_the_launcher_runs_without_tensorflow():
         # Nor through tfdp: only modules that import no TensorFlow themselves.
         for target in imports(path, known):
             assert unit(target) in ("launcher", "errors", "config", "config_checks",
-                                    "formats", "files", "logs", "path_registry"), (module, target)
+                                    "export_formats", "files", "logs", "path_registry"), (
+                module, target)
 
 
 def test_every_registered_path_trains_through_the_path_contract():

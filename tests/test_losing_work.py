@@ -16,11 +16,11 @@ import tensorflow as tf
 
 from conftest import REPO
 from processes import child_env, run_train, train_command, wait_for
-from tfdp import paths
+from tfdp import training_run
 from tfdp.config import Config
 from tfdp.errors import Diverged, UserError
 from tfdp.models import lenet
-from tfdp.training import divergence, export, run_folder
+from tfdp.training import divergence, run_folder, saved_model
 from tfdp.training.backups import Backups, identity
 from tfdp.training.state import TrainingState
 
@@ -74,7 +74,7 @@ def test_keras_path_stops_at_a_non_finite_loss_too(tmp_path, data_dir):
                     eval_steps=1, data_dir=data_dir, workdir=str(tmp_path / "run"),
                     export_dir=str(tmp_path / "export"))
     with pytest.raises(Diverged, match=r"by epoch 1, step \d+/30: training diverged"):
-        paths.run(config)
+        training_run.train(config)
     assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")
 
 
@@ -140,7 +140,7 @@ def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
     backups = Backups(earlier.run_dir, 0, identity(earlier))
     backups.save(5, TrainingState(lenet.to_keras_weights(lenet.init_params(0))))
     with pytest.raises(UserError) as caught:
-        paths.run(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
+        training_run.train(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
     assert str(caught.value) == (
         f"{tmp_path / 'run'} holds a run trained with --batch_size=64 --lr=0.2 --seed=0; this "
         "command has --batch_size=32 --lr=0.1 --seed=1: run it with the same flags to resume, "
@@ -159,7 +159,7 @@ def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, d
     metrics = os.path.join(config.run_dir, "metrics.json")
     with open(metrics, "w") as f:  # The earlier epochs' record, damaged too.
         f.write('{"epochs": [{"epo')
-    result = paths.run(config)
+    result = training_run.train(config)
     out = capsys.readouterr().out
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings[0] == (f"the backup {newest} is damaged (BadZipFile: File is not a zip "
@@ -251,7 +251,7 @@ def test_stale_partial_exports_are_removed_and_live_ones_kept(tmp_path):
     other_host = tmp_path / f".partial-elsewhere-{gone.pid}-ghi789"
     for folder in (stale, live, other_host):
         (folder / "variables").mkdir(parents=True)
-    assert export.remove_stale_partials(str(tmp_path)) == [stale.name]
+    assert saved_model.remove_stale_partials(str(tmp_path)) == [stale.name]
     assert sorted(os.listdir(tmp_path)) == sorted([live.name, other_host.name])
 
 
@@ -294,6 +294,6 @@ def test_a_read_only_run_folder_is_one_line_naming_the_flag(tmp_path, data_dir):
             with pytest.raises(UserError, match=rf"^--workdir={workdir} is not writable "
                                                 r"\(Read-only file system\): give a --workdir you "
                                                 "can write to$"):
-                paths.run(config)
+                training_run.train(config)
     finally:
         subprocess.run(["umount", str(folder)], check=False)

@@ -13,7 +13,6 @@ from tfdp.config import Config
 from tfdp.manual.replicate import split_batch
 from tfdp.manual.step import (Replicas, StepSettings, exchange_gradients, make_train_step,
                               moved_statistics, replica_gradients, update_replicas)
-from tfdp.training import report
 
 
 def start_params(dtype=np.float32):
@@ -25,9 +24,7 @@ def train_params(tmp_path, split, k, allreduce="add_n", batch_size=96, dtype=np.
     config = Config(num_gpus=k, batch_size=batch_size, lr=0.1, epochs=epochs, seed=1,
                     allreduce=allreduce, eval_steps=1, workdir=str(tmp_path / f"{k}-{allreduce}"),
                     precision=np.dtype(dtype).name)
-    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:k])
-    return train_manual(config, DEVICES[:k], split, split, reporter,
-                         params=start_params(dtype))
+    return train_manual(config, split, split, params=start_params(dtype))[0]
 
 
 @pytest.mark.parametrize("allreduce", ["add_n", "sharded", "ring"])
@@ -142,10 +139,8 @@ def test_short_final_batch_is_trained_even_with_empty_shards(tmp_path, train_spl
 def test_training_learns_and_reports(tmp_path, train_split, test_split):
     config = Config(num_gpus=2, epochs=2, steps_per_epoch=40, eval_steps=8, lr=0.1,
                     workdir=str(tmp_path / "run"))
-    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2])
-    train_manual(config, DEVICES[:2], train_split, test_split, reporter,
-                  params=start_params())
-    first, last = reporter.records
+    _, result = train_manual(config, train_split, test_split, params=start_params())
+    first, last = result.history
     assert last["loss"] < first["loss"] < np.log(10)
     assert last["test_acc"] > 0.6
     assert last["epoch"] == 2 and last["examples_per_sec"] > 0

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import DEVICES, REPO
+from conftest import REPO
 from exports import runtimes_agree, serve_in_clients
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
@@ -70,9 +70,7 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     assert set(digest_of) == {"0", "1"} and digest_of["0"] == digest_of["1"], finals
 
     config = Config(num_gpus=2, workdir=str(tmp_path / "manual"), **settings)
-    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2], is_chief=False)
-    manual = train_manual(config, DEVICES[:2], train_split, test_split, reporter,
-                                  params=start)
+    manual, _ = train_manual(config, train_split, test_split, params=start)
     # The chief's export, served, against the manual model's logits on real test images (the
     # float32 runs that drift apart are explained in conftest.comparable_start).
     assert served_disagreement(tmp_path / "export" / "1", manual, start,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import DEVICES, REPO
+from conftest import REPO
 from exports import runtimes_agree, serve_in_clients
 from processes import (child_env, run_module, task_pid, wait_for_first_backup)
 from same_model import comparable_start, served_disagreement, train_manual
@@ -22,7 +22,6 @@ from processes import launch as launch_cluster
 from tfdp import data
 from tfdp.config import Config
 from tfdp.parameter_server.pace import WorkerPace
-from tfdp.training import report
 
 def launch(tmp_path, *train_args, workers=2, ps=1, on_hosts=False, **how):
     return launch_cluster(tmp_path, "parameter_server", *train_args, launcher=(
@@ -105,8 +104,7 @@ def test_one_worker_trains_exactly_the_from_scratch_paths_model(tmp_path, data_d
     assert [r["staleness_max"] for r in metrics["epochs"]] == [0, 0]
 
     config = Config(num_gpus=1, workdir=str(tmp_path / "local"), **settings)
-    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:1], is_chief=False)
-    local = train_manual(config, DEVICES[:1], train_split, test_split, reporter, params=start)
+    local, _ = train_manual(config, train_split, test_split, params=start)
     assert served_disagreement(tmp_path / "export" / "1", local, start,
                                test_split.images[:500]) < 1e-5
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from same_model import update_difference
-from tfdp import data, paths
+from tfdp import data, training_run
 from tfdp.config import Config
 from tfdp.models import lenet
 from tfdp.models.averaging import Averaging, averaged
@@ -158,7 +158,7 @@ def test_the_fast_recipe_trains_the_same_lenet_on_1_2_and_4_devices(tmp_path, da
     rounding. (lenet_bn's batch statistics are each replica's shard's, as under Keras: they
     differ with the device count by design, and the test below compares them across paths.)"""
     start = lenet.init_params(2, np.float64, "glorot")
-    runs = {k: paths.run(Config(**settings(tmp_path, data_dir, f"k{k}", num_gpus=k,
+    runs = {k: training_run.train(Config(**settings(tmp_path, data_dir, f"k{k}", num_gpus=k,
                                            model="lenet")),
                          start_weights=lenet.to_keras_weights(start)) for k in (1, 2, 4)}
     one = lenet.from_keras_weights(runs[1].weights)
@@ -171,7 +171,7 @@ def test_the_from_scratch_path_and_keras_fit_train_the_same_lenet_bn(tmp_path, d
     """The whole fast recipe, lenet_bn's running statistics included, on 2 replicas, with
     weight averaging: both return (and evaluate) the averages, Keras' after ``fit`` ends."""
     start = lenet.init_params(5, np.float64, "glorot", batch_norm=True)
-    manual, mirrored = (paths.run(Config(**settings(tmp_path, data_dir, strategy,
+    manual, mirrored = (training_run.train(Config(**settings(tmp_path, data_dir, strategy,
                                                     strategy=strategy)),
                                   start_weights=lenet.to_keras_weights(start))
                         for strategy in ("manual", "mirrored"))
@@ -188,7 +188,7 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
     """Momentum's velocities and the weights' averages are in the backups: resumed after a
     crash, the run ends where one that never stopped ends (without them it would not)."""
     common = settings(tmp_path, data_dir, "resume", strategy=strategy, epochs=3)
-    full = paths.run(Config(**dict(common, workdir=str(tmp_path / "full"),
+    full = training_run.train(Config(**dict(common, workdir=str(tmp_path / "full"),
                                    export_dir=str(tmp_path / "full-exp"))))
     save = Backups.save
 
@@ -200,12 +200,12 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
 
     monkeypatch.setattr(Backups, "save", crash_after_epoch_1)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        paths.run(Config(**common))
+        training_run.train(Config(**common))
     monkeypatch.undo()
     state = Backups(common["workdir"], 0, {}).load(5)
     # The 17 weights, and the 11 trained ones' velocities and averages.
     assert [len(state.weights), len(state.velocities), len(state.averages)] == [17, 11, 11]
-    resumed = paths.run(Config(**common))
+    resumed = training_run.train(Config(**common))
     for x, y in zip(full.weights, resumed.weights):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
     metrics = json.loads((tmp_path / "resume" / "metrics.json").read_text())
@@ -215,7 +215,7 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
 
 def test_a_fast_export_serves_the_flipped_mean_it_was_evaluated_with(tmp_path, data_dir,
                                                                       test_split):
-    result = paths.run(Config(**settings(tmp_path, data_dir, "served", precision="float32",
+    result = training_run.train(Config(**settings(tmp_path, data_dir, "served", precision="float32",
                                          epochs=1)))
     served = tf.saved_model.load(result.export_path).signatures["serving_default"]
     images = test_split.images[:64]

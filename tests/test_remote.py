@@ -11,14 +11,13 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import DEVICES, REPO
+from conftest import REPO
 from processes import child_env, left_behind, run_module, wait_for_first_backup
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
 from tfdp.config import Config
 from tfdp.launcher.local_cluster import free_ports
-from tfdp.training import report
 from tfdp.training.backups import Backups
 
 pytestmark = pytest.mark.cluster
@@ -65,8 +64,7 @@ def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir,
     assert os.listdir(tmp_path / "export") == ["1"]
 
     config = Config(num_gpus=2, workdir=str(tmp_path / "local"), **settings)
-    reporter = report.Reporter(config.run_dir, config.to_dict(), DEVICES[:2], is_chief=False)
-    local = train_manual(config, DEVICES[:2], train_split, test_split, reporter, params=start)
+    local, _ = train_manual(config, train_split, test_split, params=start)
     assert served_disagreement(tmp_path / "export" / "1", local, start,
                                test_split.images[:500]) < 1e-5
 

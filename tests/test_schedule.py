@@ -3,12 +3,10 @@
 import pytest
 import tensorflow as tf
 
-from conftest import DEVICES
 from same_model import head, train_manual
 from tfdp import plan as schedule
 from tfdp.config import Config
 from tfdp.plan import make_plan
-from tfdp.training import report
 
 
 def test_warmup_rises_linearly_to_the_scaled_rate():
@@ -29,7 +27,6 @@ def test_per_replica_batch_and_scaled_lr_are_planned_and_used(tmp_path, train_sp
     line = plan.describe("4 device(s)")
     assert "global batch 64 = 16 + 16 + 16 + 16 per replica" in line
     assert "lr 0.2 after 4 warmup steps from 0.05" in line
-    reporter = report.Reporter(config.run_dir, plan.facts(config), DEVICES[:4], is_chief=False)
-    train_manual(config, DEVICES[:4], head(train_split, 2000), test_split, reporter)
-    assert reporter.records[0]["examples_per_sec"] * reporter.records[0]["seconds"] == \
+    _, result = train_manual(config, head(train_split, 2000), test_split)
+    assert result.history[0]["examples_per_sec"] * result.history[0]["seconds"] == \
         pytest.approx(8 * 64)

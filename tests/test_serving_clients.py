@@ -61,7 +61,7 @@ def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy,
 
     examples = eval_steps * batch  # The test examples the run's accuracy covers.
     # ONNX and LiteRT compute in float32; a bfloat16-trained SavedModel in bfloat16: its logits
-    # differ by bfloat16's rounding, bounded in tfdp/formats.py by 2^-5 of their size.
+    # differ by bfloat16's rounding, bounded in tfdp/export_formats.py by 2^-5 of their size.
     margin = 2.0 ** -5 if precision == "bfloat16" else 1e-4
     seen = serve_in_clients(export, test_split.images[:examples], test_split.labels[:examples],
                             tmp_path, margin)

@@ -12,7 +12,7 @@ import pytest
 
 from processes import child_env
 from traces import lanes_by_step
-from tfdp import paths
+from tfdp import training_run
 from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.trace import timeline
@@ -26,7 +26,7 @@ def traced(tmp_path, data_dir, strategy, **flags):
                     eval_steps=1, data_dir=data_dir, workdir=str(tmp_path / "run"),
                     export_dir=str(tmp_path / "exports"), trace_steps="3:4")
     settings.update(flags)
-    paths.run(Config(**settings))
+    training_run.train(Config(**settings))
     return json.loads((tmp_path / "run" / "timeline.json").read_text())
 
 
@@ -73,7 +73,7 @@ def test_the_profile_opens_with_xprof_in_a_process_without_tfdp(tmp_path, data_d
 
 
 def test_tracing_off_records_nothing_and_never_shortens_a_window(tmp_path, data_dir):
-    paths.run(Config(num_gpus=2, batch_size=64, epochs=1, steps_per_epoch=3, eval_steps=1,
+    training_run.train(Config(num_gpus=2, batch_size=64, epochs=1, steps_per_epoch=3, eval_steps=1,
                         data_dir=data_dir, workdir=str(tmp_path / "run"),
                         export_dir=str(tmp_path / "exports")))
     run = tmp_path / "run"

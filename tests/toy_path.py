@@ -28,8 +28,8 @@ def training_path():
         def train(self, run, state):
             return self.fit.train(run, state)
 
-        def export(self):
-            return self.fit.export()
+        def serving_model(self, precision):
+            return self.fit.serving_model(precision)
 
     return ToyPath
 

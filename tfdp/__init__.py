@@ -5,11 +5,13 @@
     result.test_accuracy, result.sec_per_epoch, result.export_path
     result.plot()                                            # accuracy and loss per epoch
 
-Every path has the same entry, ``run(config) -> Result`` (``tfdp.paths``):
+Every path has the same entry, ``tfdp.training_run.train(config) -> Result``, and declares
+what it is in ``tfdp.path_registry``:
 
 * ``tfdp.manual``: the textbook algorithm written out (replicate, split, one tape per device,
   allreduce, the same update everywhere);
-* ``tfdp.keras_path``: Keras ``fit`` under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``.
+* ``tfdp.keras_path``: Keras ``fit`` under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``;
+* ``tfdp.parameter_server``: asynchronous SGD on parameter servers.
 """
 
 from tfdp.api import configure_devices, run

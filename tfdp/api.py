@@ -28,9 +28,9 @@ def run(**flags):
     config = Config(**flags)
     logs.configure(config.verbose)
     logs.import_tensorflow()
-    from tfdp import paths
+    from tfdp import training_run
 
-    return paths.run(config)
+    return training_run.train(config)
 
 
 def configure_devices(num_devices: int) -> list:

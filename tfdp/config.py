@@ -8,7 +8,7 @@ import dataclasses
 import os
 from typing import Optional
 
-from tfdp import config_checks, formats, path_registry, recipes
+from tfdp import config_checks, export_formats, path_registry, recipes
 from tfdp.config_checks import parse_steps
 
 # Short names accepted for --precision (the issue tracker and other libraries use them).
@@ -197,7 +197,7 @@ class Config:
                 object.__setattr__(self, name, value)
         config_checks.check(self)
         object.__setattr__(self, "export_formats",
-                           ",".join(formats.parse(self.export_formats)))
+                           ",".join(export_formats.parse(self.export_formats)))
 
     @property
     def traced_steps(self) -> Optional[tuple]:

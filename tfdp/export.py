@@ -1,6 +1,6 @@
 """``python -m tfdp.export <version> --formats=onnx,litert``: add the other formats to a SavedModel
 version that tfdp exported before (``saved_models/lenet/1``), inside that folder, each file
-written through a temporary name (``tfdp.formats``)::
+written through a temporary name (``tfdp.export_formats``)::
 
   python -m tfdp.export saved_models/lenet/1 --formats=onnx,litert
 
@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags
 
-from tfdp import formats
+from tfdp import export_formats
 from tfdp import logs
 from tfdp.errors import UserError
 from tfdp.flags import help_parser
@@ -27,13 +27,13 @@ def main(argv):
                  "saved_models/lenet/1 --formats=onnx,litert")
     version = argv[1]
     try:
-        wanted = formats.parse(FLAGS.formats, "--formats")
+        wanted = export_formats.parse(FLAGS.formats, "--formats")
         if not os.path.isfile(os.path.join(version, "saved_model.pb")):
             raise UserError(f"{version} holds no saved_model.pb: give a version folder that "
                             "tfdp.train exported")
         logs.configure(False)
         logs.import_tensorflow()  # Its start-up banners hidden.
-        for path in formats.convert(version, wanted):
+        for path in export_formats.convert(version, wanted):
             print(f"tfdp.export: wrote {path}", flush=True)
     except UserError as e:
         sys.exit(f"tfdp.export: error: {e}")

@@ -28,9 +28,9 @@ def main(argv):
             managed.join(config.strategy, config.num_ps, sys.argv[1:])
             logs.import_tensorflow()
             with preemption.exit_on_second_ctrl_c("tfdp.train"):
-                from tfdp import paths  # TensorFlow, after logs hid its start-up.
+                from tfdp import training_run  # TensorFlow, after logs hid its start-up.
 
-                paths.run(config)
+                training_run.train(config)
     except Finished as e:
         print(f"tfdp.train: {e}", flush=True)
     except UserError as e:

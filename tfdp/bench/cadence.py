@@ -144,22 +144,19 @@ def _measure_one(config: dict, steps: int, epochs: int, data_dir, manual_dir) ->
                       data_dir=data_dir, manual_dir=manual_dir)
     train, test = data.load_splits(data_dir, manual_dir)
     if config["mode"] == "loop":
-        return _loop(settings, devices, train, test)
+        return _loop(settings, train, test)
     return _bare(settings, devices, train, asynchronous=config["mode"] == "ahead")
 
 
-def _loop(config, devices, train, test) -> dict:
-    from tfdp.manual import trainer
-    from tfdp.plan import make_plan
-    from tfdp.training import report
-    from tfdp.training.skeleton import Run
+def _loop(config, train, test) -> dict:
+    """The loop as a run takes it, through the one entry that trains (no export)."""
+    from tfdp import training_run
 
-    plan = make_plan(config, DEVICES, len(train.labels), len(test.labels))
-    reporter = report.Reporter(config.run_dir, config.to_dict(), devices, is_chief=False)
     idle = _reset_peak()
-    trainer.train(Run(config, plan, reporter, devices, train_split=train, test_split=test))
+    result = training_run.train(config, splits=(train, test), export=False)
     peak = _resident_mb("VmHWM")
-    return {"step_seconds": [r["seconds"] / plan.steps_per_epoch for r in reporter.records[1:]],
+    steps = result.plan.steps_per_epoch
+    return {"step_seconds": [r["seconds"] / steps for r in result.history[1:]],
             "peak_mb": peak - idle}
 
 

@@ -32,7 +32,7 @@ from tfdp.models import lenet, resnet
 from tfdp.models.precision import input_dtype
 from tfdp.plan import steps_per_epoch
 from tfdp.trace.arrivals import Arrivals
-from tfdp.training import export
+from tfdp.training import saved_model
 from tfdp.training.backups import KEEP
 from tfdp.training.training_path import TrainingPath
 
@@ -173,24 +173,24 @@ class KerasFitPath(TrainingPath):
                 self.distribution.worker_index)
         return weights
 
-    def _float32_twin(self):
-        """The trained model's layers and weights, computing in float32."""
-        twin = build_model(dataclasses.replace(self.config, precision="float32"))
+    def serving_model(self, precision: str):
+        """The trained model; in another precision, its layers and weights computing in it."""
+        if precision == self.config.precision:
+            return self.model
+        twin = build_model(dataclasses.replace(self.config, precision=precision))
         twin.set_weights(self.model.get_weights())
         return twin
 
-    def export(self):
+    def export(self, config):
         """The chief writes the next version; the others save to a scratch folder they delete,
         because saving distributed variables is a collective every worker must join. Then all
         finish together: a chief exiting first upsets the others' heartbeat."""
         d = self.distribution
         if d.is_chief:
-            path = export.export(self.model, self.config.export_root,
-                                 self.config.export_formats, self._float32_twin,
-                                 self.config.eval_flip)
+            path = super().export(config)
         else:
             scratch = tempfile.mkdtemp(prefix=f"tfdp-worker{d.worker_index}-")
-            export.save_scratch(self.model, scratch, self.config.eval_flip)
+            saved_model.save_scratch(self.model, scratch, self.config.eval_flip)
             path = None
         if d.num_workers > 1:
             _barrier_step(d.strategy)

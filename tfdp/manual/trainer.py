@@ -18,7 +18,7 @@ from tfdp.manual.step import (Replicas, StepSettings, make_eval_step, make_train
                               make_train_window)
 from tfdp.models import lenet
 from tfdp.trace.arrivals import Arrivals
-from tfdp.training import export, loop
+from tfdp.training import loop
 from tfdp.training.state import TrainingState
 from tfdp.training.training_path import TrainingPath
 
@@ -60,11 +60,8 @@ class FromScratchPath(TrainingPath):
         self.params = train(run, state, feed, self.recorder)
         return lenet.to_keras_weights(self.params)
 
-    def export(self) -> str:
-        return export.export(lenet.serving_model(self.params, self.config.precision),
-                             self.config.export_root, self.config.export_formats,
-                             lambda: lenet.serving_model(self.params, "float32"),
-                             self.config.eval_flip)
+    def serving_model(self, precision: str):
+        return lenet.serving_model(self.params, precision)
 
 
 def train(run, state: TrainingState = None, feed: Feed = None,

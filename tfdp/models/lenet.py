@@ -203,7 +203,7 @@ def moved_statistics(params: dict, batch_stats: list) -> dict:
 
 
 def serving_model(params: dict, precision: str = "float32"):
-    """The parameters (numpy) in the Keras twin, for ``tfdp.training.export``: float32, or
+    """The parameters (numpy) in the Keras twin, for ``tfdp.training.saved_model``: float32, or
     mixed bfloat16 like the training that made them."""
     model = keras_model(precision="bfloat16" if precision == "bfloat16" else "float32",
                         batch_norm="g1" in params)

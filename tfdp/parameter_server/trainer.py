@@ -48,7 +48,7 @@ from tfdp.logs import logger
 from tfdp.parameter_server.pace import WorkerPace
 from tfdp.parameter_server.step import make_eval_step, make_train_step
 from tfdp.parameter_server.store import MIN_SHARD_BYTES, Store, make_store
-from tfdp.training import export, loop
+from tfdp.training import loop
 from tfdp.training.state import TrainingState
 from tfdp.training.training_path import TrainingPath
 
@@ -116,11 +116,8 @@ class ParameterServerPath(TrainingPath):
         self.weights = steps.state().weights
         return self.weights
 
-    def export(self) -> str:
-        return export.export(self.store.serving_model(self.weights, self.config.precision),
-                             self.config.export_root, self.config.export_formats,
-                             lambda: self.store.serving_model(self.weights, "float32"),
-                             self.config.eval_flip)
+    def serving_model(self, precision: str):
+        return self.store.serving_model(self.weights, precision)
 
 
 def _connect(config):

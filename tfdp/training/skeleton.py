@@ -1,14 +1,14 @@
 """The run skeleton: what every path does around its training, written once.
 
 ``run(config, path_type)`` holds the run folder, sets the path up (a
-``tfdp.training.training_path.TrainingPath``, chosen for ``--strategy`` by ``tfdp.paths``),
+``tfdp.training.training_path.TrainingPath``, chosen for ``--strategy`` by the registry),
 resumes, states the plan, trains, exports and returns the ``Result``::
 
     path = path_type(config, backups)     # devices or a strategy, replicas, chief, peers
     first_step = resume_step(backups)     # the newest step every worker backed up, or 0
     run = start(config, path, ...)        # data, plan, reporter
     weights = path.train(run, state)      # the path's own training (the epoch loop, or fit)
-    finish(run, weights, path.export)     # final line, export, Result
+    finish(run, weights, path.export)     # final line, export (written once), Result
 """
 
 import dataclasses
@@ -62,11 +62,14 @@ class Run:
         return self.reached is not None or self.first_epoch >= self.plan.epochs
 
 
-def run(config: Config, path_type, start_weights=None) -> Result:
+def run(config: Config, path_type, start_weights=None, splits=None,
+        export: bool = True) -> Result:
     """Run one validated configuration on ``path_type`` (a ``TrainingPath`` subclass), holding
     its run folder. ``start_weights`` (Keras order) replace ``--init``: tests start paths from
-    equal weights to compare them. A run given the folder of an interrupted one resumes from
-    its newest backup every worker has intact."""
+    equal weights to compare them; ``splits`` (train, test) replace the data the config names
+    (where the path does not keep it on a cluster's workers); without ``export`` the run ends
+    with no version written. A run given the folder of an interrupted one resumes from its
+    newest backup every worker has intact."""
     from tfdp.cluster.stall import PEER_LOST
 
     config = run_folder.with_run_dir(config)
@@ -88,7 +91,7 @@ def run(config: Config, path_type, start_weights=None) -> Result:
                 path.started()  # Every worker has answered (or this one gave up).
             watch.reached(first_step)
             watch.check()  # Signals wait for the ends of stages: see preemption.Watch.
-            started = start(config, path, first_step, backups, watch)
+            started = start(config, path, first_step, backups, watch, splits, export)
             watch.check()
             state = (backups.load(first_step) if first_step else
                      TrainingState(start_weights) if start_weights is not None else None)
@@ -97,7 +100,9 @@ def run(config: Config, path_type, start_weights=None) -> Result:
                     weights = path.train(started, state)
                 finally:
                     started.reporter.close_progress()  # What ends a run speaks on its own line.
-                result = finish(started, weights, path.export, backups)
+                result = finish(started, weights,
+                                (lambda: path.export(config)) if export else lambda: None,
+                                backups)
             except PEER_LOST as e:
                 if not path.peers:
                     raise
@@ -112,24 +117,25 @@ def run(config: Config, path_type, start_weights=None) -> Result:
 
 
 def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Backups = None,
-          watch: preemption.Watch = None) -> Run:
-    """Check the export folder (chief), load the data (unless it lives on the cluster's
-    workers), make and state the plan, open the reporter (with the epochs an interrupted run
-    already finished, when resuming from ``first_step``)."""
+          watch: preemption.Watch = None, splits=None, export: bool = True) -> Run:
+    """Check the export folder (chief, when the run exports), load the data (unless it lives
+    on the cluster's workers, or ``splits`` hold it already), make and state the plan, open the
+    reporter (with the epochs an interrupted run already finished, when resuming from
+    ``first_step``)."""
     from tfdp import data
     from tfdp.devices import bfloat16_speed
     from tfdp.plan import make_plan
-    from tfdp.training import export
+    from tfdp.training import saved_model
 
-    if path.is_chief:
-        export.check_export_root(config.export_root)
+    if path.is_chief and export:
+        saved_model.check_export_root(config.export_root)
     clock = Clock()
     clock.start()  # Before the data is read: time to accuracy counts it (tfdp.training.clock).
     train_split = test_split = None
     examples = path.examples
     if not examples:
-        train_split, test_split = data.load_splits(config.data_dir, config.manual_dir,
-                                                   config.synthetic_data)
+        train_split, test_split = splits or data.load_splits(config.data_dir, config.manual_dir,
+                                                             config.synthetic_data)
         examples = len(train_split.labels), len(test_split.labels)
     plan = make_plan(config, path.replicas, *examples)
     logger.info("%s", plan.describe(path.engine))

@@ -1,7 +1,8 @@
 """The contract between the run skeleton and a training path (``--strategy``).
 
-A path is a subclass of ``TrainingPath``, registered for its strategies in ``tfdp.paths``. It
-supplies only what differs between paths: what it trains on, its training, and its export.
+A path is a subclass of ``TrainingPath``, named by its description (``tfdp.path_registry``). It
+supplies only what differs between paths: what it trains on, its training, and the model it
+serves (the export itself is written once, here).
 Everything else (the run folder, resuming, the plan, the report, backups, preemption, the
 one-line error of a lost cluster) is the skeleton's (``tfdp.training.skeleton``), once.
 
@@ -56,5 +57,16 @@ class TrainingPath(abc.ABC):
         caller's weights; None for ``--init``); return the trained weights in Keras order."""
 
     @abc.abstractmethod
-    def export(self) -> Optional[str]:
-        """Write the trained model's next version; return its folder (None off the chief)."""
+    def serving_model(self, precision: str):
+        """The trained model as a Keras model computing in ``precision`` (the run's, or
+        ``float32`` for the formats converted beside a bfloat16 or float64 SavedModel)."""
+
+    def export(self, config) -> Optional[str]:
+        """Write the trained model's next version under ``config.export_root`` with the serving
+        contract and ``--export_formats`` (``tfdp.training.saved_model``); return its folder.
+        A path whose workers all take part in saving says so by overriding this."""
+        from tfdp.training import saved_model
+
+        return saved_model.export(self.serving_model(config.precision), config.export_root,
+                                  config.export_formats, lambda: self.serving_model("float32"),
+                                  config.eval_flip)

@@ -21,7 +21,7 @@ by every user (a model server often runs as another). It is written to a hidden 
 folder beside it and renamed into place, so a crash never leaves a half-written version and
 never touches an earlier one; a temporary folder whose writer was killed is removed by the next
 export. The other formats a run asks for (``--export_formats``: ONNX, LiteRT) are converted
-from the SavedModel into the same temporary folder (``tfdp.formats``), so a version
+from the SavedModel into the same temporary folder (``tfdp.export_formats``), so a version
 holds all of them or does not exist.
 """
 
@@ -35,7 +35,7 @@ import keras
 import tensorflow as tf
 
 from tfdp import data
-from tfdp import formats
+from tfdp import export_formats
 from tfdp.errors import UserError
 from tfdp.files import process_alive
 from tfdp.models.loss import test_logits
@@ -87,7 +87,7 @@ def existing_versions(export_root: str) -> list:
 def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model",
            float32_twin=None, eval_flip: bool = False) -> str:
     """Save ``model`` as the next version under ``export_root``, with the other
-    ``formats_csv`` (``tfdp.formats``) inside it, converted from ``float32_twin()``
+    ``formats_csv`` (``tfdp.export_formats``) inside it, converted from ``float32_twin()``
     (the same weights computing in float32) when ``model`` computes in bfloat16 or float64;
     return its path."""
     check_export_root(export_root)
@@ -102,7 +102,7 @@ def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model
                                    for layer in model.layers):
             twin = tempfile.mkdtemp(prefix="tfdp-float32-twin-")
             serving_archive(float32_twin(), eval_flip).write_out(twin, verbose=False)
-        formats.convert(tmp, wanted, source=twin)
+        export_formats.convert(tmp, wanted, source=twin)
         _readable_by_all(tmp)
         while True:  # Another run may take a number at the same moment: take the next.
             versions = existing_versions(export_root)
