@@ -38,6 +38,10 @@ flags.DEFINE_string("manual_dir", None, "Folder with the four Fashion-MNIST .gz 
                     "prepare the data from (as tfdp.train's --manual_dir).")
 flags.DEFINE_boolean("data", True, "Prepare the data where this worker is, for tfdp.train; "
                      "--nodata serves devices only (the allreduce benchmark across hosts).")
+flags.DEFINE_integer("collective_timeout", 60, "Seconds start-up waits for every name of "
+                     "TF_CONFIG to resolve before failing in one line (a peer's name may appear "
+                     "late, as a Kubernetes pod's does); tfdp.launch and a cluster manager pass "
+                     "tfdp.train's when it is given.")
 flags.DEFINE_boolean("verbose", False, "Also print TensorFlow's INFO lines.")
 FLAGS = flags.FLAGS
 
@@ -51,7 +55,11 @@ def main(argv):
     try:
         logs.configure(FLAGS.verbose)
         task = tf_config.task(kinds=JOBS, program="tfdp.server")
-        chief = serve(task, FLAGS.num_gpus, FLAGS.data_dir, FLAGS.manual_dir, FLAGS.data)
+        if FLAGS.collective_timeout < 1:
+            raise UserError(f"--collective_timeout must be a positive integer, got "
+                            f"{FLAGS.collective_timeout}")
+        chief = serve(task, FLAGS.num_gpus, FLAGS.data_dir, FLAGS.manual_dir, FLAGS.data,
+                      FLAGS.collective_timeout)
     except UserError as e:
         sys.exit(f"tfdp.server: error: {e}")
     except Stopped as e:

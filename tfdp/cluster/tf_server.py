@@ -37,15 +37,16 @@ _GONE_AFTER_SECONDS = 3.0
 
 
 def serve(task: tf_config.Task, num_gpus: int, data_dir=None, manual_dir=None,
-          with_data: bool = True) -> str:
+          with_data: bool = True, wait: float = 60.0) -> str:
     """Prepare the data (``with_data``), start the server, return when the chief has come and
-    gone (raise when it was cut off instead)."""
+    gone (raise when it was cut off instead); ``wait``: seconds for the cluster's names to
+    resolve."""
     if "chief" not in task.cluster:
         raise UserError(f"{tf_config.ENV} names no chief: the chief is the client, the process "
                         "running python -m tfdp.train")
     if num_gpus < 1:
         raise UserError(f"--num_gpus must be a positive integer, got {num_gpus}")
-    tf_config.check_addresses(task)
+    tf_config.check_addresses(task, wait)
     tf = logs.import_tensorflow()
     where = _prepare_data(data_dir, manual_dir) if with_data and task.type == "worker" else None
     server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type,
