@@ -2,8 +2,9 @@
 once per session from the Fashion-MNIST files (``$TFDP_MANUAL_DIR`` or the shared folder), and
 the markers. The helpers tests share live beside it, each module one kind: ``processes`` (a
 child's environment, launched clusters, faults from outside), ``same_model`` (runs to compare),
-``terminal`` (a real pseudo-terminal), ``exports`` (serving clients), ``traces`` and
-``slurm_cluster`` (a real Slurm on emulated hosts).
+``terminal`` (a real pseudo-terminal), ``exports`` (serving clients), ``traces``,
+``slurm_cluster`` (a real Slurm on emulated hosts) and ``shared_runs`` (small runs trained once a
+session for the tests that only read them).
 
 Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
 
@@ -69,6 +70,14 @@ def data_dir(tmp_path_factory, manual_dir):
     path = os.environ.get("TFDP_TEST_DATA_DIR") or str(tmp_path_factory.mktemp("tfds"))
     fashion_mnist.prepare(path, manual_dir)
     return path
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory, data_dir):
+    """Runs trained once a session, for the tests that only read them (``shared_runs``)."""
+    from shared_runs import SharedRuns
+
+    return SharedRuns(tmp_path_factory.mktemp("shared-runs"), data_dir)
 
 
 @pytest.fixture(scope="session")

@@ -15,13 +15,21 @@ def serve_in_clients(version, images, labels, folder, margin=1e-4) -> dict:
     """What ``tests/serving_clients.py`` (a process that never imports tfdp) sees of the export
     ``version`` on ``images`` (uint8) and ``labels``, ``margin`` being how far ONNX's and
     LiteRT's logits may be from TF2's."""
+    return serve_all_in_clients({version: (margin, len(labels))}, images, labels,
+                                folder)[str(version)]
+
+
+def serve_all_in_clients(exports: dict, images, labels, folder) -> dict:
+    """``serve_in_clients`` of every export folder in ``exports`` (folder -> (margin, how many
+    of the examples it is served on)), in one process: {folder: what its clients saw}."""
     np.save(folder / "images.npy", images)
     np.save(folder / "labels.npy", labels)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [sys.executable, os.path.join(REPO, "tests", "serving_clients.py"), str(version),
-         str(folder / "images.npy"), str(folder / "labels.npy"), str(margin)],
-        capture_output=True, text=True, timeout=600, cwd=folder,
+        [sys.executable, os.path.join(REPO, "tests", "serving_clients.py"),
+         str(folder / "images.npy"), str(folder / "labels.npy"),
+         *(f"{version}={margin}={count}" for version, (margin, count) in exports.items())],
+        capture_output=True, text=True, timeout=900, cwd=folder,
         env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

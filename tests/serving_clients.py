@@ -1,8 +1,10 @@
 """Serve one export with TensorFlow's own clients, in a process that never imports tfdp.
 
-  python tests/serving_clients.py <export dir> <images.npy> <labels.npy> [margin]
+  python tests/serving_clients.py <images.npy> <labels.npy> <export dir>[=<margin>[=<n>]] ...
 
-Prints one JSON object: each client's accuracy on the given examples and the signature it saw.
+Prints one JSON object, for each export folder what its clients saw: each client's accuracy on
+the given examples and the signature it saw (one process for every export: each process pays
+TensorFlow's start).
 Clients: the TF1 session loader (``tf.compat.v1.saved_model.loader``: the C++
 ``SavedModelBundle`` path TF Serving takes), the ``saved_model_cli run`` command, TF2's
 ``tf.saved_model.load``, Keras' ``TFSMLayer``; and, for the other formats the version holds,
@@ -101,9 +103,25 @@ def relative(logits, reference) -> float:
                  / max(1.0, float(np.abs(reference).max())))
 
 
-def main(path, images_file, labels_file, margin=str(TIE)):
-    """``margin``: how far (relative) ONNX's and LiteRT's logits may be from TF2's: examples
-    whose top two TF2 logits are within twice that may change class."""
+def main(images_file, labels_file, *exports):
+    """Each of ``exports`` is a folder, then optionally ``=margin``: how far (relative) ONNX's
+    and LiteRT's logits may be from TF2's (examples whose top two TF2 logits are within twice
+    that may change class), and ``=n``: served on the first n examples only."""
+    seen = {}
+    for export in exports:
+        path, margin, count = (export.split("=") + ["", ""])[:3]
+        images, labels = images_file, labels_file
+        if count:
+            folder = tempfile.mkdtemp()
+            images, labels = (os.path.join(folder, name) for name in ("images.npy", "labels.npy"))
+            np.save(images, np.load(images_file)[:int(count)])
+            np.save(labels, np.load(labels_file)[:int(count)])
+        seen[path] = serve(path, images, labels, margin or str(TIE))
+    print(json.dumps(seen))
+
+
+def serve(path, images_file, labels_file, margin=str(TIE)) -> dict:
+    """What every client sees of the export ``path``."""
     images, labels = np.load(images_file), np.load(labels_file)
 
     def accuracy(classes):
@@ -133,7 +151,7 @@ def main(path, images_file, labels_file, margin=str(TIE)):
         seen.update(litert=accuracy(outputs["classes"]), litert_signature=contract,
                     litert_logits=relative(outputs["logits"], reference), litert_bytes=size,
                     litert_same_classes=float(np.mean(outputs["classes"] == tf2_classes)))
-    print(json.dumps(seen))
+    return seen
 
 
 if __name__ == "__main__":

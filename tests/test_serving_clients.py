@@ -4,14 +4,13 @@ accuracy the run reported: the TF1 session loader (what TF Serving's C++ loader 
 beside it (``--export_formats``), ONNX Runtime and LiteRT's interpreter. The clients run in
 ``tests/serving_clients.py``, a process that never imports tfdp."""
 
-import json
 import os
 import stat
 
 import pytest
 
-from exports import runtimes_agree, serve_in_clients
-from processes import run_module
+from exports import runtimes_agree, serve_all_in_clients
+from shared_runs import RUNS
 
 CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
             "outputs": {"logits": ["float32", [-1, 10]], "probabilities": ["float32", [-1, 10]],
@@ -28,43 +27,43 @@ LITERT_CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
                                "probabilities": "float32"}}
 
 
-@pytest.mark.parametrize("strategy, model, batch, lr, precision, recipe", [
-    ("manual", "lenet", 100, 0.2, "float32", "textbook"),
-    ("mirrored", "lenet", 100, 0.2, "float32", "textbook"),
-    ("manual", "lenet", 100, 0.2, "bfloat16", "textbook"),
-    # The fast recipe's export: lenet_bn's running statistics, and the flipped evaluation.
-    ("manual", "lenet_bn", 100, 0.2, "float32", "fast"),
-    # At lr 0.2 a 20-step ResNet diverges (test loss 2,399, logits in the thousands, in a run
-    # here), and in one CI run TFLite's classes then disagreed with TF's (accuracy 0 against
-    # 0.125): a diverged model is no test of a serving client.
-    ("mirrored", "resnet18", 16, 0.02, "float32", "textbook")])
+EVAL_STEPS = 2  # The shared runs' evaluation (tests/shared_runs.py).
+
+
+@pytest.fixture(scope="module")
+def served(shared_runs, test_split, tmp_path_factory):
+    """Every shared run's export, seen by every client, in one clients' process:
+    {run name: (its Result, the examples its accuracy covers, the margin, what was seen)}."""
+    runs = {name: shared_runs(name) for name in RUNS}
+    examples = {name: EVAL_STEPS * RUNS[name]["batch_size"] for name in RUNS}
+    largest = max(examples.values())
+    # ONNX and LiteRT compute in float32; a bfloat16-trained SavedModel in bfloat16: its logits
+    # differ by bfloat16's rounding, bounded in tfdp/export_formats.py by 2^-5 of their size.
+    margins = {name: 2.0 ** -5 if RUNS[name].get("precision") == "bfloat16" else 1e-4
+               for name in runs}
+    seen = serve_all_in_clients({r.export_path: (margins[name], examples[name])
+                                 for name, r in runs.items()},
+                                test_split.images[:largest], test_split.labels[:largest],
+                                tmp_path_factory.mktemp("clients"))
+    return {name: (r, examples[name], margins[name], seen[r.export_path])
+            for name, r in runs.items()}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
 @pytest.mark.slow
-def test_export_serves_in_every_client(tmp_path, data_dir, test_split, strategy, model, batch,
-                                       lr, precision, recipe):
-    eval_steps = 2
-    result = run_module("tfdp.train", f"--recipe={recipe}", f"--strategy={strategy}",
-                        f"--model={model}",
-                        "--num_gpus=2", f"--batch_size={batch}", "--epochs=1",
-                        "--steps_per_epoch=20", f"--eval_steps={eval_steps}", "--init=glorot",
-                        f"--lr={lr}", f"--precision={precision}",
-                        "--export_formats=saved_model,onnx,litert",
-                        f"--data_dir={data_dir}", f"--workdir={tmp_path / 'work'}",
-                        f"--export_dir={tmp_path / 'exp'}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    reported = json.loads((tmp_path / "work" / "metrics.json").read_text())["epochs"][-1]
-    export = tmp_path / "exp" / "1"
+def test_export_serves_in_every_client(served, name):
+    result, examples, margin, seen = served[name]
+    precision = RUNS[name].get("precision", "float32")
+    model = RUNS[name].get("model", "lenet")
+    reported = result.history[-1]
+    export = result.export_path
     # A model server running as another user can read every folder and file.
     for folder, _, files in os.walk(export):
         assert stat.S_IMODE(os.stat(folder).st_mode) & 0o555 == 0o555, folder
-        for name in files:
-            assert stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) & 0o444 == 0o444
+        for file_name in files:
+            mode = os.stat(os.path.join(folder, file_name)).st_mode
+            assert stat.S_IMODE(mode) & 0o444 == 0o444
 
-    examples = eval_steps * batch  # The test examples the run's accuracy covers.
-    # ONNX and LiteRT compute in float32; a bfloat16-trained SavedModel in bfloat16: its logits
-    # differ by bfloat16's rounding, bounded in tfdp/export_formats.py by 2^-5 of their size.
-    margin = 2.0 ** -5 if precision == "bfloat16" else 1e-4
-    seen = serve_in_clients(export, test_split.images[:examples], test_split.labels[:examples],
-                            tmp_path, margin)
     assert seen["signature"] == CONTRACT
     assert seen["logits_finite"], "the run diverged: accuracies would compare ties of NaNs"
     # Exact, but for examples whose top two logits tie to rounding (another device count,
