@@ -44,14 +44,9 @@ class SharedRuns:
     def __call__(self, name: str):
         """The ``Result`` of run ``name`` (``RUNS``), trained at the first call."""
         if name not in self.done:
-            import tensorflow as tf
-
             from tfdp import training_run
             from tfdp.config import Config
 
-            # Collective keys of its own, as conftest.fresh_collective_keys gives each test: two
-            # runs under MirroredStrategy in one test would otherwise share instance keys.
-            tf.distribute.MirroredStrategy._collective_key_base += 100000
             folder = self.root / name
             self.done[name] = training_run.train(Config(
                 **RUNS[name], data_dir=self.data_dir, workdir=str(folder / "run"),

@@ -74,13 +74,18 @@ def shortened(command: str, data_dir: str, folder) -> list:
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir):
+def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir, capsys):
+    """Launches and the bench as processes (two at a time: much of a short run is one core
+    importing TensorFlow); meanwhile each ``tfdp.train`` command runs in this process, through
+    ``tfdp.train.main`` with the flags parsed as its command line parses them (the command line
+    as a process: tests/test_train_cli.py)."""
     from concurrent.futures import ThreadPoolExecutor
 
     commands = [c for c in readme_commands() if c.startswith("python -m tfdp.")]
     assert len(commands) >= 8, commands
     # Emulated hosts need root: tests/test_hosts.py runs them as root.
     runnable = [(i, c) for i, c in enumerate(commands) if ROOT or "--hosts" not in c]
+    trains = [(i, c) for i, c in runnable if c.startswith("python -m tfdp.train ")]
 
     def run(numbered):
         i, command = numbered
@@ -88,12 +93,33 @@ def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir):
                                        cwd=tmp_path, capture_output=True, text=True,
                                        env=child_env(), timeout=600)
 
-    # Two at a time: much of a short run is one core importing TensorFlow.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for command, done in pool.map(run, runnable):
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        processes = pool.map(run, [n for n in runnable if n not in trains])
+        for i, command in trains:
+            argv = shortened(command, data_dir, tmp_path / str(i))[2:]  # After python -m.
+            assert _train_in_this_process(argv) is None, command
+            out = capsys.readouterr().out
+            assert "exported " in out, (command, out[-2000:])
+        for command, done in processes:
             assert done.returncode == 0, (command, done.stderr[-3000:])
             assert "exported " in done.stdout or "bench" in command, (command,
                                                                       done.stdout[-2000:])
+
+
+def _train_in_this_process(argv: list):
+    """``python -m tfdp.train`` + ``argv[1:]`` run by ``tfdp.train.main``; its exit, or None."""
+    from absl import flags as absl_flags
+
+    from tfdp import train
+
+    flags.define_flags()
+    absl_flags.FLAGS.unparse_flags()  # Every flag back to its default, then this command's.
+    absl_flags.FLAGS(argv)
+    try:
+        train.main(argv[:1])
+    except SystemExit as e:
+        return e.code
+    return None
 
 
 @pytest.mark.slow

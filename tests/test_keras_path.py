@@ -3,6 +3,8 @@ manual path, resumes from its backups, exports the same contract; ResNet-18 buil
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import pytest
 import keras
 import tensorflow as tf
 
-from conftest import DEVICES
+from conftest import DEVICES, REPO
 from processes import AS_FROM_A_SHELL, child_env, run_module
 from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data, logs
@@ -93,6 +95,50 @@ def test_keras_still_needs_the_build_workaround(tmp_path, data_dir):
                     "build part of tfdp/keras_path/keras_mwms_fix.py and this test")
     assert "AddN" in result.stderr and "same size and shape" in result.stderr, \
         result.stderr[-3000:]
+
+
+# Two MirroredStrategies of one process, each all-reducing a tensor of its own shape, made as
+# TensorFlow makes them (the same key base) or as tfdp does (tfdp.keras_path.strategy).
+TWO_STRATEGIES = """
+import sys
+import tensorflow as tf
+from tfdp import devices
+from tfdp.keras_path import strategy
+names = devices.configure_devices(2)
+base = tf.distribute.MirroredStrategy._collective_key_base
+
+
+def all_reduced(n):
+    if sys.argv[1] == "tfdp":
+        s = strategy.make_distribution("mirrored", 2).strategy
+    else:
+        tf.distribute.MirroredStrategy._collective_key_base = base
+        s = tf.distribute.MirroredStrategy(names)
+    step = tf.function(lambda: s.run(
+        lambda: tf.distribute.get_replica_context().all_reduce("SUM", tf.ones([n]))))
+    return s.experimental_local_results(step())[0].numpy().tolist()
+
+
+print(all_reduced(3), all_reduced(5))
+"""
+
+
+@pytest.mark.parametrize("keys", ["tensorflow", "tfdp"])
+def test_tensorflow_still_needs_a_key_base_per_mirrored_strategy(keys):
+    """A second MirroredStrategy's all-reduce of another shape fails on TensorFlow's keys
+    (tensorflow/tensorflow#62790) and works on tfdp's. A process each: the failure aborts the
+    process's collectives for good."""
+    done = subprocess.run([sys.executable, "-c", TWO_STRATEGIES, keys], capture_output=True,
+                          text=True, timeout=300, env=child_env(), cwd=REPO)
+    if keys == "tfdp":
+        assert done.stdout.splitlines()[-1] == "[2.0, 2.0, 2.0] [2.0, 2.0, 2.0, 2.0, 2.0]", (
+            done.stderr[-3000:])
+    elif done.returncode == 0:
+        pytest.fail("TensorFlow now gives each MirroredStrategy keys of its own: remove "
+                    "_mirrored_strategy's key base from tfdp/keras_path/strategy.py and this "
+                    "test")
+    else:
+        assert "Shape mismatch in the collective instance" in done.stderr, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("layer, one_value", [(keras.layers.BatchNormalization, False),

@@ -49,13 +49,28 @@ def make_distribution(name: str, num_gpus: int = 1, collective_timeout: int = 30
     thread pools shared out among them; ``collective_timeout`` bounds multi_worker waits."""
     if name == "mirrored":
         names = devices.configure_devices(num_gpus)
-        return Distribution(tf.distribute.MirroredStrategy(names), names, 0, 1, True)
+        return Distribution(_mirrored_strategy(names), names, 0, 1, True)
     if name == "multi_worker":
         return _multi_worker(num_gpus, collective_timeout)
     if name == "plain":  # Keras' default strategy: no replication, plain fit on one device.
         names = devices.configure_devices(1)
         return Distribution(tf.distribute.get_strategy(), names, 0, 1, True)
     raise UserError(f"--strategy={name} is not a Keras strategy (mirrored, multi_worker)")
+
+
+def _mirrored_strategy(names: list):
+    """A MirroredStrategy with collective keys of its own. Every MirroredStrategy of a process
+    starts its group and instance keys from one class-wide base, so the all-reduces of a second
+    run (another model, in a notebook or tfdp.run called twice) meet the first one's under the
+    same keys and fail: "Shape mismatch in the collective instance 100"
+    (tensorflow/tensorflow#62790). TensorFlow's own tests move the base for each strategy;
+    tests/test_keras_path.py notices when TensorFlow no longer needs it."""
+    tf.distribute.MirroredStrategy._collective_key_base += KEYS_PER_STRATEGY
+    return tf.distribute.MirroredStrategy(names)
+
+
+# Far more keys than one strategy's run uses (TensorFlow's tests move the base by as much).
+KEYS_PER_STRATEGY = 100000
 
 
 def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
