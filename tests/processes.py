@@ -32,6 +32,25 @@ def run_module(module, *args, env=None, timeout=600, cwd=None):
                           timeout=timeout, env=full_env, cwd=cwd or REPO)
 
 
+def train_in_this_process(argv: list):
+    """``python -m tfdp.train`` + ``argv[1:]`` in this process: the flags parsed as the command
+    line parses them, into flag values of their own (never absl's global ones, which other
+    commands' modules define flags in), then ``tfdp.train.train_from_flags`` (what it prints
+    goes to this process's stdout and stderr): its exit code, or None when it returned."""
+    from absl import flags as absl_flags
+
+    from tfdp import flags, train
+
+    values = absl_flags.FlagValues()
+    flags.define_flags(values)
+    values(argv)
+    try:
+        train.train_from_flags(values, argv[1:])
+    except SystemExit as e:
+        return e.code
+    return None
+
+
 def launch(folder, strategy, *train_args, launcher=("--num_workers=2",), popen=False,
            timeout=300, stderr=subprocess.PIPE, env=None):
     """``python -m tfdp.launch <launcher> -- --strategy=<strategy> --workdir=<folder>/run

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import REPO, ROOT
-from processes import child_env
+from processes import child_env, train_in_this_process
 from tfdp import flags
 
 README = os.path.join(REPO, "README.md")
@@ -97,29 +97,13 @@ def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir, capsys):
         processes = pool.map(run, [n for n in runnable if n not in trains])
         for i, command in trains:
             argv = shortened(command, data_dir, tmp_path / str(i))[2:]  # After python -m.
-            assert _train_in_this_process(argv) is None, command
+            assert train_in_this_process(argv) is None, command
             out = capsys.readouterr().out
             assert "exported " in out, (command, out[-2000:])
         for command, done in processes:
             assert done.returncode == 0, (command, done.stderr[-3000:])
             assert "exported " in done.stdout or "bench" in command, (command,
                                                                       done.stdout[-2000:])
-
-
-def _train_in_this_process(argv: list):
-    """``python -m tfdp.train`` + ``argv[1:]`` run by ``tfdp.train.main``; its exit, or None."""
-    from absl import flags as absl_flags
-
-    from tfdp import train
-
-    flags.define_flags()
-    absl_flags.FLAGS.unparse_flags()  # Every flag back to its default, then this command's.
-    absl_flags.FLAGS(argv)
-    try:
-        train.main(argv[:1])
-    except SystemExit as e:
-        return e.code
-    return None
 
 
 @pytest.mark.slow

@@ -25,15 +25,16 @@ _DEFINE = {bool: flags.DEFINE_boolean, int: flags.DEFINE_integer, float: flags.D
            str: flags.DEFINE_string}
 
 
-def define_flags() -> None:
-    """Define one flag per ``Config`` field (idempotent, so tests and the bench may call it)."""
+def define_flags(flag_values=FLAGS) -> None:
+    """Define one flag per ``Config`` field in ``flag_values`` (absl's global ones by default;
+    idempotent, so tests and the bench may call it)."""
     for field in dataclasses.fields(Config):
-        if field.name in FLAGS:
+        if field.name in flag_values:
             continue
         kind = field.type
         if typing.get_origin(kind) is typing.Union:  # Optional[X]: X, with None as default.
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        _DEFINE[kind](field.name, field.default, help_of(field))
+        _DEFINE[kind](field.name, field.default, help_of(field), flag_values=flag_values)
 
 
 HELP_ARGS = ("-h", "--help", "-help", "--helpshort")
@@ -71,9 +72,10 @@ def help_parser(program: str, doc: str, modules: list = None, parse=None):
     return parser
 
 
-def config_from_flags() -> Config:
+def config_from_flags(flag_values=FLAGS) -> Config:
     """Build the validated run configuration from the parsed flags."""
-    return Config(**{field.name: FLAGS[field.name].value for field in dataclasses.fields(Config)})
+    return Config(**{field.name: flag_values[field.name].value
+                     for field in dataclasses.fields(Config)})
 
 
 def markdown() -> str:
