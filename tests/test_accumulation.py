@@ -17,7 +17,8 @@ from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.keras_path import train_step
 from tfdp.manual import allreduce as allreduce_module
-from tfdp.manual.step import Replicas, StepSettings, make_train_step
+from tfdp.manual.replicate import Replicas
+from tfdp.manual.step import StepSettings, make_train_step
 from tfdp.models import lenet
 from tfdp.plan import make_plan
 

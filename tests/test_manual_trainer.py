@@ -10,8 +10,8 @@ from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
 from tfdp import data
 from tfdp.config import Config
-from tfdp.manual.replicate import split_batch
-from tfdp.manual.step import (Replicas, StepSettings, exchange_gradients, make_train_step,
+from tfdp.manual.replicate import Replicas, split_batch
+from tfdp.manual.step import (StepSettings, exchange_gradients, make_train_step,
                               moved_statistics, replica_gradients, update_replicas)
 
 

@@ -17,7 +17,8 @@ import tfdp
 from tfdp import devices
 from tfdp.config import Config
 from tfdp.errors import UserError
-from tfdp.manual.step import Replicas, StepSettings, make_train_step
+from tfdp.manual.replicate import Replicas
+from tfdp.manual.step import StepSettings, make_train_step
 
 # bfloat16 keeps 8 significant bits: rounding to it moves a value by up to 2^-9 of itself.
 HALF_ULP = 2.0 ** -9

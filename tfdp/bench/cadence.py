@@ -165,7 +165,8 @@ def _bare(config, devices, train, asynchronous: bool) -> dict:
     from tensorflow.python.eager import context
 
     from tfdp import data
-    from tfdp.manual.step import Replicas, StepSettings, make_train_step
+    from tfdp.manual.replicate import Replicas
+    from tfdp.manual.step import StepSettings, make_train_step
     from tfdp.models import lenet
     from tfdp.plan import make_plan
 

@@ -1,7 +1,13 @@
-"""Copy parameters onto every device, and split a minibatch across the devices."""
+"""Copy parameters onto every device (with each replica's optimizer slots: ``Replicas``), and
+split a minibatch across the devices."""
+
+import dataclasses
 
 import tensorflow as tf
 
+from tfdp.models import lenet
+from tfdp.models.averaging import Averaging, averaged
+from tfdp.models.sgd import SGD
 from tfdp.plan import shard_sizes
 
 
@@ -28,3 +34,37 @@ def split_batch(images: tf.Tensor, labels: tf.Tensor, devices: list) -> list:
         with tf.device(device):
             placed.append((tf.identity(x), tf.identity(y)))
     return placed
+
+
+@dataclasses.dataclass
+class Replicas:
+    """The model on every device: each replica's parameters (``params[d]``, the textbook's
+    ``get_params``), its SGD velocities and its weight averages, and whether a step has set the
+    averages yet (``averaged``, a bool variable)."""
+    devices: list
+    params: list
+    velocities: list
+    averages: list
+    averaged: tf.Variable
+
+    @classmethod
+    def place(cls, params: dict, devices: list, sgd: SGD = SGD(),
+              averaging: Averaging = Averaging(), velocities: list = None,
+              averages: list = None, resumed: bool = False):
+        """``params`` (numpy) copied onto every device, with ``sgd``'s zero velocities under
+        momentum (or ``velocities``) and ``averaging``'s averages starting at the parameters (or
+        ``averages``); ``resumed``: the averages came with a backup, so the first step does not
+        reset them."""
+        replicas = replicate(params, devices)
+        slots, means = [], []
+        for device, replica in zip(devices, replicas):
+            with tf.device(device):
+                slots.append(sgd.velocities(lenet.trainable(replica), velocities))
+                means.append(averaging.averages(lenet.trainable(replica), averages))
+        with tf.device(devices[0]):
+            averaged_yet = tf.Variable(resumed, trainable=False, name="averaged")
+        return cls(devices, replicas, slots, means, averaged_yet)
+
+    def evaluated(self) -> list:
+        """Each replica's model as evaluated and exported: averaged under ``--ema``."""
+        return [averaged(params, mine) for params, mine in zip(self.params, self.averages)]

@@ -34,9 +34,9 @@ import tensorflow as tf
 from tfdp.manual.allreduce import ALLREDUCE, on_replica
 from tfdp.manual.buckets import exchange
 from tfdp.manual.feed import Feed, images_feed
-from tfdp.manual.replicate import replicate
+from tfdp.manual.replicate import Replicas
 from tfdp.models import lenet
-from tfdp.models.averaging import Averaging, averaged
+from tfdp.models.averaging import Averaging
 from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
 from tfdp.models.sgd import SGD
 from tfdp.plan import shard_sizes
@@ -69,38 +69,6 @@ class StepSettings:
                    config.accumulate_steps, config.bucket_kb, config.overlap == "auto",
                    SGD.of(config), config.label_smoothing, Averaging(config.ema), config.eager,
                    config.eval_flip)
-
-
-@dataclasses.dataclass
-class Replicas:
-    """The model on every device: each replica's parameters (``params[d]``, the textbook's
-    ``get_params``), its SGD velocities and its weight averages, and whether a step has set the
-    averages yet (``averaged``, a bool variable)."""
-    devices: list
-    params: list
-    velocities: list
-    averages: list
-    averaged: tf.Variable
-
-    @classmethod
-    def place(cls, params: dict, devices: list, settings: StepSettings = StepSettings(),
-              velocities: list = None, averages: list = None, resumed: bool = False):
-        """``params`` (numpy) copied onto every device, with zero velocities under momentum
-        (or ``velocities``) and averages starting at the parameters (or ``averages``);
-        ``resumed``: the averages came with a backup, so the first step does not reset them."""
-        replicas = replicate(params, devices)
-        slots, means = [], []
-        for device, replica in zip(devices, replicas):
-            with tf.device(device):
-                slots.append(settings.sgd.velocities(lenet.trainable(replica), velocities))
-                means.append(settings.averaging.averages(lenet.trainable(replica), averages))
-        with tf.device(devices[0]):
-            averaged_yet = tf.Variable(resumed, trainable=False, name="averaged")
-        return cls(devices, replicas, slots, means, averaged_yet)
-
-    def evaluated(self) -> list:
-        """Each replica's model as evaluated and exported: averaged under ``--ema``."""
-        return [averaged(params, mine) for params, mine in zip(self.params, self.averages)]
 
 
 def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),

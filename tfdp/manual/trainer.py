@@ -14,8 +14,8 @@ from tfdp.cluster.stall import watching
 from tfdp.devices import configure_devices
 from tfdp.manual import remote
 from tfdp.manual.feed import Feed, local_feed
-from tfdp.manual.step import (Replicas, StepSettings, make_eval_step, make_train_step,
-                              make_train_window)
+from tfdp.manual.replicate import Replicas
+from tfdp.manual.step import StepSettings, make_eval_step, make_train_step, make_train_window
 from tfdp.models import lenet
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training import loop
@@ -80,8 +80,8 @@ def train(run, state: TrainingState = None, feed: Feed = None,
     settings = StepSettings.of(config)
     with watching(run.stall, "placing the replicas"):
         replicas = Replicas.place(lenet.from_keras_weights(state.weights), run.devices,
-                                  settings, state.velocities, state.averages,
-                                  resumed=run.first_step > 0)
+                                  settings.sgd, settings.averaging, state.velocities,
+                                  state.averages, resumed=run.first_step > 0)
     steps = ReplicaSteps(run, replicas, settings,
                          feed or local_feed(config, run.plan, run.devices, run.train_split,
                                             run.test_split),
