@@ -131,11 +131,6 @@ def help_text() -> str:
     return "; ".join(f"{p.name}: {p.summary}" for p in _REGISTERED.values()) + "." + problem
 
 
-def owner_of(flag: str) -> list:
-    """The paths whose own flag ``flag`` is."""
-    return [p for p in all_paths() if flag in p.own_flags]
-
-
 def check_flags_owned(config) -> None:
     """Refuse, in one line, another path's flag set on this one."""
     path = get(config.strategy)
