@@ -47,6 +47,25 @@ def test_a_signal_never_raises_inside_a_run_it_waits_for_a_step_or_a_stage_end()
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # Restored afterwards.
 
 
+def test_the_launcher_waits_for_workers_that_end_while_it_looks():
+    """A process that ends between two of the launcher's polls (seen under a loaded machine:
+    ``ValueError: None is not in list`` from a rerun that had finished) is one that ended."""
+    from tfdp.launcher import supervise
+
+    class EndsWhenPolled:
+        def __init__(self, running_polls):
+            self.running_polls = running_polls
+
+        def poll(self):
+            self.running_polls -= 1
+            return None if self.running_polls >= 0 else 0
+
+        def wait(self, timeout):
+            return self.poll()
+
+    assert supervise.wait([EndsWhenPolled(0), EndsWhenPolled(1)], grace=5) == [0, 0]
+
+
 def test_a_signal_inside_tensorflows_callbacks_is_held_for_the_next_stage_end():
     """A signal whose handler runs in Python code that TensorFlow's C++ called (here a
     ``py_function``; in a run, a step being made, which once gave an ``AttributeError`` from

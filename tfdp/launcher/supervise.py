@@ -102,10 +102,12 @@ def wait(procs, grace) -> list:
     worker still running)."""
     deadline = time.time() + grace
     while time.time() < deadline and not second_ctrl_c():
-        if all(p.poll() is not None for p in procs):
+        # One poll of each, read once: a process may end between two reads.
+        running = [p for p in procs if p.poll() is None]
+        if not running:
             break
         try:
-            procs[[p.poll() for p in procs].index(None)].wait(timeout=0.1)
+            running[0].wait(timeout=0.1)
         except subprocess.TimeoutExpired:
             pass
     return [p.poll() for p in procs]
