@@ -8,12 +8,19 @@ session for the tests that only read them).
 
 Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
 
+The suite runs in two worker processes (pytest-xdist, ``-n 2`` in setup.cfg): alone, it kept a
+2-core machine's cores 57 % busy, most tests waiting on processes they started. What must not
+run twice at once is a group (``xdist_group``: a real Slurm, the shared runs), and the groups,
+the longest units, are handed out first. ``-n 0`` runs it in one process.
+
 Markers (setup.cfg): ``slow`` (a long single-process run), ``cluster`` (several processes: the
 launcher, tfdp.server), ``root(why)`` (Linux and root: namespaces, mounts; skipped elsewhere,
 saying why). The quick tier is ``-m "not slow and not cluster and not root"``.
 """
 
 import atexit
+import contextlib
+import fcntl
 import os
 import shutil
 import sys
@@ -27,6 +34,10 @@ atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 import pytest  # noqa: E402
 
+from tfdp import logs  # noqa: E402
+
+logs.import_tensorflow()  # Without its start-up banners (pytest-xdist's workers show them).
+
 from tfdp import data, devices, fashion_mnist  # noqa: E402
 
 # Logical devices must exist before TensorFlow runs its first op; tests take the first k.
@@ -36,12 +47,32 @@ ROOT = os.geteuid() == 0 and sys.platform.startswith("linux")
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked ``root(why)`` skips, saying why, where this is not Linux run as root."""
+    """A test marked ``root(why)`` skips, saying why, where this is not Linux run as root. The
+    tests of an ``xdist_group`` come first (in their order): each group runs on one worker as one
+    unit, and a long unit started last would leave the other worker idle at the end."""
     for item in items:
         mark = item.get_closest_marker("root")
         if mark and not ROOT:
             why = mark.args[0] if mark.args else "network namespaces, mounts"
             item.add_marker(pytest.mark.skip(reason=f"needs Linux and root ({why})"))
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
+@contextlib.contextmanager
+def only_one_worker(path: str):
+    """Held by one test process at a time (the suite's workers share the machine's files)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def shared_temp(tmp_path_factory):
+    """A folder every worker of this test session sees (each has its own basetemp in it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(autouse=True)
@@ -67,8 +98,10 @@ def manual_dir():
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory, manual_dir):
-    path = os.environ.get("TFDP_TEST_DATA_DIR") or str(tmp_path_factory.mktemp("tfds"))
-    fashion_mnist.prepare(path, manual_dir)
+    shared = shared_temp(tmp_path_factory)
+    path = os.environ.get("TFDP_TEST_DATA_DIR") or str(shared / "tfds")
+    with only_one_worker(str(shared / "tfds.lock")):
+        fashion_mnist.prepare(path, manual_dir)
     return path
 
 

@@ -21,7 +21,9 @@ from tfdp.launcher import emulated_hosts
 COMMANDS = ("slurmctld", "slurmd", "srun", "sbatch", "scancel", "scontrol", "sinfo", "munged")
 NODES = 2
 # A job's credential lifetime, and so how long a requeued job waits before it may start again
-# (while its old credential is revoked on the nodes): Slurm's default is 120 s.
+# (while its old credential is revoked on the nodes): Slurm's default is 120 s. A job whose start
+# time has come is started by the scheduler's next periodic pass (sched_interval, 60 s by
+# default: here 1 s), no event prompting it.
 CRED_EXPIRE = 10
 
 
@@ -107,6 +109,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none

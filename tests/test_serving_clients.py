@@ -28,6 +28,8 @@ LITERT_CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
 
 
 EVAL_STEPS = 2  # The shared runs' evaluation (tests/shared_runs.py).
+# One worker serves them all (xdist_group): the runs are trained and served once.
+pytestmark = pytest.mark.xdist_group("shared_runs")
 
 
 @pytest.fixture(scope="module")

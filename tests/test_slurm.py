@@ -19,7 +19,9 @@ from conftest import REPO
 from processes import child_env, launch
 from slurm_cluster import SlurmCluster, missing
 
-pytestmark = [pytest.mark.cluster, pytest.mark.root("a slurmd per network namespace")]
+# One worker runs them all (xdist_group): the module's Slurm is started once.
+pytestmark = [pytest.mark.cluster, pytest.mark.root("a slurmd per network namespace"),
+              pytest.mark.xdist_group("slurm")]
 TRAIN = [sys.executable, "-m", "tfdp.train"]
 
 
