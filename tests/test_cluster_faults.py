@@ -140,6 +140,36 @@ def test_a_worker_paused_for_seconds_is_named_with_its_step(tmp_path, data_dir):
     assert 3.0 <= float(paused[1]) <= 6.0 and 60 < int(paused[2]) <= 120
 
 
+def test_a_peer_reported_lost_is_named_once_its_exit_closes_its_port():
+    """TensorFlow reports a killed peer lost while, on a loaded machine, its exit is still under
+    way and its port still accepts (seen in CI: both workers then named only as TensorFlow's
+    error names them): the lost line waits for the port to close and names that peer."""
+    import socket
+    import threading
+
+    from tfdp.cluster import tf_config
+
+    alive, dying = socket.socket(), socket.socket()
+    for s in (alive, dying):
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+    peers = [(f"worker {i}", f"127.0.0.1:{s.getsockname()[1]}")
+             for i, s in enumerate((alive, dying))]
+    error = "/job:worker/replica:0/task:0 /job:worker/replica:0/task:1 unavailable"
+    try:
+        threading.Timer(0.5, dying.close).start()
+        line = tf_config.lost_contact("UnavailableError", peers, error, [20])
+        assert f"unreachable now: worker 1 ({peers[1][1]}); the backup of step 20" in line, line
+        # Every peer still there (a cluster TensorFlow lost for another reason): the wait is
+        # bounded, and the line names what TensorFlow's error names.
+        started = time.monotonic()
+        line = tf_config.lost_contact("UnavailableError", peers[:1], error, [20])
+        assert "unreachable now: worker 0 (reported unhealthy), worker 1 (reported" in line
+        assert time.monotonic() - started < tf_config.EXIT_SETTLES_S + 2
+    finally:
+        alive.close()
+
+
 @by_path
 def test_a_killed_peer_ends_the_run_and_the_same_command_resumes(tmp_path, data_dir, path):
     """SIGKILL to one peer after the first epoch's backup: the run ends within a minute or two

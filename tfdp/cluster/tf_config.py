@@ -182,18 +182,30 @@ def _check_port_free(task_: Task) -> None:
         probe.close()
 
 
-def silent_peers(peers: list) -> list:
-    """``"worker 1 (host:port)"`` for each of ``peers`` that does not accept a connection now."""
-    silent = unreachable([address for _, address in peers])
-    return [f"{name} ({address})" for name, address in peers if address in silent]
+# How long a peer that TensorFlow reports lost may take to stop accepting connections: a killed
+# process's port closes only once its exit is done, and on a loaded machine a large process's
+# exit takes a while; until then its port still accepts.
+EXIT_SETTLES_S = 3.0
+
+
+def silent_peers(peers: list, settle: float = 0.0) -> list:
+    """``"worker 1 (host:port)"`` for each of ``peers`` that does not accept a connection now,
+    or within ``settle`` seconds if every one does at first."""
+    deadline = time.monotonic() + settle
+    while True:
+        silent = unreachable([address for _, address in peers])
+        if silent or time.monotonic() >= deadline:
+            return [f"{name} ({address})" for name, address in peers if address in silent]
+        time.sleep(0.2)
 
 
 def lost_contact(error_name: str, peers: list, error_text: str, kept_steps: list,
                  hung: list = ()) -> str:
     """The one line for a run that lost its cluster: the ``peers`` it cannot reach now (else
     those that accept a connection but run nothing, ``hung``; else those TensorFlow's
-    ``error_text`` names) and the backup the same command resumes from."""
-    named = silent_peers(peers)
+    ``error_text`` names) and the backup the same command resumes from. Where TensorFlow said
+    a peer was lost (``error_text``), a peer still exiting is given ``EXIT_SETTLES_S``."""
+    named = silent_peers(peers, EXIT_SETTLES_S if error_text else 0.0)
     if not named and hung:
         return (f"lost contact with the cluster ({error_name}): not answering now (its port "
                 f"open, its process stopped or hung): "
