@@ -1,0 +1,37 @@
+"""The suite's own two workers (tests/conftest.py): the tests of one ``xdist_group`` run on one
+worker, which is what lets a real Slurm and the shared runs start once. pytest 9.2 broke that
+silently (https://github.com/pytest-dev/pytest-xdist/issues/1386; setup.cfg bounds pytest
+below it): this runs the installed pytest and pytest-xdist on two groups and asks where each
+test ran."""
+
+import re
+import subprocess
+import sys
+
+GROUPED = '''
+import os
+import pytest
+
+@pytest.mark.xdist_group("first")
+@pytest.mark.parametrize("i", range(4))
+def test_first(i):
+    print(os.environ["PYTEST_XDIST_WORKER"])
+
+@pytest.mark.xdist_group("second")
+@pytest.mark.parametrize("i", range(4))
+def test_second(i):
+    print(os.environ["PYTEST_XDIST_WORKER"])
+'''
+
+
+def test_each_xdist_group_runs_on_one_worker(tmp_path):
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup",
+                             "-v", "-p", "no:cacheprovider", f"--rootdir={tmp_path}",
+                             str(tmp_path / "test_grouped.py")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ran = re.findall(r"^\[(gw\d)\] .*PASSED .*::test_(first|second)\[\d\]", result.stdout, re.M)
+    assert len(ran) == 8, result.stdout[-3000:]
+    workers = {group: {worker for worker, g in ran if g == group} for group in ("first", "second")}
+    assert all(len(w) == 1 for w in workers.values()), (workers, result.stdout[-3000:])
