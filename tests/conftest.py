@@ -8,10 +8,11 @@ session for the tests that only read them).
 
 Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
 
-The suite runs in two worker processes (pytest-xdist, ``-n 2`` in setup.cfg): alone, it kept a
-2-core machine's cores 57 % busy, most tests waiting on processes they started. What must not
-run twice at once is a group (``xdist_group``: a real Slurm, the shared runs), and the groups,
-the longest units, are handed out first. ``-n 0`` runs it in one process.
+The suite runs in three worker processes (pytest-xdist, ``-n 3`` in setup.cfg): one test at a
+time, it kept a 2-core machine's cores 57 % busy, most tests waiting on processes they started
+(docs/design.md#tests). What must not run twice at once is a group (``xdist_group``: a real
+Slurm, the shared runs), and the groups, the longest units, are handed out first. ``-n 0`` runs
+the suite in one process.
 
 Markers (setup.cfg): ``slow`` (a long single-process run), ``cluster`` (several processes: the
 launcher, tfdp.server), ``root(why)`` (Linux and root: namespaces, mounts; skipped elsewhere,
