@@ -209,7 +209,9 @@ def test_the_cadence_table_measures_the_bare_step_the_loop_and_no_barrier(tmp_pa
 
 @pytest.mark.slow
 def test_time_to_accuracy_runs_every_seed_as_a_process_and_scores_as_mlperf(tmp_path, data_dir):
-    result = run_module("tfdp.bench", "--time_to_accuracy=0.2", "--runs=3",
+    # Two seeds: MLPerf's dropping of the fastest and the slowest of 3 or more is checked
+    # in-process (test_mlperf_scores_drop_the_fastest_and_slowest_run_and_need_every_run_to_reach).
+    result = run_module("tfdp.bench", "--time_to_accuracy=0.2", "--runs=2",
                         "--tta_configs=manual:2:fast:e=2:eval_flip=false,beginner:1:e=2",
                         "--tta_steps=6",
                         "--tta_eval_examples=1024", f"--data_dir={data_dir}",
@@ -221,7 +223,7 @@ def test_time_to_accuracy_runs_every_seed_as_a_process_and_scores_as_mlperf(tmp_
     rows = {r["name"]: r for r in report["rows"]}
     assert list(rows) == ["manual:2:fast:e=2:eval_flip=false", "beginner:1:e=2"]
     for row in rows.values():
-        assert [run["seed"] for run in row["runs"]] == [1, 2, 3]
+        assert [run["seed"] for run in row["runs"]] == [1, 2]
         for run in row["runs"]:
             clock, accuracy = zip(*run["curve"])
             assert list(clock) == sorted(clock) and clock[0] > 0

@@ -77,8 +77,12 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
     """Worker 1 stopped 30 of every 40 ms (real SIGSTOP and SIGCONT from outside: a host with
     a quarter of a CPU) through the second epoch, then for good: that epoch's line names it,
     and the hang ends the run in one line naming the flight recorder's file."""
+    # 50 steps an epoch: Keras fit reads the stamps every 5 steps (10 in the slowed epoch), and
+    # the slowing starts once this process has seen the first backup, a few steps into epoch 2
+    # on a loaded machine. With 25 (5 read) the straggler once went unnamed.
+    steps = 50
     run = launch(tmp_path, path.strategy, f"--data_dir={data_dir}", "--epochs=3",
-                 "--steps_per_epoch=25", "--batch_size=64", "--eval_steps=1",
+                 f"--steps_per_epoch={steps}", "--batch_size=64", "--eval_steps=1",
                  "--collective_timeout=10", launcher=path.launcher, popen=True)
     out, err = slow_then_stop(run, tmp_path, "worker", 1)
     # multi_worker: the launcher stops the workers once the chief has ended.
@@ -95,7 +99,7 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
                         r"(\S+flight_recorder\.json)\)$", err, re.M)
     assert stopped, err[-3000:]
     record = json.loads(open(stopped[1]).read())
-    assert record["steps"] and record["steps"][-1]["step"] >= 50
+    assert record["steps"] and record["steps"][-1]["step"] >= 2 * steps
     if path.strategy == "manual":  # The chief asks each worker: the hung one is named.
         # The hang meets a step, or the chief's look for a worker's SIGTERM between them.
         doing = r"(training steps? [\d-]+|asking the workers whether one was preempted)"
@@ -107,7 +111,7 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
                          record["why"]), record["why"]
     slowed = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][1]
     if path.strategy == "parameter_server":
-        assert sum(slowed["worker_steps"]) == 25
+        assert sum(slowed["worker_steps"]) == steps
         assert slowed["worker_step_ms"][1] > slowed["worker_step_ms"][0]
         assert {s["worker"] for s in record["steps"]} <= {"worker 0", "worker 1"}
     else:
