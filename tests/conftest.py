@@ -61,13 +61,11 @@ def pytest_collection_modifyitems(config, items):
 
 @contextlib.contextmanager
 def only_one_worker(path: str):
-    """Held by one test process at a time (the suite's workers share the machine's files)."""
+    """Held by one test process at a time (the suite's workers share the machine's files); the
+    lock goes with the file's closing."""
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield
 
 
 def shared_temp(tmp_path_factory):
