@@ -118,8 +118,8 @@ class _Loop:
                         run.tracer.room(self.issued))
             step = self.issued + 1
             with run.tracer.step(step):  # A traced step is collected inside its marker.
-                with watching(run.stall, _training(self.issued, count)):
-                    pending = self.steps.issue(batches, self.issued, count)
+                pending = self._watched(self.issued, count, self.steps.issue, batches,
+                                        self.issued, count)
                 self.in_flight.append((pending, i, count))
                 self.issued += count
                 i += count
@@ -133,13 +133,18 @@ class _Loop:
 
     def _collect(self, running: _Running) -> None:
         pending, i, count = self.in_flight.popleft()
-        with watching(self.run.stall, _training(self.done, count)):
-            results = self.steps.collect(pending)
+        results = self._watched(self.done, count, self.steps.collect, pending)
         for position, (loss, correct, examples) in enumerate(results, start=i + 1):
             self.divergence.check(loss, self.done + 1, self.run.plan.steps_per_epoch)
             self.done += 1
             self.run.watch.reached(self.done)
             running.add(loss, correct, examples, position)
+
+    def _watched(self, done: int, count: int, call, *args):
+        """``call(*args)``, the ``count`` steps after global step ``done``, under the stall
+        watchdog."""
+        with watching(self.run.stall, _training(done, count)):
+            return call(*args)
 
     def _drain(self, running: _Running) -> None:
         while self.in_flight:
