@@ -9,8 +9,12 @@ that run the first time a test asks, and hands every later test the same ``Resul
 """
 
 import dataclasses
+import os
 
 SERVED = "saved_model,onnx,litert"
+# A user's own model, from a file outside the package (docs/your-model.md).
+YOURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "own_models",
+                     "residual_cnn.py") + ":residual_cnn"
 # name -> the flags of tfdp.train (tfdp.run's keywords) besides the data and the folders.
 RUNS = {
     "manual-lenet": dict(strategy="manual", num_gpus=2, batch_size=100, lr=0.2, epochs=1,
@@ -29,6 +33,10 @@ RUNS = {
     # At lr 0.2 a 20-step ResNet diverges (test loss 2,399, logits in the thousands, in a run
     # here), and in one CI run TFLite's classes then disagreed with TF's (accuracy 0 against
     # 0.125): a diverged model is no test of a serving client.
+    # Your model, batch normalization and all, from scratch through stateless_call.
+    "manual-yours": dict(strategy="manual", model=YOURS, num_gpus=2, batch_size=100, lr=0.05,
+                         momentum=0.9, epochs=1, steps_per_epoch=20, eval_steps=2,
+                         export_formats=SERVED),
     "mirrored-resnet18": dict(strategy="mirrored", model="resnet18", num_gpus=2, batch_size=16,
                               lr=0.02, epochs=1, steps_per_epoch=20, eval_steps=2,
                               init="glorot", export_formats=SERVED),

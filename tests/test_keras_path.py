@@ -13,9 +13,9 @@ import keras
 import tensorflow as tf
 
 from conftest import DEVICES, REPO
-from processes import AS_FROM_A_SHELL, child_env, run_module
+from processes import child_env, run_module
 from same_model import comparable_start, head, train_manual, update_difference
-from tfdp import data, logs
+from tfdp import data
 from tfdp import training_run
 from tfdp.config import Config
 from tfdp.keras_path import distributed_input, evaluation, keras_mwms_fix
@@ -261,17 +261,3 @@ def test_keras_is_the_minor_version_the_workarounds_patch():
     assert callable(trainer.reduce_per_replica)
     assert callable(trainer.TensorFlowTrainer._maybe_symbolic_build)
 
-
-@pytest.mark.slow
-def test_the_own_model_example_runs_and_prints_no_tensorflow_start_up_noise(data_dir):
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    result = subprocess.run([sys.executable, os.path.join("examples", "own_keras_model.py")],
-                            capture_output=True, text=True, cwd=REPO, timeout=600,
-                            env=child_env(**AS_FROM_A_SHELL, TFDS_DATA_DIR=data_dir))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not [line for line in result.stderr.splitlines()
-                if logs.STARTUP_BANNERS.match(line) or "cuInit" in line], result.stderr[-3000:]

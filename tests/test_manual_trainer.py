@@ -12,7 +12,7 @@ from tfdp import data
 from tfdp.config import Config
 from tfdp.manual.replicate import Replicas, split_batch
 from tfdp.manual.step import (StepSettings, exchange_gradients, make_train_step,
-                              moved_statistics, replica_gradients, update_replicas)
+                              combined_statistics, replica_gradients, update_replicas)
 
 
 def start_params(dtype=np.float32):
@@ -96,7 +96,7 @@ def test_the_three_stages_of_a_step_each_alone(train_split):
     total = [sum(r.gradients[i] for r in shards) for i in range(len(whole.gradients))]
     for mine, theirs in zip(total, whole.gradients):
         np.testing.assert_allclose(mine, theirs, rtol=1e-9, atol=1e-15)
-    assert moved_statistics(three, shards) == {}  # lenet keeps no running statistics.
+    assert combined_statistics(three, shards) == {}  # lenet keeps no running statistics.
     for settings in (StepSettings(allreduce="ring"), StepSettings(allreduce="sharded"),
                      StepSettings(allreduce="ring", bucket_kb=4, overlap=False)):
         summed = exchange_gradients([r.gradients for r in shards], DEVICES[:3], settings)

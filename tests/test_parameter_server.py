@@ -89,6 +89,21 @@ def test_resnet18_trains_on_balanced_servers_and_exports(tmp_path, data_dir):
 
 
 @pytest.mark.cluster
+def test_your_model_with_batch_norm_trains_on_the_servers_and_exports(tmp_path, data_dir):
+    own = os.path.join(os.path.dirname(__file__), "own_models", "residual_cnn.py")
+    result = launch(tmp_path, f"--data_dir={data_dir}", f"--model={own}:residual_cnn",
+                    "--batch_size=32", "--epochs=1", "--steps_per_epoch=3", "--eval_steps=1",
+                    workers=1, ps=1)
+    assert result.returncode == 0, result.stderr[-4000:]
+    # Batch normalization's statistics live, and move, on the server too.
+    held = re.search(r"^\[chief\] parameters: (.*)$", result.stderr, re.M)[1]
+    assert "moving_mean" in held and "moving_variance" in held, held
+    served = tf.saved_model.load(str(tmp_path / "export" / "1")).signatures["serving_default"](
+        images=tf.zeros([2, 28, 28, 1], tf.uint8))
+    assert served["logits"].shape == (2, 10)
+
+
+@pytest.mark.cluster
 def test_one_worker_trains_exactly_the_from_scratch_paths_model(tmp_path, data_dir, train_split,
                                                                  test_split):
     # One worker runs its steps in order: the updates are the from-scratch path's on one

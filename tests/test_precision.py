@@ -19,6 +19,7 @@ from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.manual.replicate import Replicas
 from tfdp.manual.step import StepSettings, make_train_step
+from tfdp.models import lenet
 
 # bfloat16 keeps 8 significant bits: rounding to it moves a value by up to 2^-9 of itself.
 HALF_ULP = 2.0 ** -9
@@ -52,8 +53,8 @@ def test_bfloat16_under_multi_worker_trains_and_exports(tmp_path, data_dir):
     assert os.listdir(tmp_path / "exp") == ["1"]
 
 
-def _one_step(start, images, labels, **dtypes):
-    replicas = Replicas.place(start, DEVICES[:2])
+def _one_step(start, images, labels, compute=None, **dtypes):
+    replicas = Replicas.place(start, DEVICES[:2], model=lenet.HandWritten.of(start, compute))
     make_train_step(replicas, StepSettings(allreduce="ring", **dtypes))(images, labels,
                                                                         tf.constant(0.1))
     return {name: var.numpy() for name, var in replicas.params[0].items()}
@@ -64,7 +65,7 @@ def test_bfloat16_agrees_with_float32_to_its_rounding(train_split):
     labels = tf.constant(train_split.labels[:256])
     start = comparable_start(3)
     exact = _one_step(start, images, labels)
-    mixed = _one_step(start, images, labels, compute_dtype="bfloat16")
+    mixed = _one_step(start, images, labels, compute="bfloat16")
     assert all(v.dtype == np.float32 for v in mixed.values())
     # A gradient in bfloat16 passes through about 16 rounded operands (a weight and an
     # activation per layer, forward and backward, 4 layers), each off by up to HALF_ULP: to

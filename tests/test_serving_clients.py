@@ -56,7 +56,6 @@ def served(shared_runs, test_split, tmp_path_factory):
 def test_export_serves_in_every_client(served, name):
     result, examples, margin, seen = served[name]
     precision = RUNS[name].get("precision", "float32")
-    model = RUNS[name].get("model", "lenet")
     reported = result.history[-1]
     export = result.export_path
     # A model server running as another user can read every folder and file.
@@ -84,4 +83,5 @@ def test_export_serves_in_every_client(served, name):
     assert seen["onnx_signature"] == ONNX_CONTRACT and seen["litert_signature"] == LITERT_CONTRACT
     # Float32: measured about 1e-7, kernels of another order; bfloat16: see the margin.
     runtimes_agree(seen, examples, margin)
-    assert seen["litert_bytes"] > (100_000 if model.startswith("lenet") else 10_000_000)  # Weights.
+    # The weights are in it: at least the kernels' float32 bytes.
+    assert seen["litert_bytes"] > 4 * sum(w.size for w in result.weights if w.ndim > 1)

@@ -211,7 +211,7 @@ def assert_one_line_error(result, *words):
     (["--strategy=horovod"], ["--strategy=horovod"]),
     (["--model=vgg"], ["--model=vgg"]),
     (["--allreduce=tree"], ["--allreduce=tree"]),
-    (["--model=resnet18"], ["--model=resnet18", "--strategy=mirrored"]),
+    (["--model=lenet_bn", "--strategy=parameter_server"], ["--model=lenet_bn", "--strategy=manual"]),
     (["--batch_size=64", "--per_replica_batch_size=32"], ["not both"]),
     (["--num_gpus=2", "--batch_size=1"], ["--batch_size=1", "2 replicas"]),
     (["--strategy=multi_worker", "--num_gpus=2"], ["--num_gpus=2", "one replica per CPU"]),

@@ -2,7 +2,8 @@
 
 The keyword arguments are the command line's flags (``python -m tfdp.train --help``), with the
 same defaults and the same checks: a bad one raises ``tfdp.UserError`` (a ``ValueError``)
-carrying the line the command line prints.
+carrying the line the command line prints. ``model`` also takes your model's function itself,
+``function(input_shape, num_classes)`` returning a Keras model.
 
 Logical devices are fixed when TensorFlow starts, once per process: a later run in the same
 process may use as many devices as the first configured, or fewer. To train on 1 and then 2
@@ -12,7 +13,7 @@ first); otherwise a run that needs more raises and says to restart the kernel.
 
 import dataclasses
 
-from tfdp import logs
+from tfdp import logs, model_spec
 from tfdp.config import Config
 from tfdp.errors import UserError
 
@@ -25,6 +26,8 @@ def run(**flags):
     if unknown:
         raise UserError(f"unknown flag(s) {', '.join(unknown)}: tfdp.run takes the flags of "
                         "python -m tfdp.train (see tfdp.api.FLAGS)")
+    if callable(flags.get("model")):  # Your model's function itself (docs/your-model.md).
+        flags["model"] = model_spec.spec_of(flags["model"])
     config = Config(**flags)
     logs.configure(config.verbose)
     logs.import_tensorflow()

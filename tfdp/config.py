@@ -8,7 +8,7 @@ import dataclasses
 import os
 from typing import Optional
 
-from tfdp import config_checks, export_formats, path_registry, recipes
+from tfdp import config_checks, export_formats, model_spec, path_registry, recipes
 from tfdp.config_checks import parse_steps
 
 # Short names accepted for --precision (the issue tracker and other libraries use them).
@@ -45,8 +45,9 @@ class Config:
         "label smoothing, flips, batch 512; docs/time-to-accuracy.md).")
     model: Optional[str] = _flag(
         None, "lenet (the textbook's LeNet), lenet_bn (LeNet with batch normalization after "
-        "each convolution and the hidden dense layer) or resnet18 (its ResNet-18 variant: "
-        "every strategy but manual, whose from-scratch step is LeNet's). Default: the "
+        "each convolution and the hidden dense layer), resnet18 (its ResNet-18 variant), or "
+        "your own Keras model: package.module:function or path/to/file.py:function, a "
+        "function(input_shape, num_classes) returning it (docs/your-model.md). Default: the "
         "recipe's.")
     num_gpus: int = _flag(
         1, "Devices to train on (per worker under multi_worker and across machines). With fewer "
@@ -224,7 +225,7 @@ class Config:
 
     @property
     def export_root(self) -> str:
-        return self.export_dir or os.path.join("saved_models", self.model)
+        return self.export_dir or os.path.join("saved_models", model_spec.name_of(self.model))
 
     @property
     def run_dir(self) -> str:

@@ -10,10 +10,9 @@ import math
 import os
 import typing
 
-from tfdp import path_registry
+from tfdp import model_spec, path_registry
 from tfdp.errors import UserError
 
-MODELS = ("lenet", "lenet_bn", "resnet18")
 ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
 PRECISIONS = ("float32", "float64", "bfloat16", "auto")
@@ -69,7 +68,7 @@ _NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a s
 def common(config) -> None:
     """The flags every path reads."""
     path_registry.get(config.strategy)  # Its own line when there is no such path.
-    choice("model", config.model, MODELS)
+    model_spec.check_spec(config.model)
     choice("allreduce", config.allreduce, ALLREDUCES)
     choice("allreduce_dtype", config.allreduce_dtype, ("float32", "bfloat16"))
     choice("precision", config.precision, PRECISIONS)
@@ -78,6 +77,9 @@ def common(config) -> None:
             config.init.endswith(".npz") and os.path.isfile(config.init)):
         raise UserError(f"--init={config.init} is neither one of {', '.join(INITS)} nor an "
                         "existing .npz file of LeNet parameters")
+    if config.init not in (None, "glorot") and config.model not in ("lenet", "lenet_bn"):
+        raise UserError(f"--init={config.init} starts LeNet; --model={config.model} starts "
+                        "from its layers' own initializers (glorot), under --seed")
     for name in ("num_gpus", "epochs", "ps_shards", "num_ps"):
         positive(name, getattr(config, name))
     if config.batch_size is not None and config.per_replica_batch_size is not None:

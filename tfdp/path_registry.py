@@ -19,6 +19,7 @@ import os
 from typing import Callable, Mapping, Optional
 
 from tfdp.errors import UserError
+from tfdp import model_spec
 
 PATHS_ENV = "TFDP_PATHS"
 BUILT_IN = ("tfdp.manual.description", "tfdp.keras_path.description",
@@ -147,7 +148,7 @@ def check_flags_owned(config) -> None:
 def check_model(config) -> None:
     """Refuse, in one line, a model this path does not train, naming the paths that do."""
     path = get(config.strategy)
-    if config.model in path.models:
+    if config.model in path.models or model_spec.is_own(config.model):
         return
     others = [p.name for p in all_paths() if config.model in p.models]
     raise UserError(f"--model={config.model}: {path.models_note or 'not trained here'}; "

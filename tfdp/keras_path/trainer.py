@@ -28,7 +28,7 @@ from tfdp.keras_path.distributed_input import distribute
 from tfdp.keras_path.strategy import make_distribution
 from tfdp.keras_path.train_step import global_batch_model
 from tfdp.logs import logger
-from tfdp.models import lenet, resnet
+from tfdp.models import catalog, lenet
 from tfdp.models.precision import input_dtype
 from tfdp.plan import steps_per_epoch
 from tfdp.trace.arrivals import Arrivals
@@ -42,20 +42,17 @@ PRECISIONS = ("float32", "float64", "bfloat16")  # As resolved: never "auto" her
 
 def build_model(config):
     """The Keras model in ``--precision``, trained with tfdp's step (``train_step.py``), which
-    stamps its replicas' arrival times under a strategy."""
-    stamped = config.strategy in STAMPED
-    if config.model == "resnet18":
-        return global_batch_model(resnet.resnet(sync_batch_norm=config.sync_batch_norm,
-                                                precision=config.precision),
-                                  config.accumulate_steps, stamped, config.label_smoothing)
-    batch_norm = config.model == "lenet_bn"
-    model = global_batch_model(lenet.keras_model(precision=config.precision,
-                                                 batch_norm=batch_norm,
-                                                 sync_batch_norm=config.sync_batch_norm),
-                               config.accumulate_steps, stamped, config.label_smoothing)
-    # The same starting weights as the manual path for the same --init and --seed.
-    model.set_weights(lenet.to_keras_weights(lenet.start_params(config.initializer, config.seed,
-                                                                batch_norm=batch_norm)))
+    stamps its replicas' arrival times under a strategy. LeNet starts from the from-scratch
+    path's weights for the same ``--init`` and ``--seed``; any other model from Keras'
+    initializers under ``--seed``."""
+    lenet_model = config.model in ("lenet", "lenet_bn")
+    model = global_batch_model(
+        catalog.build(config.model, data.IMAGE_SHAPE, data.NUM_CLASSES, config.precision,
+                      config.sync_batch_norm, seed=None if lenet_model else config.seed),
+        config.accumulate_steps, config.strategy in STAMPED, config.label_smoothing)
+    if lenet_model:
+        model.set_weights(lenet.to_keras_weights(lenet.start_params(
+            config.initializer, config.seed, batch_norm=config.model == "lenet_bn")))
     return model
 
 

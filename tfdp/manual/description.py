@@ -13,7 +13,7 @@ DEFAULT_SYNC_EVERY = 16
 
 def check(config) -> None:
     if config.sync_batch_norm:
-        raise UserError("--sync_batch_norm is the Keras paths': the from-scratch lenet_bn "
+        raise UserError("--sync_batch_norm is the Keras paths': the from-scratch step "
                         "normalizes each replica's shard and keeps one set of running "
                         "statistics, their mean")
     if config.model == "lenet_bn" and config.accumulate_steps > 1:
@@ -28,8 +28,6 @@ register(Path(
             "TF_CONFIG names them)",
     trainer="tfdp.manual.trainer:FromScratchPath",
     cluster=CLIENT,
-    models=("lenet", "lenet_bn"),
-    models_note="the from-scratch step is LeNet's",
     own_flags={
         "allreduce": OwnFlag(("add_n",), ITS_ALLREDUCE, TENSORFLOWS_WAY),
         "allreduce_dtype": OwnFlag(("float32",), f"the dtype of {ITS_ALLREDUCE}",

@@ -1,5 +1,5 @@
-"""Copy parameters onto every device (with each replica's optimizer slots: ``Replicas``), and
-split a minibatch across the devices."""
+"""Copy a model's parameters onto every device (with each replica's optimizer slots:
+``Replicas``), and split a minibatch across the devices."""
 
 import dataclasses
 
@@ -39,8 +39,10 @@ def split_batch(images: tf.Tensor, labels: tf.Tensor, devices: list) -> list:
 @dataclasses.dataclass
 class Replicas:
     """The model on every device: each replica's parameters (``params[d]``, the textbook's
-    ``get_params``), its SGD velocities and its weight averages, and whether a step has set the
-    averages yet (``averaged``, a bool variable)."""
+    ``get_params``: every variable of the ``model``, ``tfdp.models.stateless``), its SGD
+    velocities and its weight averages, and whether a step has set the averages yet
+    (``averaged``, a bool variable)."""
+    model: object
     devices: list
     params: list
     velocities: list
@@ -50,20 +52,32 @@ class Replicas:
     @classmethod
     def place(cls, params: dict, devices: list, sgd: SGD = SGD(),
               averaging: Averaging = Averaging(), velocities: list = None,
-              averages: list = None, resumed: bool = False):
-        """``params`` (numpy) copied onto every device, with ``sgd``'s zero velocities under
-        momentum (or ``velocities``) and ``averaging``'s averages starting at the parameters (or
-        ``averages``); ``resumed``: the averages came with a backup, so the first step does not
-        reset them."""
+              averages: list = None, resumed: bool = False, model=None):
+        """``params`` (numpy, by name) of ``model`` copied onto every device, with ``sgd``'s
+        zero velocities under momentum (or ``velocities``) and ``averaging``'s averages
+        starting at the parameters (or ``averages``); ``resumed``: the averages came with a
+        backup, so the first step does not reset them. The model is LeNet (or lenet_bn) unless
+        given."""
+        model = model or lenet.HandWritten.of(params)
         replicas = replicate(params, devices)
         slots, means = [], []
         for device, replica in zip(devices, replicas):
+            trained = {name: replica[name] for name in model.trainable}
             with tf.device(device):
-                slots.append(sgd.velocities(lenet.trainable(replica), velocities))
-                means.append(averaging.averages(lenet.trainable(replica), averages))
+                slots.append(sgd.velocities(trained, velocities))
+                means.append(averaging.averages(trained, averages))
         with tf.device(devices[0]):
             averaged_yet = tf.Variable(resumed, trainable=False, name="averaged")
-        return cls(devices, replicas, slots, means, averaged_yet)
+        return cls(model, devices, replicas, slots, means, averaged_yet)
+
+    @property
+    def dtype(self) -> tf.DType:
+        """The parameters' dtype (float32 under mixed precision)."""
+        return self.params[0][self.model.trainable[0]].dtype
+
+    def trainable(self, d: int) -> dict:
+        """Replica ``d``'s parameters that gradients train, by name."""
+        return {name: self.params[d][name] for name in self.model.trainable}
 
     def evaluated(self) -> list:
         """Each replica's model as evaluated and exported: averaged under ``--ema``."""

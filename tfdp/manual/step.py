@@ -14,16 +14,14 @@ K micro-batches of B train the model one batch of K x B would, to rounding, with
 one micro-batch (each waits for the previous one's gradients).
 
 The update is ``tfdp.models.sgd``'s (Keras' SGD: momentum, Nesterov, weight decay), each
-replica's velocities beside its parameters. lenet_bn normalizes each replica's shard by the
-shard's own statistics (as Keras under MirroredStrategy does); its running statistics move by
-the mean of the replicas' batch statistics, weighted by their shards' sizes, the same on every
-replica (as ``ReplicatedBatchNormalization`` moves Keras'), so what is evaluated on any replica
-is what is exported.
+replica's velocities beside its parameters. The model is any ``tfdp.models.stateless`` one: the
+hand-written LeNet, or a Keras model through ``stateless_call``. Batch normalization normalizes
+each replica's shard by the shard's own statistics (as Keras under MirroredStrategy does); its
+running statistics move by the mean of the replicas' moved statistics, weighted by their
+shards' sizes, the same on every replica (as ``ReplicatedBatchNormalization`` moves Keras'),
+so what is evaluated on any replica is what is exported.
 
-A window of steps (``make_train_window``) runs ``count`` steps in one compiled call, a loop in
-the graph that takes each batch from the input iterator and each step's learning rate from the
-plan: the host issues one call per ``--sync_every`` steps and reads their losses together
-(section 12.2).
+The trainer calls the step in windows of several steps (``tfdp.manual.window``).
 """
 
 import dataclasses
@@ -35,7 +33,6 @@ from tfdp.manual.allreduce import ALLREDUCE, on_replica
 from tfdp.manual.buckets import exchange
 from tfdp.manual.feed import Feed, images_feed
 from tfdp.manual.replicate import Replicas
-from tfdp.models import lenet
 from tfdp.models.averaging import Averaging
 from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
 from tfdp.models.sgd import SGD
@@ -46,11 +43,10 @@ from tfdp.trace.arrivals import stamp_after
 @dataclasses.dataclass(frozen=True)
 class StepSettings:
     """What a from-scratch step does, read from the config once (``of``): the allreduce and
-    when it runs, the dtypes of the passes and of the gradients' travel (None: the
-    parameters'), micro-batches per update, the update, the loss's label smoothing, the
-    weight averaging, and whether the step is compiled."""
+    when it runs, the dtype of the gradients' travel (None: the parameters'), micro-batches
+    per update, the update, the loss's label smoothing, the weight averaging, and whether the
+    step is compiled. (The passes' dtype is the model's: ``tfdp.models.stateless``.)"""
     allreduce: str = "add_n"
-    compute_dtype: Optional[str] = None
     allreduce_dtype: Optional[str] = None
     accumulate: int = 1
     bucket_kb: Optional[int] = None
@@ -63,7 +59,7 @@ class StepSettings:
 
     @classmethod
     def of(cls, config) -> "StepSettings":
-        return cls(config.allreduce, config.precision,
+        return cls(config.allreduce,
                    # float32 is the gradients' own dtype (float64 under --precision=float64).
                    config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None,
                    config.accumulate_steps, config.bucket_kb, config.overlap == "auto",
@@ -80,7 +76,7 @@ def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),
     Unix seconds (``tfdp.trace.arrivals``). The batch is ``(images, labels)`` unless a ``feed``
     says otherwise."""
     feed = feed or images_feed(replicas.devices)
-    dtype = replicas.params[0]["W1"].dtype
+    dtype = replicas.dtype
 
     def step(*batch_and_lr):
         *batch, lr = batch_and_lr
@@ -91,7 +87,7 @@ def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),
         with tf.name_scope("allreduce"):
             summed = exchange_gradients([r.gradients for r in shard_results], replicas.devices,
                                         settings)
-        statistics = moved_statistics(replicas, shard_results)
+        statistics = combined_statistics(replicas, shard_results)
         update_replicas(replicas, summed, statistics, lr, settings)
         return (tf.add_n([r.loss for r in shard_results]),
                 tf.add_n([r.correct for r in shard_results]),
@@ -105,7 +101,8 @@ def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),
 @dataclasses.dataclass
 class ShardResult:
     """One replica's part of a step: its loss share, correct answers, (start, gradients ready)
-    times, gradients, and lenet_bn's batch statistics with its shard's size."""
+    times, gradients, and the model's running statistics moved by its shard (batch
+    normalization's), with the shard's size."""
     loss: tf.Tensor
     correct: tf.Tensor
     times: tf.Tensor
@@ -120,19 +117,18 @@ def replica_gradients(replicas: Replicas, shards: list, global_batch,
     tape (in ``settings.accumulate`` micro-batches): one ``ShardResult`` per replica. The loss
     is summed over the shard and divided by the global batch, so the gradients add up to the
     mean loss's."""
-    dtype = replicas.params[0]["W1"].dtype
-    compute = tf.as_dtype(settings.compute_dtype or dtype)
-    trained = len(lenet.trainable(replicas.params[0]))
+    model, dtype = replicas.model, replicas.dtype
+    trained = len(model.trainable)
     results = []
     for d, (params, (x, y)) in enumerate(zip(replicas.params, shards)):
         with on_replica(replicas.devices, d):
             loss, right, started, *g = _unless_empty(
-                y, _stamped(lambda: _accumulated_gradients(params, x, y, global_batch, compute,
+                y, _stamped(lambda: _accumulated_gradients(model, params, x, y, global_batch,
                                                            settings.accumulate,
                                                            settings.smoothing)),
-                _stamped(lambda: _no_gradients(params)))
+                _stamped(lambda: _no_gradients(model, params)))
             g, stats = g[:trained], g[trained:]
-            ready = stamp_after(tf.math.is_finite(loss), g, params["b4"])
+            ready = stamp_after(tf.math.is_finite(loss), g, params[model.trainable[-1]])
             results.append(ShardResult(loss, right, tf.stack([started, ready]), g, stats,
                                        tf.cast(tf.size(y), dtype)))
     return results
@@ -152,57 +148,44 @@ def exchange_gradients(grads: list, devices: list,
 def update_replicas(replicas: Replicas, summed: list, statistics: dict, lr,
                     settings: StepSettings = StepSettings()) -> None:
     """The same update on every replica: SGD with the summed gradients (cast back to the
-    parameters' dtype), lenet_bn's moved running statistics, then the weight averages."""
+    parameters' dtype), the moved running statistics, then the weight averages."""
     for d, (params, g) in enumerate(zip(replicas.params, summed)):
         with on_replica(replicas.devices, d), tf.name_scope("update"):
-            for (name, var), grad in zip(lenet.trainable(params).items(), g):
+            for (name, var), grad in zip(replicas.trainable(d).items(), g):
                 with tf.name_scope(name):  # update/<name>/: the trace names it.
                     settings.sgd.update(var, grad, lr, replicas.velocities[d].get(name))
             for name, value in statistics.items():
-                params[name].assign(value)
+                params[name].assign(tf.cast(value, params[name].dtype))
             for name, average in replicas.averages[d].items():
                 settings.averaging.update(average, params[name], replicas.averaged)
     replicas.averaged.assign(True)
 
 
-def moved_statistics(replicas: Replicas, shard_results: list) -> dict:
-    """lenet_bn's running statistics after this step, {name: value}: the mean of the
-    replicas' batch statistics weighted by their shards' sizes (none for lenet)."""
-    if not shard_results[0].statistics:
+def combined_statistics(replicas: Replicas, shard_results: list) -> dict:
+    """The model's running statistics after this step, {name: value}, the same for every
+    replica: the mean of the replicas' moved statistics, weighted by their shards' sizes (a
+    moving average moved by the mean of the batches' statistics, as
+    ``ReplicatedBatchNormalization`` moves Keras'); a statistic that is no float (a layer's
+    seed) replica 0's."""
+    names = replicas.model.statistics
+    if not names:
         return {}
     with on_replica(replicas.devices, 0), tf.name_scope("batch_norm_statistics"):
-        total = tf.add_n([r.size for r in shard_results])
-        mean = [tf.add_n([r.size * r.statistics[k] for r in shard_results]) / total
-                for k in range(len(shard_results[0].statistics))]
-        return lenet.moved_statistics(replicas.params[0], list(zip(mean[::2], mean[1::2])))
+        combined = {}
+        for k, name in enumerate(names):
+            values = [r.statistics[k] for r in shard_results]
+            if not values[0].dtype.is_floating:
+                combined[name] = values[0]
+                continue
+            sizes = [tf.cast(r.size, values[0].dtype) for r in shard_results]
+            combined[name] = (tf.add_n([n * v for n, v in zip(sizes, values)])
+                              / tf.add_n(sizes))
+        return combined
 
 
 def _cast_on(devices, d, tensors, dtype) -> list:
     with on_replica(devices, d):
         return [tf.cast(t, dtype) for t in tensors]
-
-
-def make_train_window(step, plan, eager: bool = False):
-    """``window(batches, first_step, count) -> (losses, correct, examples, times)``:
-    ``count`` calls of ``step`` on the next batches of the iterator ``batches``, global step
-    ``first_step + i`` at the plan's learning rate of that step; one entry per step in each
-    result."""
-    def window(batches, first_step, count):
-        losses = tf.TensorArray(tf.float64, size=count)  # Exact for float32 and float64.
-        right = tf.TensorArray(tf.int64, size=count)
-        examples = tf.TensorArray(tf.int32, size=count)
-        arrivals = tf.TensorArray(tf.float64, size=count)
-        for i in tf.range(count):
-            batch = next(batches)
-            lr = tf.cast(plan.learning_rate(first_step + tf.cast(i, tf.int64)), tf.float32)
-            loss, correct, times = step(*batch, lr)
-            losses = losses.write(i, tf.cast(loss, tf.float64))
-            right = right.write(i, correct)
-            examples = examples.write(i, tf.shape(batch[-1])[0])
-            arrivals = arrivals.write(i, times)
-        return losses.stack(), right.stack(), examples.stack(), arrivals.stack()
-
-    return window if eager else tf.function(window)
 
 
 def _stamped(shard_gradients):
@@ -217,47 +200,50 @@ def _stamped(shard_gradients):
     return run
 
 
-def _no_gradients(params: dict) -> list:
-    """An empty shard's (loss share, correct, gradients, batch statistics): zeros."""
-    dtype = params["W1"].dtype
+def _no_gradients(model, params: dict) -> list:
+    """An empty shard's (loss share, correct, gradients, statistics): zeros, and the
+    statistics unmoved (they weigh nothing in ``combined_statistics``)."""
+    dtype = params[model.trainable[0]].dtype
     return [tf.zeros([], dtype), tf.zeros([], tf.int64),
-            *[tf.zeros_like(v) for v in lenet.trainable(params).values()],
-            *[tf.zeros_like(params[name]) for name in lenet.STATISTICS if name in params]]
+            *[tf.zeros_like(params[name]) for name in model.trainable],
+            *[tf.identity(params[name]) for name in model.statistics]]
 
 
-def _accumulated_gradients(params: dict, x, y, global_batch, compute, accumulate: int,
+def _accumulated_gradients(model, params: dict, x, y, global_batch, accumulate: int,
                            smoothing: float = 0.0):
     """One device's shard in ``accumulate`` micro-batches, one after the other (each starts
     once the previous one's gradients exist, so only one micro-batch's activations live at a
-    time): (summed loss share, correct, summed gradients)."""
+    time): (summed loss share, correct, summed gradients, the last micro-batch's statistics:
+    a model whose statistics are batch normalization's is not accumulated,
+    ``tfdp.manual.trainer``)."""
     if accumulate == 1:
-        return _shard_gradients(params, x, y, global_batch, compute, smoothing)
+        return _shard_gradients(model, params, x, y, global_batch, smoothing)
     sizes = tf.stack(shard_sizes(tf.shape(y)[0], accumulate))
+    summed = 2 + len(model.trainable)
     total = None
     for micro_x, micro_y in zip(tf.split(x, sizes, num=accumulate),
                                 tf.split(y, sizes, num=accumulate)):
         with tf.control_dependencies(total or []):
             micro_x = tf.identity(micro_x)
-        part = _unless_empty(micro_y, lambda: _shard_gradients(params, micro_x, micro_y,
-                                                               global_batch, compute,
-                                                               smoothing),
-                             lambda: _no_gradients(params))
-        total = part if total is None else [a + b for a, b in zip(total, part)]
+        part = _unless_empty(micro_y, lambda: _shard_gradients(model, params, micro_x, micro_y,
+                                                               global_batch, smoothing),
+                             lambda: _no_gradients(model, params))
+        total = part if total is None else (
+            [a + b for a, b in zip(total[:summed], part[:summed])] + part[summed:])
     return total
 
 
-def _shard_gradients(params: dict, x, y, global_batch, compute, smoothing: float = 0.0):
-    """One device's forward and backward pass: (loss share, correct, gradients, and lenet_bn's
-    batch statistics: mean and variance per layer)."""
-    batch_stats = []
+def _shard_gradients(model, params: dict, x, y, global_batch, smoothing: float = 0.0):
+    """One device's forward and backward pass: (loss share, correct, gradients, and the
+    model's statistics moved by the shard)."""
     with tf.GradientTape() as tape, tf.name_scope("forward"):
-        logits = lenet.logits(params, x, compute, batch_stats)
+        logits, moved = model.forward(params, x, training=True)
         # / global batch: the replicas' gradients add up to the mean loss's.
         loss = summed_cross_entropy(logits, y, smoothing) / global_batch
     with tf.name_scope("backward"):
-        grads = tape.gradient(loss, list(lenet.trainable(params).values()))
+        grads = tape.gradient(loss, [params[name] for name in model.trainable])
     return [loss, count_correct(logits, y), *grads,
-            *[tf.cast(t, params["W1"].dtype) for pair in batch_stats for t in pair]]
+            *[tf.cast(moved[name], params[name].dtype) for name in model.statistics]]
 
 
 def make_eval_step(replicas: Replicas, settings: StepSettings = StepSettings(),
@@ -265,12 +251,11 @@ def make_eval_step(replicas: Replicas, settings: StepSettings = StepSettings(),
     """``step(*batch) -> (summed loss, correct)`` of the model as evaluated
     (``Replicas.evaluated``), the batch split like in training; with ``settings.eval_flip`` the
     logits are the mean of each image's and its mirror image's."""
-    dtype = replicas.params[0]["W1"].dtype
+    dtype, model = replicas.dtype, replicas.model
     feed = feed or images_feed(replicas.devices)
 
     def shard_sums(params, x, y):
-        logits = test_logits(lambda images: lenet.logits(params, images,
-                                                         settings.compute_dtype),
+        logits = test_logits(lambda images: model.forward(params, images, training=False)[0],
                              x, settings.eval_flip)
         return [summed_cross_entropy(logits, y), count_correct(logits, y)]
 

@@ -1,22 +1,26 @@
 """``--strategy=manual``: the from-scratch path, on this machine's devices or on a cluster's.
 
 ``FromScratchPath`` (a ``TrainingPath``) sets up the devices (``tfdp.devices``, or the
-workers of ``tfdp.server``s: ``tfdp.manual.remote``); ``train`` copies LeNet's parameters onto
-every device, makes the step (``tfdp.manual.step``) and runs the shared epoch loop
-(``tfdp.training.loop``) with it; ``export`` puts the trained parameters into LeNet's Keras
-twin and exports it. The run skeleton (``tfdp.training.skeleton``) does the rest.
+workers of ``tfdp.server``s: ``tfdp.manual.remote``) and the model (``tfdp.models.stateless``:
+the hand-written LeNet, or any Keras model); ``train`` copies the model's parameters onto every
+device, makes the step (``tfdp.manual.step``) and runs the shared epoch loop
+(``tfdp.training.loop``) with it; ``serving_model`` puts the trained parameters into a Keras
+model for the export. The run skeleton (``tfdp.training.skeleton``) does the rest.
 """
 
 import numpy as np
 import tensorflow as tf
 
+from tfdp import data
 from tfdp.cluster.stall import watching
 from tfdp.devices import configure_devices
+from tfdp.errors import UserError
 from tfdp.manual import remote
 from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import Replicas
-from tfdp.manual.step import StepSettings, make_eval_step, make_train_step, make_train_window
-from tfdp.models import lenet
+from tfdp.manual.step import StepSettings, make_eval_step, make_train_step
+from tfdp.manual.window import make_train_window
+from tfdp.models import lenet, stateless
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training import loop
 from tfdp.training.state import TrainingState
@@ -50,38 +54,52 @@ class FromScratchPath(TrainingPath):
         self.engine = (f"{where}, allreduce {config.allreduce}, "
                        f"{'eager' if config.eager else 'compiled'} step, host reads every "
                        + (f"{every} steps" if every > 1 else "step"))
-        self.params = None
+        self.model = stateless.for_the_step(config.model, config.precision, data.IMAGE_SHAPE,
+                                            data.NUM_CLASSES, config.seed)
+        if config.accumulate_steps > 1 and self.model.moving:
+            raise UserError(f"--accumulate_steps={config.accumulate_steps} with "
+                            f"--model={config.model}: its running statistics (batch "
+                            "normalization's) would move once per micro-batch, not once per "
+                            "update; train it without accumulation")
+        self.weights = None
 
     def train(self, run, state=None) -> list:
         feed = None
         if self.cluster:
             feed = self.cluster.feed(self.config, run.plan)
             run.watch.listen(self.cluster.preempted_worker)
-        self.params = train(run, state, feed, self.recorder)
-        return lenet.to_keras_weights(self.params)
+        state = state or TrainingState(self.initial_weights())
+        params = train(run, self.model, state, feed, self.recorder)
+        self.weights = [params[name] for name in self.model.names]
+        return self.weights
+
+    def initial_weights(self) -> list:
+        """The starting weights (Keras' order): LeNet's by ``--init``, a Keras model's own."""
+        if isinstance(self.model, lenet.HandWritten):
+            return lenet.to_keras_weights(lenet.start_params(
+                self.config.initializer, self.config.seed, np.dtype(self.config.variable_dtype),
+                self.model.batch_norm))
+        return self.model.initial()
 
     def serving_model(self, precision: str):
-        return lenet.serving_model(self.params, precision)
+        return self.model.serving_model(self.weights, precision)
 
 
-def train(run, state: TrainingState = None, feed: Feed = None,
+def train(run, model, state: TrainingState, feed: Feed = None,
           arrivals: Arrivals = None) -> dict:
-    """Train LeNet data-parallel on ``run.devices`` by ``run.plan`` from ``run.first_step``;
-    return the trained parameters (numpy). ``state`` (a backup's, or a test's weights)
-    overrides ``--init``, and its velocities and averages, where it has them, the velocities'
-    zeros and the averages' start; the examples come from ``run``'s splits unless a ``feed``
-    says otherwise; ``arrivals`` keeps the replicas' times (``tfdp.trace.arrivals``); the
-    parameters returned are the averaged ones under ``--ema``, what is evaluated and
-    exported."""
+    """Train ``model`` (``tfdp.models.stateless``) data-parallel on ``run.devices`` by
+    ``run.plan`` from ``run.first_step`` and ``state`` (its weights, and its velocities and
+    averages where it has them: else the velocities' zeros and the averages' start); return
+    the trained parameters (numpy, by name). The examples come from ``run``'s splits unless a
+    ``feed`` says otherwise; ``arrivals`` keeps the replicas' times
+    (``tfdp.trace.arrivals``); the parameters returned are the averaged ones under ``--ema``,
+    what is evaluated and exported."""
     config = run.config
-    state = state or TrainingState(lenet.to_keras_weights(lenet.start_params(
-        config.initializer, config.seed, np.dtype(config.variable_dtype),
-        config.model == "lenet_bn")))
     settings = StepSettings.of(config)
     with watching(run.stall, "placing the replicas"):
-        replicas = Replicas.place(lenet.from_keras_weights(state.weights), run.devices,
+        replicas = Replicas.place(dict(zip(model.names, state.weights)), run.devices,
                                   settings.sgd, settings.averaging, state.velocities,
-                                  state.averages, resumed=run.first_step > 0)
+                                  state.averages, resumed=run.first_step > 0, model=model)
     steps = ReplicaSteps(run, replicas, settings,
                          feed or local_feed(config, run.plan, run.devices, run.train_split,
                                             run.test_split),
@@ -134,7 +152,7 @@ class ReplicaSteps(loop.Steps):
         """The live weights, the velocities and the averages (replica 0's: every replica's
         are the same)."""
         with watching(self.run.stall, "reading the trained parameters"):
-            live = {name: var.numpy() for name, var in self.replicas.params[0].items()}
-            return TrainingState(lenet.to_keras_weights(live),
+            live = self.replicas.params[0]
+            return TrainingState([live[name].numpy() for name in self.replicas.model.names],
                                  [v.numpy() for v in self.replicas.velocities[0].values()],
                                  [v.numpy() for v in self.replicas.averages[0].values()])

@@ -191,6 +191,33 @@ def logits(params: dict, images, compute=None, batch_stats: list = None) -> tf.T
     return tf.cast(apply(low, to_float(images, compute), batch_stats), dtype)
 
 
+class HandWritten:
+    """LeNet (or, with ``batch_norm``, lenet_bn) as the from-scratch step calls a model
+    (``tfdp.models.stateless``): its parameters by name, and ``logits`` computed in
+    ``compute`` (default: the parameters' dtype)."""
+
+    def __init__(self, batch_norm: bool = False, compute=None):
+        self.batch_norm, self.compute = batch_norm, compute
+        self.names = tuple(shapes(batch_norm))
+        self.statistics = tuple(name for name in self.names if name in STATISTICS)
+        self.trainable = tuple(name for name in self.names if name not in STATISTICS)
+        self.moving = self.statistics
+
+    @classmethod
+    def of(cls, params: dict, compute=None) -> "HandWritten":
+        """The LeNet whose parameters ``params`` are: lenet_bn's or LeNet's."""
+        return cls("g1" in params, compute)
+
+    def forward(self, values: dict, images, training: bool):
+        """(logits, {running statistic: moved value}) in training, (logits, {}) else."""
+        batch_stats = [] if training and self.batch_norm else None
+        out = logits(values, images, self.compute, batch_stats)
+        return out, moved_statistics(values, batch_stats) if batch_stats else {}
+
+    def serving_model(self, weights: list, precision: str):
+        return serving_model(from_keras_weights(weights), precision)
+
+
 def moved_statistics(params: dict, batch_stats: list) -> dict:
     """lenet_bn's running statistics moved by one step's batch ``(mean, variance)`` per layer,
     as Keras moves them (``BN_MOMENTUM``): {name: new value}."""
@@ -213,7 +240,7 @@ def serving_model(params: dict, precision: str = "float32"):
 
 
 def keras_model(num_classes: int = 10, precision: str = "float32", batch_norm: bool = False,
-                sync_batch_norm: bool = False):
+                sync_batch_norm: bool = False, input_shape: tuple = (28, 28, 1)):
     """The Keras twin (Keras' default initializers), taking float images in [0, 1], in
     ``--precision`` (``tfdp.models.precision``); lenet_bn's with ``batch_norm`` (its running
     statistics one value across replicas, ``ReplicatedBatchNormalization``, or with
@@ -224,9 +251,9 @@ def keras_model(num_classes: int = 10, precision: str = "float32", batch_norm: b
 
     inputs, dtype, last = keras_dtypes(precision)
     if batch_norm:
-        return _keras_bn_model(num_classes, inputs, dtype, last, sync_batch_norm)
+        return _keras_bn_model(num_classes, inputs, dtype, last, sync_batch_norm, input_shape)
     return keras.Sequential([
-        keras.Input((28, 28, 1), dtype=inputs),
+        keras.Input(input_shape, dtype=inputs),
         keras.layers.Conv2D(20, 3, activation="relu", dtype=dtype),
         keras.layers.AveragePooling2D(2, dtype=dtype),
         keras.layers.Conv2D(50, 5, activation="relu", dtype=dtype),
@@ -237,7 +264,7 @@ def keras_model(num_classes: int = 10, precision: str = "float32", batch_norm: b
     ], name="lenet")
 
 
-def _keras_bn_model(num_classes, inputs, dtype, last, sync_batch_norm):
+def _keras_bn_model(num_classes, inputs, dtype, last, sync_batch_norm, input_shape):
     import keras
 
     from tfdp.models.replicated_batch_norm import ReplicatedBatchNormalization
@@ -249,7 +276,7 @@ def _keras_bn_model(num_classes, inputs, dtype, last, sync_batch_norm):
         return [layer, norm, keras.layers.ReLU(dtype=dtype)]
 
     return keras.Sequential([
-        keras.Input((28, 28, 1), dtype=inputs),
+        keras.Input(input_shape, dtype=inputs),
         *normalized(keras.layers.Conv2D(20, 3, use_bias=False, dtype=dtype)),
         keras.layers.AveragePooling2D(2, dtype=dtype),
         *normalized(keras.layers.Conv2D(50, 5, use_bias=False, dtype=dtype)),

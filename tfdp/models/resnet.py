@@ -16,8 +16,8 @@ RESNET18_STAGES = ((64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2))
 
 
 def resnet(stages=RESNET18_STAGES, num_classes=10, sync_batch_norm=False, name="resnet18",
-           precision="float32"):
-    """A ResNet from a stage table, taking float images [n, 28, 28, 1] in [0, 1].
+           precision="float32", input_shape=(28, 28, 1)):
+    """A ResNet from a stage table, taking float images of ``input_shape`` in [0, 1].
 
     ``sync_batch_norm`` computes batch statistics over the global batch, across replicas (the
     moving statistics are one value across replicas either way: ``replicated_batch_norm``);
@@ -41,7 +41,7 @@ def resnet(stages=RESNET18_STAGES, num_classes=10, sync_batch_norm=False, name="
             x = conv(channels, 1, stride, "valid")(x)
         return keras.layers.ReLU(dtype=dtype)(keras.layers.Add(dtype=dtype)([x, y]))
 
-    inputs = keras.Input((28, 28, 1), dtype=inputs_dtype)
+    inputs = keras.Input(input_shape, dtype=inputs_dtype)
     x = bn_relu(conv(64, 3)(inputs))
     for channels, blocks, stride in stages:
         for block in range(blocks):

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp import data
-from tfdp.models import lenet, resnet
+from tfdp.models import catalog, lenet
 from tfdp.models.precision import input_dtype
 
 # A parameter smaller than this stays whole under --ps_shards: only W2 and W3 of LeNet are
@@ -27,9 +27,11 @@ def make_store(config, strategy, servers: int, weights=None):
     """The model's variables on the ``servers``, from Keras-order ``weights`` (a backup's, or
     a test's start) or the model's own start. Without ``--ps_shards``, spread by size
     (``balanced``); with it, the strategy's partitioner shards and places them."""
-    if config.model == "resnet18":
-        def build():
-            return resnet.resnet(precision=config.precision)
+    keras_model = config.model != "lenet"
+    if keras_model:
+        def build(precision=config.precision, seed=None):
+            return catalog.build(config.model, data.IMAGE_SHAPE, data.NUM_CLASSES, precision,
+                                 seed=seed)
 
         sizes = _creation_sizes(build)
     else:
@@ -43,12 +45,12 @@ def make_store(config, strategy, servers: int, weights=None):
         updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="updates")
         placing = (balanced(servers, sizes) if config.ps_shards == 1 else
                    contextlib.nullcontext())
-        if config.model == "resnet18":
+        if keras_model:
             with placing:
-                model = build()
+                model = build(seed=config.seed)
             if weights is not None:
                 model.set_weights(weights)
-            return KerasStore(model, config.precision, updates)
+            return KerasStore(model, config.precision, updates, build)
         with placing:
             return LenetStore(params, config.precision, updates)
 
@@ -168,12 +170,13 @@ class LenetStore(Store):
 
 
 class KerasStore(Store):
-    """A Keras model's variables (ResNet-18): its layers read them, and batch normalization
-    updates its statistics, on the servers."""
+    """A Keras model's variables (ResNet-18, or yours): its layers read them, and batch
+    normalization updates its statistics, on the servers. ``build(precision)`` makes the model
+    again, off the servers, for the export."""
 
-    def __init__(self, model, precision: str, updates: tf.Variable):
+    def __init__(self, model, precision: str, updates: tf.Variable, build):
         super().__init__(precision, updates)
-        self.model = model
+        self.model, self.build = model, build
         # The TensorFlow variables under Keras' own: their assign_sub runs on the server, in
         # one step (Keras' assign_sub reads, subtracts and writes back the whole value from the
         # worker, losing the updates other workers make in between).
@@ -189,7 +192,7 @@ class KerasStore(Store):
 
     def serving_model(self, weights, precision):
         """The same model made here, off the servers, holding the trained weights."""
-        model = resnet.resnet(precision=precision)
+        model = self.build(precision)
         model.set_weights(weights)
         return model
 

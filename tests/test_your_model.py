@@ -1,0 +1,126 @@
+"""Your own Keras model (``--model=FILE:function``, ``tfdp.run(model=function)``) on the paths:
+the from-scratch step through ``stateless_call`` trains the same weights on 1, 2 and 4 devices
+as Keras ``fit`` under ``MirroredStrategy`` does (float64), and a model that cannot be trained
+is refused in one line."""
+
+import os
+
+import numpy as np
+import pytest
+
+from same_model import head
+from tfdp import training_run
+from tfdp.config import Config
+from tfdp.errors import UserError
+from tfdp import model_spec
+from tfdp.models import catalog
+
+OWN = os.path.join(os.path.dirname(__file__), "own_models", "residual_cnn.py")
+
+
+def _settings(tmp_path, name, **overrides):
+    return dict(dict(model=f"{OWN}:residual_cnn", batch_size=60, lr=0.05, momentum=0.9,
+                     epochs=2, seed=5, precision="float64", eval_steps=1,
+                     workdir=str(tmp_path / name), export_dir=str(tmp_path / f"{name}-exp")),
+                **overrides)
+
+
+def _moved_apart(a: list, b: list, start: list) -> float:
+    """|a - b| over how far training moved ``a`` from ``start``, the largest of any weight."""
+    return max(np.abs(x - y).max() / max(np.abs(x - s).max(), 1e-30)
+               for x, y, s in zip(a, b, start))
+
+
+def _train(tmp_path, split, function, strategy, k):
+    config = Config(strategy=strategy, num_gpus=k,
+                    **_settings(tmp_path, f"{function}-{strategy}{k}",
+                                model=f"{OWN}:{function}"))
+    return training_run.train(config, splits=(split, split), export=False)
+
+
+@pytest.mark.slow
+def test_your_model_trains_the_same_weights_on_every_device_count_and_under_fit(
+        tmp_path, train_split):
+    """Float64, so any difference is the algorithm's. Without batch normalization every
+    device count trains the same weights, on the from-scratch path and under ``fit``."""
+    split = head(train_split, 240)  # 4 steps an epoch; shards of 60, 30 and 15.
+    start = catalog.build(f"{OWN}:residual_cnn_without_norm", (28, 28, 1), 10, "float64",
+                          seed=5).get_weights()
+    runs = {(strategy, k): _train(tmp_path, split, "residual_cnn_without_norm", strategy, k)
+            for strategy, k in (("manual", 1), ("manual", 2), ("manual", 4), ("mirrored", 2))}
+    reference = runs["manual", 1]
+    assert reference.history[-1]["loss"] < reference.history[0]["loss"]
+    for key, result in runs.items():
+        assert _moved_apart(result.weights, reference.weights, start) < 1e-9, key
+        assert result.history[-1]["test_acc"] == reference.history[-1]["test_acc"], key
+
+
+@pytest.mark.slow
+def test_your_batch_normalized_model_trains_under_fit_what_it_trains_from_scratch(
+        tmp_path, train_split):
+    """With batch normalization each replica normalizes its own shard (on both paths, as
+    Keras does), so each device count is a model of its own: the from-scratch path and
+    ``fit`` agree on each, running statistics included."""
+    split = head(train_split, 240)
+    start = catalog.build(f"{OWN}:residual_cnn", (28, 28, 1), 10, "float64",
+                          seed=5).get_weights()
+    model = catalog.build(f"{OWN}:residual_cnn", (28, 28, 1), 10)
+    statistics = [i for i, v in enumerate(model.weights) if not v.trainable]
+    assert statistics  # Batch normalization's moving mean and variance.
+    for k in (1, 2, 4):
+        manual = _train(tmp_path, split, "residual_cnn", "manual", k)
+        fit = _train(tmp_path, split, "residual_cnn", "mirrored", k)
+        assert _moved_apart(fit.weights, manual.weights, start) < 1e-9, k
+        assert fit.history[-1]["test_acc"] == manual.history[-1]["test_acc"], k
+        if k > 1:  # The statistics moved by the replicas' mean, on both paths.
+            one = _train(tmp_path, split, "residual_cnn", "manual", 1)
+            assert any(np.abs(manual.weights[i] - one.weights[i]).max() > 1e-6
+                       for i in statistics)
+
+
+def test_a_subclassed_model_is_called_on_an_input_of_the_data(tmp_path, train_split):
+    split = head(train_split, 64)
+    result = training_run.train(Config(**_settings(
+        tmp_path, "sub", model=f"{OWN}:subclassed", precision="float32", epochs=1,
+        batch_size=32, num_gpus=2)), splits=(split, split), export=False)
+    assert np.isfinite(result.history[-1]["loss"])
+    assert result.final_line
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nothing", "--model=nothing: give lenet, lenet_bn, resnet18, package.module:function or "
+                "path/to/file.py:function"),
+    ("no/such/file.py:f", "--model=no/such/file.py:f: there is no file no/such/file.py"),
+    (f"{OWN}:missing", f"--model={OWN}:missing: {OWN} has no missing"),
+    ("no_such_module_here:f", "--model=no_such_module_here:f: cannot import "
+                              "no_such_module_here (ModuleNotFoundError"),
+    (f"{OWN}:not_a_model", "the function returned a str, not a Keras model"),
+    (f"{OWN}:wrong_classes", "the model gives outputs of shape (11,) for images of shape "
+                             "(28, 28, 1); tfdp needs (10,): one logit per class"),
+])
+def test_a_model_tfdp_cannot_train_is_named_in_one_line(spec, message):
+    with pytest.raises(UserError) as caught:
+        Config(model=spec)  # The form: when the config is made.
+        catalog.build(spec, (28, 28, 1), 10)  # The rest: when the model is made.
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_init_is_lenets_and_the_run_folder_is_named_after_your_function():
+    with pytest.raises(UserError, match="--init=textbook starts LeNet"):
+        Config(model=f"{OWN}:residual_cnn", init="textbook")
+    assert Config(model=f"{OWN}:residual_cnn").export_root == os.path.join(
+        "saved_models", "residual_cnn")
+
+
+def test_a_function_given_to_tfdp_run_is_found_by_its_spec():
+    from own_models import residual_cnn
+
+    spec = model_spec.spec_of(residual_cnn.residual_cnn)
+    assert spec == "own_models.residual_cnn:residual_cnn"
+    assert catalog.function_of(spec) is residual_cnn.residual_cnn
+
+    def local(input_shape, num_classes):  # No import reaches it: kept in this process.
+        return residual_cnn.residual_cnn(input_shape, num_classes)
+
+    assert catalog.function_of(model_spec.spec_of(local)) is local

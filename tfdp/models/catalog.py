@@ -1,0 +1,145 @@
+"""``--model``: one of tfdp's models, or your own Keras model.
+
+The built-ins are ``lenet`` (the textbook's), ``lenet_bn`` (with batch normalization) and
+``resnet18``. Your own is a function ``function(input_shape, num_classes)`` returning a Keras
+model that takes float images in [0, 1] of ``input_shape`` (H, W, C) and returns
+``num_classes`` logits, named ``package.module:function`` (imported as Python imports it) or
+``path/to/file.py:function`` (loaded from the file). From Python, ``tfdp.run(model=function)``
+takes the function itself.
+
+``build(spec, ...)`` makes the Keras model in a ``--precision`` (Keras' global float type and
+dtype policy are the precision's while the function runs, so an ``Input`` and the layers that
+do not set a dtype follow it);
+``function_of`` imports the function; each failure is one line. (The spec's form is checked
+when the config is made, ``tfdp.model_spec``.)
+"""
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+
+from tfdp.errors import UserError
+from tfdp.model_spec import GIVEN, attribute, check_spec, is_own
+
+
+def function_of(spec: str):
+    """The user's model function that ``spec`` names, imported (one line when it cannot be)."""
+    if spec in GIVEN:
+        return GIVEN[spec]
+    check_spec(spec)
+    where, _, name = spec.rpartition(":")
+    try:
+        module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
+    except ImportError as e:
+        raise UserError(f"--model={spec}: cannot import {where} ({type(e).__name__}: {e})") \
+            from None
+    try:
+        function = attribute(module, name)
+    except AttributeError:
+        raise UserError(f"--model={spec}: {where} has no {name}") from None
+    if not callable(function):
+        raise UserError(f"--model={spec}: {name} is a {type(function).__name__}, not a "
+                        "function of input_shape and num_classes")
+    return function
+
+
+def build(spec: str, input_shape: tuple, num_classes: int, precision: str = "float32",
+          sync_batch_norm: bool = False, seed: int = None):
+    """The Keras model ``spec`` names, in ``precision`` (``tfdp.models.precision``), for
+    images of ``input_shape`` in ``num_classes`` classes, checked to take and give that; its
+    starting weights Keras' initializers' under ``seed`` (``keras.utils.set_random_seed``)
+    when given."""
+    import keras
+
+    from tfdp.models import lenet, resnet
+    from tfdp.models.precision import keras_dtypes
+
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    if spec == "resnet18":
+        return resnet.resnet(num_classes=num_classes, sync_batch_norm=sync_batch_norm,
+                             precision=precision, input_shape=input_shape)
+    if not is_own(spec):
+        return lenet.keras_model(num_classes, precision, batch_norm=spec == "lenet_bn",
+                                 sync_batch_norm=sync_batch_norm, input_shape=input_shape)
+    function = function_of(spec)
+    inputs, policy, _ = keras_dtypes(precision)
+    before = keras.config.floatx(), keras.config.dtype_policy()
+    # The images' dtype (keras.Input's default) and the layers' policy, while the function runs.
+    keras.config.set_floatx(inputs)
+    keras.config.set_dtype_policy(policy)
+    try:
+        with replicated_statistics():
+            model = function(tuple(input_shape), num_classes)
+            return _checked(spec, model, tuple(input_shape), num_classes, inputs)
+    finally:
+        keras.config.set_floatx(before[0])
+        keras.config.set_dtype_policy(before[1])
+
+
+def replicated_statistics():
+    """A scope in which every non-trainable floating-point variable made (batch
+    normalization's moving mean and variance, in any layer) is averaged across replicas when
+    a replica writes it, as ``tfdp.models.replicated_batch_norm`` makes tfdp's own: under a
+    ``MirroredStrategy`` Keras' aggregation ``"none"`` leaves each replica its own
+    statistics, and what is exported (replica 0's) is not what the run evaluated."""
+    import tensorflow as tf
+
+    def creator(next_creator, **kwargs):
+        dtype = kwargs.get("dtype")
+        if (not kwargs.get("trainable", True) and dtype is not None
+                and tf.as_dtype(dtype).is_floating
+                and kwargs.get("aggregation") in (None, tf.VariableAggregation.NONE)):
+            kwargs["aggregation"] = tf.VariableAggregation.MEAN
+        return next_creator(**kwargs)
+
+    return tf.variable_creator_scope(creator)
+
+
+def _checked(spec: str, model, input_shape: tuple, num_classes: int, input_dtype: str):
+    """``model`` as a functional Keras model (a subclassed one called on an ``Input``: every
+    path reads a model's inputs and outputs), checked to map ``input_shape`` to one logit a
+    class."""
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise UserError(f"--model={spec}: the function returned a {type(model).__name__}, not "
+                        "a Keras model")
+    try:
+        if not getattr(model, "inputs", None):
+            inputs = keras.Input(input_shape, dtype=input_dtype)
+            model = keras.Model(inputs, model(inputs), name=model.name)
+        out = tuple(model.outputs[0].shape)
+    except Exception as e:  # Keras raises what the layers raise: any of them is the model's.
+        raise UserError(f"--model={spec}: the model does not take images of shape "
+                        f"{input_shape} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if len(model.outputs) != 1 or out[1:] != (num_classes,):
+        raise UserError(f"--model={spec}: the model gives outputs of shape {out[1:]} for "
+                        f"images of shape {input_shape}; tfdp needs ({num_classes},): one logit "
+                        "per class")
+    if tuple(model.inputs[0].shape)[1:] != tuple(input_shape):
+        raise UserError(f"--model={spec}: the model takes inputs of shape "
+                        f"{tuple(model.inputs[0].shape)[1:]}; the images are {input_shape}")
+    return model
+
+
+def _load_file(path: str):
+    """The module of a Python file, loaded under a name of its own (its folder on the import
+    path while it loads, so that it may import its neighbours)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    name = "tfdp_model_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError:
+        raise
+    except Exception as e:  # The file's own error, at import: one line, the file named.
+        raise ImportError(f"{type(e).__name__} while running {path}: {e}") from None
+    finally:
+        sys.path.remove(folder)
+    sys.modules[name] = module
+    return module

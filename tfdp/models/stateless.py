@@ -1,0 +1,85 @@
+"""A model as the from-scratch step calls it: named variables and a pure forward pass.
+
+The step keeps each replica's variables itself, one copy per device (``tfdp.manual.replicate``),
+and asks the model only for ``forward(values, images, training)``: the logits of a batch with
+the given values and, in training, the model's running statistics moved by the batch (batch
+normalization's moving mean and variance). Two kinds of model answer it:
+
+* ``tfdp.models.lenet.HandWritten``: the textbook's LeNet as plain tensors (the chapter's
+  model, ``lenet`` and ``lenet_bn``);
+* ``KerasModel``: any Keras model (``resnet18``, or yours), through Keras'
+  ``stateless_call``, which computes the layers with the values given instead of the model's
+  own variables.
+
+Both list their variables in the order of Keras' ``get_weights`` (``names``), which is the
+order of a backup's and an export's weights.
+"""
+
+import tensorflow as tf
+
+from tfdp.data import to_float
+
+
+class KerasModel:
+    """A Keras model's variables by name (their Keras paths) and its ``stateless_call``.
+
+    ``trainable``: what gradients train; ``statistics``: the rest (batch normalization's
+    running statistics, a layer's seed), in the order of ``model.non_trainable_variables``;
+    ``moving``: those that move with every batch (the floating-point ones).
+    ``build(precision)`` makes the same model again in another precision, for the export."""
+
+    def __init__(self, model, build=None):
+        self.model, self.build = model, build
+        path = {id(v): _unique_paths(model.weights)[i] for i, v in enumerate(model.weights)}
+        self.names = tuple(path[id(v)] for v in model.weights)
+        self.trainable = tuple(path[id(v)] for v in model.trainable_variables)
+        self.statistics = tuple(path[id(v)] for v in model.non_trainable_variables)
+        self.moving = tuple(path[id(v)] for v in model.non_trainable_variables
+                            if "float" in str(v.dtype))
+        self.input_dtype = model.inputs[0].dtype if getattr(model, "inputs", None) else "float32"
+
+    def initial(self) -> list:
+        """The model's own starting weights, in ``names``' order."""
+        return self.model.get_weights()
+
+    def forward(self, values: dict, images, training: bool):
+        """(logits in the variables' dtype, {statistic: moved value} in training, else {}) of
+        uint8 ``images``."""
+        trainable = [values[name] for name in self.trainable]
+        logits, moved = self.model.stateless_call(
+            trainable, [values[name] for name in self.statistics],
+            to_float(images, tf.as_dtype(self.input_dtype)), training=training)
+        logits = tf.cast(logits, trainable[-1].dtype)  # Mixed precision's bfloat16 logits.
+        return logits, dict(zip(self.statistics, moved)) if training else {}
+
+    def serving_model(self, weights: list, precision: str):
+        """The model with ``weights``, as exported: built again in ``precision`` (float32, or
+        mixed bfloat16 like the training) when it can be."""
+        model = self.build(precision) if self.build else self.model
+        model.set_weights([tf.cast(w, v.dtype).numpy() for w, v in zip(weights, model.weights)])
+        return model
+
+
+def _unique_paths(variables) -> list:
+    """Each variable's Keras path, numbered where two share one (a model holding a layer
+    twice)."""
+    seen, paths = {}, []
+    for v in variables:
+        path = getattr(v, "path", v.name)
+        seen[path] = seen.get(path, 0) + 1
+        paths.append(path if seen[path] == 1 else f"{path}_{seen[path]}")
+    return paths
+
+
+def for_the_step(spec: str, precision: str, input_shape: tuple, num_classes: int, seed: int):
+    """The from-scratch step's model for ``--model``: the hand-written LeNet for ``lenet``
+    and ``lenet_bn`` (computing in bfloat16 under mixed precision), any other through Keras,
+    its starting weights Keras' own initializers' under ``seed``."""
+    from tfdp.models import catalog, lenet
+
+    if spec in ("lenet", "lenet_bn"):
+        return lenet.HandWritten(spec == "lenet_bn", precision)
+    def build(precision_, seed_=None):
+        return catalog.build(spec, input_shape, num_classes, precision_, seed=seed_)
+
+    return KerasModel(build(precision, seed), build)
