@@ -39,5 +39,5 @@ if __name__ == "__main__":
     import tfdp
 
     result = tfdp.run(model=small_resnet, num_gpus=2, epochs=2, batch_size=128, lr=0.1,
-                      momentum=0.9, steps_per_epoch=100, eval_steps=20)
+                      momentum=0.9, steps_per_epoch=80, eval_steps=10)
     print(f"test accuracy: {result.test_accuracy:.3f}; exported to {result.export_path}")

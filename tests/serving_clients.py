@@ -3,7 +3,8 @@
   python tests/serving_clients.py <images.npy> <labels.npy> <export dir>[=<margin>[=<n>]] ...
 
 Prints one JSON object, for each export folder what its clients saw: each client's accuracy on
-the given examples and the signature it saw (one process for every export: each process pays
+the given examples (NaN where it names a class otherwise than TF2 does), the class names TF2
+gave, and the signature it saw (one process for every export: each process pays
 TensorFlow's start).
 Clients: the TF1 session loader (``tf.compat.v1.saved_model.loader``: the C++
 ``SavedModelBundle`` path TF Serving takes), the ``saved_model_cli run`` command, TF2's
@@ -28,14 +29,15 @@ def tf1_session(path, images):
         meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
         signature = meta.signature_def["serving_default"]
         feed = {signature.inputs["images"].name: images}
-        classes = session.run(signature.outputs["classes"].name, feed)
+        classes, names = session.run([signature.outputs["classes"].name,
+                                      signature.outputs["class_names"].name], feed)
         seen = {"inputs": {k: [tf.dtypes.as_dtype(v.dtype).name,
                                [d.size for d in v.tensor_shape.dim]]
                            for k, v in signature.inputs.items()},
                 "outputs": {k: [tf.dtypes.as_dtype(v.dtype).name,
                                 [d.size for d in v.tensor_shape.dim]]
                             for k, v in signature.outputs.items()}}
-    return classes, seen
+    return (classes, names), seen
 
 
 def saved_model_cli(path, images_file):
@@ -44,7 +46,8 @@ def saved_model_cli(path, images_file):
     subprocess.run([cli, "run", "--dir", path, "--tag_set", "serve",
                     "--signature_def", "serving_default", "--inputs", f"images={images_file}",
                     "--outdir", outdir], check=True, capture_output=True, timeout=300)
-    return np.load(os.path.join(outdir, "classes.npy"))
+    return (np.load(os.path.join(outdir, "classes.npy")),
+            np.load(os.path.join(outdir, "class_names.npy"), allow_pickle=True))
 
 
 # Logits whose top two differ by less than this share of their size are a tie that rounding
@@ -62,14 +65,16 @@ def tf2_loader(path, images, margin=TIE):
     scale = np.maximum(1.0, np.abs(logits).max(axis=-1))
     ties = int(np.sum(top2[:, 1] - top2[:, 0] < TIE * scale))
     near = int(np.sum(top2[:, 1] - top2[:, 0] < 2 * margin * scale))
-    return out["classes"].numpy(), bool(np.all(np.isfinite(logits))), ties, near
+    return ((out["classes"].numpy(), out["class_names"].numpy()),
+            bool(np.all(np.isfinite(logits))), ties, near)
 
 
 def tfsm_layer(path, images):
     import keras
 
     layer = keras.layers.TFSMLayer(path, call_endpoint="serving_default")
-    return np.asarray(layer(tf.constant(images))["classes"])
+    out = layer(tf.constant(images))
+    return np.asarray(out["classes"]), np.asarray(out["class_names"])
 
 
 def onnx_runtime(path, images):
@@ -124,18 +129,28 @@ def serve(path, images_file, labels_file, margin=str(TIE)) -> dict:
     """What every client sees of the export ``path``."""
     images, labels = np.load(images_file), np.load(labels_file)
 
-    def accuracy(classes):
-        return float(np.mean(np.asarray(classes).reshape(-1) == labels))
+    names_by_class = {}
 
-    tf1_classes, signature = tf1_session(path, images)
-    tf2_classes, logits_finite, ties, near = tf2_loader(path, images, float(margin))
+    def accuracy(answer):
+        """The share of ``labels`` that (classes, class names) ``answer`` gives, each class
+        named as TF2 names it (else the accuracy is NaN)."""
+        classes, names = (np.asarray(a).reshape(-1) for a in answer)
+        names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        for c, name in zip(classes.tolist(), names):
+            if names_by_class.setdefault(c, name) != name:
+                return float("nan")
+        return float(np.mean(classes == labels))
+
+    tf2_answer, logits_finite, ties, near = tf2_loader(path, images, float(margin))
+    tf2_classes = tf2_answer[0]
+    tf1_answer, signature = tf1_session(path, images)
     reference = tf.saved_model.load(path).signatures["serving_default"](
         images=tf.constant(images))["logits"].numpy()
     seen = {
         "signature": signature,
-        "tf1_session": accuracy(tf1_classes),
+        "tf2_loader": accuracy(tf2_answer),
+        "tf1_session": accuracy(tf1_answer),
         "saved_model_cli": accuracy(saved_model_cli(path, images_file)),
-        "tf2_loader": accuracy(tf2_classes),
         "logits_finite": logits_finite,
         "ties": ties,
         "near_ties": near,
@@ -143,14 +158,17 @@ def serve(path, images_file, labels_file, margin=str(TIE)) -> dict:
     }
     if os.path.exists(os.path.join(path, "model.onnx")):
         outputs, contract = onnx_runtime(path, images)
-        seen.update(onnx_runtime=accuracy(outputs["classes"]), onnx_signature=contract,
+        seen.update(onnx_runtime=accuracy((outputs["classes"], outputs["class_names"])),
+                    onnx_signature=contract,
                     onnx_logits=relative(outputs["logits"], reference),
                     onnx_same_classes=float(np.mean(outputs["classes"] == tf2_classes)))
     if os.path.exists(os.path.join(path, "model.tflite")):
         outputs, contract, size = litert(path, images)
-        seen.update(litert=accuracy(outputs["classes"]), litert_signature=contract,
+        seen.update(litert=accuracy((outputs["classes"], outputs["class_names"])),
+                    litert_signature=contract,
                     litert_logits=relative(outputs["logits"], reference), litert_bytes=size,
                     litert_same_classes=float(np.mean(outputs["classes"] == tf2_classes)))
+    seen["names_by_class"] = {str(c): name for c, name in sorted(names_by_class.items())}
     return seen
 
 

@@ -86,7 +86,7 @@ def test_one_allreduce_per_update_whatever_k(train_split, monkeypatch):
                         logits(params, x, *args))
     replicas = Replicas.place(comparable_start(4), DEVICES[:2])
     step = make_train_step(replicas, StepSettings(accumulate=8))
-    for images, labels in data.train_batches(head(train_split, 256), 128, 0, 0, 1):
+    for images, labels in data.train_batches(head(train_split, 256), 128, 0, 0, 1, 2):
         step(images, labels, tf.constant(0.1))
     assert calls == [2]  # One trace, one allreduce over the two replicas' summed gradients.
     assert len(forward) == 16  # Traced once: 8 micro-batches on each of the 2 devices.

@@ -46,17 +46,25 @@ def test_splits_have_the_real_shapes(train_split, test_split):
     assert np.bincount(test_split.labels).tolist() == [1000] * 10
 
 
+def test_the_exported_class_names_are_tfds_label_names(data_dir):
+    from tfdp import fashion_mnist
+
+    builder = fashion_mnist.prepare(data_dir, None)
+    assert tuple(builder.info.features["label"].names) == data.CLASS_NAMES
+
+
 def test_train_batches_depend_on_seed_and_epoch_only(train_split):
     split = head(train_split, 1000)
-    run = [b[1].numpy() for b in data.train_batches(split, 300, seed=5, first_epoch=0, epochs=2)]
+    run = [b[1].numpy() for b in data.train_batches(split, 300, seed=5, first_epoch=0, epochs=2,
+                                                     steps=4)]
     resumed = [b[1].numpy() for b in data.train_batches(split, 300, seed=5, first_epoch=1,
-                                                         epochs=2)]
+                                                         epochs=2, steps=4)]
     assert [len(b) for b in run] == [300, 300, 300, 100] * 2  # Short final batch kept.
     for a, b in zip(run[4:], resumed):  # A resumed run sees epoch 1 exactly as before.
         np.testing.assert_array_equal(a, b)
     assert np.array_equal(np.sort(np.concatenate(run[:4])), np.sort(split.labels))
     assert not np.array_equal(run[0], run[4])  # Reshuffled each epoch.
-    capped = list(data.train_batches(split, 300, seed=5, first_epoch=0, epochs=2, steps_cap=2))
+    capped = list(data.train_batches(split, 300, seed=5, first_epoch=0, epochs=2, steps=2))
     assert len(capped) == 4
     np.testing.assert_array_equal(capped[2][1].numpy(), run[4])  # The cap ends the epoch.
 
@@ -69,7 +77,8 @@ def test_eval_batches_cover_the_test_set(test_split):
 
 def test_per_replica_shards_and_weights_cover_each_batch_once(train_split):
     """Batches of 7 and a last one of 2 over 3 replicas: 3 + 2 + 2, then 1 + 1 + 0."""
-    batches = data.train_batches(head(train_split, 16), 7, seed=0, first_epoch=0, epochs=1)
+    batches = data.train_batches(head(train_split, 16), 7, seed=0, first_epoch=0, epochs=1,
+                                 steps=3)
     shards = list(sharding.per_replica_batches(batches, 3, first=0, count=3))
     assert [len(y) for _, y, _ in shards] == [3, 2, 2, 3, 2, 2, 1, 1, 0]
     for step, (images, labels) in enumerate(batches):

@@ -19,7 +19,7 @@ from tfdp.config import Config
 from tfdp.errors import UserError
 from tfdp.manual.replicate import Replicas
 from tfdp.manual.step import StepSettings, make_train_step
-from tfdp.models import lenet
+from tfdp.models.stateless import HandWrittenLeNet
 
 # bfloat16 keeps 8 significant bits: rounding to it moves a value by up to 2^-9 of itself.
 HALF_ULP = 2.0 ** -9
@@ -54,7 +54,7 @@ def test_bfloat16_under_multi_worker_trains_and_exports(tmp_path, data_dir):
 
 
 def _one_step(start, images, labels, compute=None, **dtypes):
-    replicas = Replicas.place(start, DEVICES[:2], model=lenet.HandWritten.of(start, compute))
+    replicas = Replicas.place(start, DEVICES[:2], model=HandWrittenLeNet.of(start, compute))
     make_train_step(replicas, StepSettings(allreduce="ring", **dtypes))(images, labels,
                                                                         tf.constant(0.1))
     return {name: var.numpy() for name, var in replicas.params[0].items()}

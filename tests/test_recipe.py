@@ -127,8 +127,8 @@ def test_the_from_scratch_update_is_keras_sgd(momentum, nesterov, decay):
 
 def test_flips_depend_on_seed_epoch_and_example_only_and_reach_every_path(train_split):
     split = data.Split(train_split.images[:64], train_split.labels[:64])
-    local = [(x.numpy(), y.numpy()) for x, y in data.train_batches(split, 16, 3, 0, 2, flip=True)]
-    indices = [i[0] for i in data.index_batches(64, 16, 3, 0, 0, 2, flip=True)]
+    local = [(x.numpy(), y.numpy()) for x, y in data.train_batches(split, 16, 3, 0, 2, 4, flip=True)]
+    indices = [i[0] for i in data.index_batches(64, 16, 3, 0, 0, 2, 4, flip=True)]
     images, labels = tf.constant(split.images), tf.constant(split.labels)
     for (x, y), index in zip(local, indices):  # What a cluster's worker gathers is the same.
         gathered = data.gather(images, labels, index, flip=True)
@@ -138,7 +138,7 @@ def test_flips_depend_on_seed_epoch_and_example_only_and_reach_every_path(train_
     assert 0.3 < mirrored.mean() < 0.7  # About half, and not the same half each epoch.
     assert not np.array_equal(mirrored[:64][np.argsort(indices[0].numpy() % 64)],
                               mirrored[64:])
-    plain = [x.numpy() for x, _ in data.train_batches(split, 16, 3, 0, 2)]
+    plain = [x.numpy() for x, _ in data.train_batches(split, 16, 3, 0, 2, 4)]
     flipped = np.concatenate([i.numpy() for i in indices]) >= 64
     first = np.concatenate(plain)[flipped]
     np.testing.assert_array_equal(np.concatenate([x for x, _ in local])[flipped],

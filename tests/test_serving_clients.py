@@ -11,20 +11,22 @@ import pytest
 
 from exports import runtimes_agree, serve_all_in_clients
 from shared_runs import RUNS
+from tfdp import data
 
 CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
             "outputs": {"logits": ["float32", [-1, 10]], "probabilities": ["float32", [-1, 10]],
-                        "classes": ["int64", [-1]]}}
+                        "classes": ["int64", [-1]], "class_names": ["string", [-1]]}}
 
 
 # ONNX and LiteRT carry the contract's names and dtypes; LiteRT's input is [1, 28, 28, 1] with the
 # batch free (its shape signature), resized to each call's batch.
 ONNX_CONTRACT = {"inputs": {"images": "tensor(uint8)"},
                  "outputs": {"classes": "tensor(int64)", "logits": "tensor(float)",
-                             "probabilities": "tensor(float)"}}
+                             "probabilities": "tensor(float)",
+                             "class_names": "tensor(string)"}}
 LITERT_CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
                    "outputs": {"classes": "int64", "logits": "float32",
-                               "probabilities": "float32"}}
+                               "probabilities": "float32", "class_names": "bytes"}}
 
 
 EVAL_STEPS = 2  # The shared runs' evaluation (tests/shared_runs.py).
@@ -66,6 +68,10 @@ def test_export_serves_in_every_client(served, name):
             assert stat.S_IMODE(mode) & 0o444 == 0o444
 
     assert seen["signature"] == CONTRACT
+    # Every client names each class as TF2 does (else its accuracy is NaN, below), and TF2 by
+    # the dataset's label names.
+    assert all(name == data.CLASS_NAMES[int(c)] for c, name in seen["names_by_class"].items())
+    assert seen["names_by_class"], seen
     assert seen["logits_finite"], "the run diverged: accuracies would compare ties of NaNs"
     # Exact, but for examples whose top two logits tie to rounding (another device count,
     # another client's kernels). A run whose replicas evaluated with batch-norm statistics of

@@ -27,12 +27,12 @@ import tensorflow as tf
 
 from tfdp import files
 from tfdp import logs
-from tfdp.fashion_mnist import DATASET, damaged_preparation, prepare
+from tfdp.fashion_mnist import DATASET, LABEL_NAMES, damaged_preparation, prepare
 from tfdp.logs import logger
-from tfdp.plan import steps_per_epoch
 
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
+CLASS_NAMES = LABEL_NAMES  # What the export names each class.
 
 
 class Split(NamedTuple):
@@ -183,27 +183,24 @@ _FLIP_STREAM = 1
 
 
 def train_batches(split: Split, batch_size: int, seed: int, first_epoch: int, epochs: int,
-                  steps_cap: Optional[int] = None, flip: bool = False) -> tf.data.Dataset:
-    """Global batches for epochs ``first_epoch .. epochs-1``, one epoch after another, with
-    ``flip``: each example mirrored or not (``epoch_mirrored``).
-
-    Each epoch holds exactly ``steps_per_epoch(n, batch_size, steps_cap)`` batches, so Keras'
-    ``fit(steps_per_epoch=...)`` and a Python loop see the same batches in the same epochs.
-    """
+                  steps: int, flip: bool = False) -> tf.data.Dataset:
+    """Global batches for epochs ``first_epoch .. epochs-1``, one epoch after another, each of
+    the first ``steps`` batches of its order (the plan's ``steps_per_epoch``: so Keras'
+    ``fit(steps_per_epoch=...)`` and a Python loop see the same batches in the same epochs),
+    with ``flip``: each example mirrored or not (``epoch_mirrored``)."""
     images, labels = tf.constant(split.images), tf.constant(split.labels)
-    batches = train_indices(len(split.labels), batch_size, seed, first_epoch, epochs,
-                            steps_cap, flip).map(lambda idx: gather(images, labels, idx, flip),
+    batches = train_indices(len(split.labels), batch_size, seed, first_epoch, epochs, steps,
+                            flip).map(lambda idx: gather(images, labels, idx, flip),
                                                  num_parallel_calls=_PARALLEL_CALLS,
                                                  deterministic=True)
     return batches.prefetch(_PREFETCH).with_options(_pipeline_options())
 
 
 def train_indices(num_examples: int, batch_size: int, seed: int, first_epoch: int, epochs: int,
-                  steps_cap: Optional[int] = None, flip: bool = False) -> tf.data.Dataset:
+                  steps: int, flip: bool = False) -> tf.data.Dataset:
     """The example indices of ``train_batches``' batches, in the same order (``i + n`` for
     example ``i`` mirrored): what a cluster's client sends its workers, which hold the
     arrays."""
-    steps = steps_per_epoch(num_examples, batch_size, steps_cap)
     order = np.stack([_epoch_indices(num_examples, seed, e, flip)[: steps * batch_size]
                       for e in range(first_epoch, epochs)])
     return (tf.data.Dataset.from_tensor_slices(order)
@@ -219,11 +216,10 @@ def _epoch_indices(num_examples: int, seed: int, epoch: int, flip: bool) -> np.n
 
 
 def index_batches(num_examples: int, batch_size: int, seed: int, first_epoch: int,
-                  offset: int, epochs: int, steps_cap: Optional[int] = None,
-                  flip: bool = False):
+                  offset: int, epochs: int, steps: int, flip: bool = False):
     """``train_indices`` from step ``offset`` of ``first_epoch``, each batch a 1-tuple: the
     input of a step that gathers its examples where the arrays live (a cluster's workers)."""
-    return iter(train_indices(num_examples, batch_size, seed, first_epoch, epochs, steps_cap,
+    return iter(train_indices(num_examples, batch_size, seed, first_epoch, epochs, steps,
                               flip).skip(offset).map(lambda i: (i,)))
 
 

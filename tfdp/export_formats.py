@@ -4,7 +4,8 @@ for the runtimes users serve with.
 * ``onnx``: ``model.onnx``, converted from the SavedModel's ``serving_default`` by ``tf2onnx``
   (``pip install tfdp[onnx]``). ONNX carries the contract whole: input ``images`` uint8
   ``[N, 28, 28, 1]``; outputs ``logits`` and ``probabilities`` float32 ``[N, 10]``, ``classes``
-  int64 ``[N]``. The batch dimension is named ``unk__<n>`` by the converter.
+  int64 ``[N]``, ``class_names`` string ``[N]``. The batch dimension is named ``unk__<n>`` by
+  the converter.
 * ``litert``: ``model.tflite``, a LiteRT flatbuffer converted from the SavedModel by
   TensorFlow's converter, run by ``ai-edge-litert``'s interpreter (``pip install tfdp[litert]``),
   which replaces ``tf.lite.Interpreter`` (tensorflow/tensorflow#102071). Its signature runner

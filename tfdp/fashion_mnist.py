@@ -25,6 +25,9 @@ from tfdp.errors import UserError
 from tfdp.logs import logger
 
 DATASET = "fashion_mnist"
+# TFDS' names of the ten labels, in label order (tests/test_data.py reads them from TFDS).
+LABEL_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+               "Sneaker", "Bag", "Ankle boot")
 # The checksums TFDS registers for the fashion_mnist release files.
 MANUAL_FILES = {
     "train-images-idx3-ubyte.gz": "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",

@@ -172,7 +172,7 @@ def _bare(config, devices, train, asynchronous: bool) -> dict:
 
     plan = make_plan(config, DEVICES, len(train.labels), 1)
     batches = list(data.train_batches(train, plan.global_batch, config.seed, 0, 1,
-                                      config.steps_per_epoch))
+                                      plan.steps_per_epoch))
     replicas = Replicas.place(lenet.start_params("glorot", config.seed), devices)
     step = make_train_step(replicas, StepSettings(accumulate=config.accumulate_steps))
     lr = tf.constant(0.05)

@@ -152,7 +152,7 @@ class KerasFitPath(TrainingPath):
                     if begin >= end or run.reached:  # Reached: --target_accuracy.
                         continue
                     train = data.train_batches(run.train_split, plan.global_batch, config.seed,
-                                               begin, end, config.steps_per_epoch,
+                                               begin, end, plan.steps_per_epoch,
                                                config.augment == "flip").skip(skip)
                     model.fit(distribute(strategy, train, replicas, input_dtype(config.precision)),
                               epochs=end, initial_epoch=begin,

@@ -27,14 +27,15 @@ class Feed(NamedTuple):
 def local_feed(config, plan, devices: list, train_split: data.Split,
                test_split: data.Split) -> Feed:
     """Global batches of images from arrays in this process, split with ``split_batch``."""
+    shards = images_feed(devices).shards
+
     def train_batches(first_epoch, offset):
         return iter(data.train_batches(train_split, plan.global_batch, config.seed, first_epoch,
-                                       config.epochs, config.steps_per_epoch,
+                                       config.epochs, plan.steps_per_epoch,
                                        config.augment == "flip").skip(offset))
 
     return Feed([IMAGES, LABELS], train_batches,
-                lambda: data.eval_batches(test_split, plan.micro_batch, plan.eval_steps),
-                images_feed(devices).shards)
+                lambda: data.eval_batches(test_split, plan.micro_batch, plan.eval_steps), shards)
 
 
 def images_feed(devices: list) -> Feed:

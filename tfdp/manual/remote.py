@@ -82,7 +82,7 @@ class Cluster:
         def train_batches(first_epoch, offset):
             return data.index_batches(self.examples["train"], plan.global_batch, config.seed,
                                       first_epoch, offset, config.epochs,
-                                      config.steps_per_epoch, flip)
+                                      plan.steps_per_epoch, flip)
 
         return Feed([INDICES], train_batches,
                     lambda: data.eval_indices(self.examples["test"], plan.micro_batch,

@@ -5,9 +5,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfdp.models import lenet
 from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.sgd import SGD
+from tfdp.models.stateless import HandWrittenLeNet
 from tfdp.plan import shard_sizes
 
 
@@ -58,7 +58,7 @@ class Replicas:
         starting at the parameters (or ``averages``); ``resumed``: the averages came with a
         backup, so the first step does not reset them. The model is LeNet (or lenet_bn) unless
         given."""
-        model = model or lenet.HandWritten.of(params)
+        model = model or HandWrittenLeNet.of(params)
         replicas = replicate(params, devices)
         slots, means = [], []
         for device, replica in zip(devices, replicas):

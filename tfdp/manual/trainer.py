@@ -8,7 +8,6 @@ device, makes the step (``tfdp.manual.step``) and runs the shared epoch loop
 model for the export. The run skeleton (``tfdp.training.skeleton``) does the rest.
 """
 
-import numpy as np
 import tensorflow as tf
 
 from tfdp import data
@@ -20,7 +19,7 @@ from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import Replicas
 from tfdp.manual.step import StepSettings, make_eval_step, make_train_step
 from tfdp.manual.window import make_train_window
-from tfdp.models import lenet, stateless
+from tfdp.models import stateless
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training import loop
 from tfdp.training.state import TrainingState
@@ -54,8 +53,7 @@ class FromScratchPath(TrainingPath):
         self.engine = (f"{where}, allreduce {config.allreduce}, "
                        f"{'eager' if config.eager else 'compiled'} step, host reads every "
                        + (f"{every} steps" if every > 1 else "step"))
-        self.model = stateless.for_the_step(config.model, config.precision, data.IMAGE_SHAPE,
-                                            data.NUM_CLASSES, config.seed)
+        self.model = stateless.for_the_step(config, data.IMAGE_SHAPE, data.NUM_CLASSES)
         if config.accumulate_steps > 1 and self.model.moving:
             raise UserError(f"--accumulate_steps={config.accumulate_steps} with "
                             f"--model={config.model}: its running statistics (batch "
@@ -68,18 +66,10 @@ class FromScratchPath(TrainingPath):
         if self.cluster:
             feed = self.cluster.feed(self.config, run.plan)
             run.watch.listen(self.cluster.preempted_worker)
-        state = state or TrainingState(self.initial_weights())
-        params = train(run, self.model, state, feed, self.recorder)
+        params = train(run, self.model, state or TrainingState(self.model.initial()), feed,
+                       self.recorder)
         self.weights = [params[name] for name in self.model.names]
         return self.weights
-
-    def initial_weights(self) -> list:
-        """The starting weights (Keras' order): LeNet's by ``--init``, a Keras model's own."""
-        if isinstance(self.model, lenet.HandWritten):
-            return lenet.to_keras_weights(lenet.start_params(
-                self.config.initializer, self.config.seed, np.dtype(self.config.variable_dtype),
-                self.model.batch_norm))
-        return self.model.initial()
 
     def serving_model(self, precision: str):
         return self.model.serving_model(self.weights, precision)

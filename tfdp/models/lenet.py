@@ -191,33 +191,6 @@ def logits(params: dict, images, compute=None, batch_stats: list = None) -> tf.T
     return tf.cast(apply(low, to_float(images, compute), batch_stats), dtype)
 
 
-class HandWritten:
-    """LeNet (or, with ``batch_norm``, lenet_bn) as the from-scratch step calls a model
-    (``tfdp.models.stateless``): its parameters by name, and ``logits`` computed in
-    ``compute`` (default: the parameters' dtype)."""
-
-    def __init__(self, batch_norm: bool = False, compute=None):
-        self.batch_norm, self.compute = batch_norm, compute
-        self.names = tuple(shapes(batch_norm))
-        self.statistics = tuple(name for name in self.names if name in STATISTICS)
-        self.trainable = tuple(name for name in self.names if name not in STATISTICS)
-        self.moving = self.statistics
-
-    @classmethod
-    def of(cls, params: dict, compute=None) -> "HandWritten":
-        """The LeNet whose parameters ``params`` are: lenet_bn's or LeNet's."""
-        return cls("g1" in params, compute)
-
-    def forward(self, values: dict, images, training: bool):
-        """(logits, {running statistic: moved value}) in training, (logits, {}) else."""
-        batch_stats = [] if training and self.batch_norm else None
-        out = logits(values, images, self.compute, batch_stats)
-        return out, moved_statistics(values, batch_stats) if batch_stats else {}
-
-    def serving_model(self, weights: list, precision: str):
-        return serving_model(from_keras_weights(weights), precision)
-
-
 def moved_statistics(params: dict, batch_stats: list) -> dict:
     """lenet_bn's running statistics moved by one step's batch ``(mean, variance)`` per layer,
     as Keras moves them (``BN_MOMENTUM``): {name: new value}."""

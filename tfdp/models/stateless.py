@@ -5,8 +5,8 @@ and asks the model only for ``forward(values, images, training)``: the logits of
 the given values and, in training, the model's running statistics moved by the batch (batch
 normalization's moving mean and variance). Two kinds of model answer it:
 
-* ``tfdp.models.lenet.HandWritten``: the textbook's LeNet as plain tensors (the chapter's
-  model, ``lenet`` and ``lenet_bn``);
+* ``HandWrittenLeNet``: the textbook's LeNet as plain tensors (the chapter's model,
+  ``lenet`` and ``lenet_bn``);
 * ``KerasModel``: any Keras model (``resnet18``, or yours), through Keras'
   ``stateless_call``, which computes the layers with the values given instead of the model's
   own variables.
@@ -15,9 +15,45 @@ Both list their variables in the order of Keras' ``get_weights`` (``names``), wh
 order of a backup's and an export's weights.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from tfdp.data import to_float
+from tfdp.models import lenet
+
+
+class HandWrittenLeNet:
+    """The textbook's LeNet (or, with ``batch_norm``, lenet_bn) as plain tensors
+    (``tfdp.models.lenet``): its parameters by name, starting at ``--init``'s of ``seed`` in
+    ``dtype``, its logits computed in ``compute`` (default: the parameters' dtype)."""
+
+    def __init__(self, batch_norm: bool = False, compute=None, init: str = "glorot",
+                 seed: int = 0, dtype=np.float32):
+        self.batch_norm, self.compute = batch_norm, compute
+        self.start = init, seed, dtype
+        self.names = tuple(lenet.shapes(batch_norm))
+        self.statistics = tuple(name for name in self.names if name in lenet.STATISTICS)
+        self.trainable = tuple(name for name in self.names if name not in lenet.STATISTICS)
+        self.moving = self.statistics
+
+    @classmethod
+    def of(cls, params: dict, compute=None) -> "HandWrittenLeNet":
+        """The LeNet whose parameters ``params`` are: lenet_bn's or LeNet's."""
+        return cls("g1" in params, compute)
+
+    def initial(self) -> list:
+        """The starting weights of ``init`` (``start_params``), in Keras' order."""
+        init, seed, dtype = self.start
+        return lenet.to_keras_weights(lenet.start_params(init, seed, dtype, self.batch_norm))
+
+    def forward(self, values: dict, images, training: bool):
+        """(logits, {running statistic: moved value}) in training, (logits, {}) else."""
+        batch_stats = [] if training and self.batch_norm else None
+        out = lenet.logits(values, images, self.compute, batch_stats)
+        return out, lenet.moved_statistics(values, batch_stats) if batch_stats else {}
+
+    def serving_model(self, weights: list, precision: str):
+        return lenet.serving_model(lenet.from_keras_weights(weights), precision)
 
 
 class KerasModel:
@@ -39,7 +75,7 @@ class KerasModel:
         self.input_dtype = model.inputs[0].dtype if getattr(model, "inputs", None) else "float32"
 
     def initial(self) -> list:
-        """The model's own starting weights, in ``names``' order."""
+        """The model's own starting weights (its initializers'), in ``names``' order."""
         return self.model.get_weights()
 
     def forward(self, values: dict, images, training: bool):
@@ -71,14 +107,16 @@ def _unique_paths(variables) -> list:
     return paths
 
 
-def for_the_step(spec: str, precision: str, input_shape: tuple, num_classes: int, seed: int):
-    """The from-scratch step's model for ``--model``: the hand-written LeNet for ``lenet``
-    and ``lenet_bn`` (computing in bfloat16 under mixed precision), any other through Keras,
-    its starting weights Keras' own initializers' under ``seed``."""
-    from tfdp.models import catalog, lenet
+def for_the_step(config, input_shape: tuple, num_classes: int):
+    """The from-scratch step's model for ``config.model``: the hand-written LeNet for
+    ``lenet`` and ``lenet_bn`` (computing in ``--precision``, starting at ``--init``), any
+    other through Keras, starting at its layers' own initializers under ``--seed``."""
+    from tfdp.models import catalog
 
+    spec, precision, seed = config.model, config.precision, config.seed
     if spec in ("lenet", "lenet_bn"):
-        return lenet.HandWritten(spec == "lenet_bn", precision)
+        return HandWrittenLeNet(spec == "lenet_bn", precision, config.initializer, seed,
+                                 np.dtype(config.variable_dtype))
     def build(precision_, seed_=None):
         return catalog.build(spec, input_shape, num_classes, precision_, seed=seed_)
 

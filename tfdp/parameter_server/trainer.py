@@ -169,7 +169,7 @@ class ScheduledSteps(loop.Steps):
     def batches(self, first_epoch, offset):
         config, plan = self.run.config, self.run.plan
         return data.index_batches(self.examples[0], plan.global_batch, config.seed,
-                                  first_epoch, offset, config.epochs, config.steps_per_epoch,
+                                  first_epoch, offset, config.epochs, plan.steps_per_epoch,
                                   config.augment == "flip")
 
     def issue(self, batches, first_step, count):  # count is 1: --sync_every is manual's.

@@ -5,6 +5,7 @@ Contract (signature ``serving_default``):
   outputs ``logits``         float32 [None, 10]
           ``probabilities``  float32 [None, 10]
           ``classes``        int64   [None]
+          ``class_names``    string  [None]             each class's name (TFDS' label names)
 
 With ``--eval_flip`` the logits are the mean of the image's and its mirror image's, as the
 run evaluated them: what is served scores what the run reported.
@@ -47,18 +48,23 @@ _PARTIAL_NAME = re.compile(r"^\.partial-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")
 IMAGES = tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8, name="images")
 
 
-def serving_archive(model: keras.Model, eval_flip: bool = False) -> "keras.export.ExportArchive":
+def serving_archive(model: keras.Model, eval_flip: bool = False,
+                    class_names=data.CLASS_NAMES) -> "keras.export.ExportArchive":
     """``model`` (float images in [0, 1] -> logits) behind the serving contract (with
-    ``eval_flip``, averaged with its logits of the mirror images)."""
+    ``eval_flip``, averaged with its logits of the mirror images), naming each class by
+    ``class_names``."""
     archive = keras.export.ExportArchive()
     archive.track(model)
+    names = tf.constant(list(class_names), tf.string)
 
     def serve(images):
         logits = tf.cast(test_logits(lambda x: model(x, training=False),
                                      data.to_float(images), eval_flip), tf.float32)
+        classes = tf.argmax(logits, axis=-1, output_type=tf.int64)
         return {"logits": logits,
                 "probabilities": tf.nn.softmax(logits),
-                "classes": tf.argmax(logits, axis=-1, output_type=tf.int64)}
+                "classes": classes,
+                "class_names": tf.gather(names, classes)}
 
     archive.add_endpoint(SIGNATURE, serve, input_signature=[IMAGES])
     return archive
