@@ -117,23 +117,18 @@ def test_the_sharded_prediction_follows_who_owns_most():
 @pytest.mark.root("emulated hosts: network namespaces")
 def test_training_across_hosts_writes_the_step_split(tmp_path, data_dir):
     # multi_worker:2 rows are computed as manual:2:ring's (TensorFlow's ring), and tfdp.launch
-    # --hosts runs multi_worker in test_hosts: left out for the suite's time (28 s).
+    # --hosts runs multi_worker in test_hosts; manual:2:ring:acc=2 sends half the allreduces,
+    # which test_accumulation counts in-process: both left out for the suite's time.
     result = run_module("tfdp.bench", "--hosts",
-                        "--configs=manual:1,manual:2:ring,manual:2:ring:acc=2,"
-                        "parameter_server:2:ps=2",
+                        "--configs=manual:1,manual:2:ring,parameter_server:2:ps=2",
                         "--links=1gbit", "--steps=4", "--batch_size=64", f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "training_hosts.json").read_text())
     assert [(r["name"], r["link"]) for r in rows] == [
-        (name, link) for name in ("manual:1", "manual:2:ring", "manual:2:ring:acc=2",
-                                  "parameter_server:2:ps=2")
+        (name, link) for name in ("manual:1", "manual:2:ring", "parameter_server:2:ps=2")
         for link in ("unshaped", "1gbit")]
-    sent = {(r["name"], r["link"]): r["sent_bytes_per_epoch"] for r in rows}
-    for link in ("unshaped", "1gbit"):
-        # The same examples an epoch in half the updates: half the allreduces' bytes, and the
-        # same start-up (what a worker sends besides gradients) in both.
-        assert sent[("manual:2:ring:acc=2", link)] < 0.8 * sent[("manual:2:ring", link)]
+    assert all(r["sent_bytes_per_epoch"] > 0 for r in rows if r["workers"] > 1)
     servers = [r for r in rows if r["path"] == "parameter_server"]
     for row in servers:
         rows.remove(row)

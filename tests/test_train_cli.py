@@ -86,7 +86,8 @@ def test_short_run_reports_exports_and_serves(tmp_path, data_dir):
     assert served["input"] == ["uint8", [None, 28, 28, 1]]
     assert served["outputs"] == {"logits": ["float32", [None, 10]],
                                  "probabilities": ["float32", [None, 10]],
-                                 "classes": ["int64", [None]]}
+                                 "classes": ["int64", [None]],
+                                 "class_names": ["string", [None]]}
     assert served["accuracy"] == pytest.approx(reported, abs=1e-4)  # One image in 10,000.
     assert served["accuracy"] > 0.5
 

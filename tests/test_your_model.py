@@ -67,13 +67,14 @@ def test_your_batch_normalized_model_trains_under_fit_what_it_trains_from_scratc
     model = catalog.build(f"{OWN}:residual_cnn", (28, 28, 1), 10)
     statistics = [i for i, v in enumerate(model.weights) if not v.trainable]
     assert statistics  # Batch normalization's moving mean and variance.
-    for k in (1, 2, 4):
+    one = None
+    for k in (1, 2):
         manual = _train(tmp_path, split, "residual_cnn", "manual", k)
         fit = _train(tmp_path, split, "residual_cnn", "mirrored", k)
         assert _moved_apart(fit.weights, manual.weights, start) < 1e-9, k
         assert fit.history[-1]["test_acc"] == manual.history[-1]["test_acc"], k
-        if k > 1:  # The statistics moved by the replicas' mean, on both paths.
-            one = _train(tmp_path, split, "residual_cnn", "manual", 1)
+        one = one or manual
+        if k > 1:  # Statistics of shards, not of the whole batch: another model.
             assert any(np.abs(manual.weights[i] - one.weights[i]).max() > 1e-6
                        for i in statistics)
 
