@@ -79,6 +79,18 @@ def test_your_batch_normalized_model_trains_under_fit_what_it_trains_from_scratc
                        for i in statistics)
 
 
+@pytest.mark.slow
+def test_resnet18_trains_from_scratch(tmp_path, train_split):
+    """Refused on the from-scratch path before it took any Keras model: 11 million weights
+    through ``stateless_call``, its batch-norm statistics moved on both replicas alike."""
+    split = head(train_split, 32)
+    result = training_run.train(Config(**_settings(
+        tmp_path, "resnet18", model="resnet18", precision="float32", epochs=1, batch_size=16,
+        num_gpus=2, momentum=0.0)), splits=(split, split), export=False)
+    assert len(result.weights) == len(catalog.build("resnet18", (28, 28, 1), 10).weights)
+    assert np.isfinite(result.history[-1]["loss"])
+
+
 def test_a_subclassed_model_is_called_on_an_input_of_the_data(tmp_path, train_split):
     split = head(train_split, 64)
     result = training_run.train(Config(**_settings(
