@@ -77,7 +77,7 @@ def common(config) -> None:
             config.init.endswith(".npz") and os.path.isfile(config.init)):
         raise UserError(f"--init={config.init} is neither one of {', '.join(INITS)} nor an "
                         "existing .npz file of LeNet parameters")
-    if config.init not in (None, "glorot") and config.model not in ("lenet", "lenet_bn"):
+    if config.init not in (None, "glorot") and config.model not in model_spec.LENETS:
         raise UserError(f"--init={config.init} starts LeNet; --model={config.model} starts "
                         "from its layers' own initializers (glorot), under --seed")
     for name in ("num_gpus", "epochs", "ps_shards", "num_ps"):

@@ -12,7 +12,8 @@ import re
 
 from tfdp.errors import UserError
 
-BUILT_IN = ("lenet", "lenet_bn", "resnet18")
+LENETS = ("lenet", "lenet_bn")  # The built-ins that start from --init.
+BUILT_IN = (*LENETS, "resnet18")
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
 # Functions given to tfdp.run that no import reaches (a lambda, a function defined in another
 # function): found by their spec, in this process only.

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdp import data
+from tfdp import data, model_spec
 from tfdp.cluster import tf_config
 from tfdp.errors import UserError
 from tfdp.keras_path import evaluation, keras_mwms_fix
@@ -45,7 +45,7 @@ def build_model(config):
     stamps its replicas' arrival times under a strategy. LeNet starts from the from-scratch
     path's weights for the same ``--init`` and ``--seed``; any other model from Keras'
     initializers under ``--seed``."""
-    lenet_model = config.model in ("lenet", "lenet_bn")
+    lenet_model = config.model in model_spec.LENETS
     model = global_batch_model(
         catalog.build(config.model, data.IMAGE_SHAPE, data.NUM_CLASSES, config.precision,
                       config.sync_batch_norm, seed=None if lenet_model else config.seed),

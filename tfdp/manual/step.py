@@ -165,8 +165,8 @@ def combined_statistics(replicas: Replicas, shard_results: list) -> dict:
     """The model's running statistics after this step, {name: value}, the same for every
     replica: the mean of the replicas' moved statistics, weighted by their shards' sizes (a
     moving average moved by the mean of the batches' statistics, as
-    ``ReplicatedBatchNormalization`` moves Keras'); a statistic that is no float (a layer's
-    seed) replica 0's."""
+    ``ReplicatedBatchNormalization`` moves Keras'); a statistic that does not move with the
+    batches (not in ``model.moving``: a layer's seed) replica 0's."""
     names = replicas.model.statistics
     if not names:
         return {}
@@ -174,7 +174,7 @@ def combined_statistics(replicas: Replicas, shard_results: list) -> dict:
         combined = {}
         for k, name in enumerate(names):
             values = [r.statistics[k] for r in shard_results]
-            if not values[0].dtype.is_floating:
+            if name not in replicas.model.moving:
                 combined[name] = values[0]
                 continue
             sizes = [tf.cast(r.size, values[0].dtype) for r in shard_results]

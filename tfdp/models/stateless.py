@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp.data import to_float
+from tfdp.model_spec import LENETS
 from tfdp.models import lenet
 
 
@@ -66,13 +67,13 @@ class KerasModel:
 
     def __init__(self, model, build=None):
         self.model, self.build = model, build
-        path = {id(v): _unique_paths(model.weights)[i] for i, v in enumerate(model.weights)}
+        path = {id(v): p for v, p in zip(model.weights, _unique_paths(model.weights))}
         self.names = tuple(path[id(v)] for v in model.weights)
         self.trainable = tuple(path[id(v)] for v in model.trainable_variables)
         self.statistics = tuple(path[id(v)] for v in model.non_trainable_variables)
         self.moving = tuple(path[id(v)] for v in model.non_trainable_variables
                             if "float" in str(v.dtype))
-        self.input_dtype = model.inputs[0].dtype if getattr(model, "inputs", None) else "float32"
+        self.input_dtype = model.inputs[0].dtype  # catalog.build's models are functional.
 
     def initial(self) -> list:
         """The model's own starting weights (its initializers'), in ``names``' order."""
@@ -114,7 +115,7 @@ def for_the_step(config, input_shape: tuple, num_classes: int):
     from tfdp.models import catalog
 
     spec, precision, seed = config.model, config.precision, config.seed
-    if spec in ("lenet", "lenet_bn"):
+    if spec in LENETS:
         return HandWrittenLeNet(spec == "lenet_bn", precision, config.initializer, seed,
                                  np.dtype(config.variable_dtype))
     def build(precision_, seed_=None):
