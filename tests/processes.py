@@ -123,11 +123,11 @@ def task_pid(launcher: int, kind: str, index: int) -> int:
     raise AssertionError(f"no {kind} {index} among {launched}")
 
 
-def slow_then_stop(run, folder, kind: str, index: int) -> tuple:
+def slow_then_stop(run, folder, kind: str, index: int, epochs: int = 1) -> tuple:
     """Task ``kind`` ``index`` of a launched ``run`` stopped 30 of every 40 ms (real SIGSTOP and
-    SIGCONT from outside: a host with a quarter of a CPU) through the run's second epoch (from
-    its first backup to its second), then stopped for good: hung, alive, never answering. The
-    run's (stdout, stderr) once it has ended."""
+    SIGCONT from outside: a host with a quarter of a CPU) through ``epochs`` epochs from the
+    second (from its first backup to ``epochs`` backups later), then stopped for good: hung,
+    alive, never answering. The run's (stdout, stderr) once it has ended."""
     from tfdp.training.backups import Backups
 
     task = None
@@ -144,14 +144,15 @@ def slow_then_stop(run, folder, kind: str, index: int) -> tuple:
         backups = Backups(str(folder / "run"), 0, {})
         while not backups.steps() and run.poll() is None and time.time() < deadline + 120:
             time.sleep(0.05)
-        first = max(backups.steps(), default=0)
-        while (max(backups.steps(), default=0) == first and run.poll() is None
+        seen = {max(backups.steps(), default=0)}
+        while (len(seen) <= epochs and run.poll() is None
                and time.time() < deadline + 240):
             try:
                 os.kill(task, signal.SIGSTOP)
                 time.sleep(0.030)
                 os.kill(task, signal.SIGCONT)
                 time.sleep(0.010)
+                seen.add(max(backups.steps(), default=0))
             except ProcessLookupError:  # Gone before its backup: the run's lines say why.
                 return run.communicate(timeout=120)
         os.kill(task, signal.SIGSTOP)

@@ -75,21 +75,22 @@ def nothing_exported(folder) -> bool:
 def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp_path,
                                                                             data_dir, path):
     """Worker 1 stopped 30 of every 40 ms (real SIGSTOP and SIGCONT from outside: a host with
-    a quarter of a CPU) through the second epoch, then for good: that epoch's line names it,
-    and the hang ends the run in one line naming the flight recorder's file."""
-    # 50 steps an epoch: Keras fit reads the stamps every 5 steps (10 in the slowed epoch), and
-    # the slowing starts once this process has seen the first backup, a few steps into epoch 2
-    # on a loaded machine. With 25 (5 read) the straggler once went unnamed.
+    a quarter of a CPU) through the second and third epochs, then for good: the third epoch's
+    line names it, and the hang ends the run in one line naming the flight recorder's file."""
+    # The slowing starts once this process has seen the first backup, some steps into epoch 2
+    # on a loaded machine: epoch 3 is the one slowed from its first step to its last. (Judged
+    # on epoch 2, a CI run once left the straggler unnamed: Keras fit reads the stamps every 5
+    # steps, and too many of the 10 it read came before the slowing.)
     steps = 50
-    run = launch(tmp_path, path.strategy, f"--data_dir={data_dir}", "--epochs=3",
+    run = launch(tmp_path, path.strategy, f"--data_dir={data_dir}", "--epochs=4",
                  f"--steps_per_epoch={steps}", "--batch_size=64", "--eval_steps=1",
                  "--collective_timeout=10", launcher=path.launcher, popen=True)
-    out, err = slow_then_stop(run, tmp_path, "worker", 1)
+    out, err = slow_then_stop(run, tmp_path, "worker", 1, epochs=2)
     # multi_worker: the launcher stops the workers once the chief has ended.
     assert run.returncode != 0 if path.strategy == "multi_worker" else run.returncode == 1, \
         err[-3000:]
     # A step stopped for a second or more on a loaded machine is named as a pause too.
-    slowed_line = re.search(rf"^{re.escape(path.chief)} epoch 2/3: .*; {path.straggler}"
+    slowed_line = re.search(rf"^{re.escape(path.chief)} epoch 3/4: .*; {path.straggler}"
                             r"(; pause: .*)?$", out, re.M)
     assert slowed_line, out[-3000:]
     if path.strategy == "parameter_server":  # Asynchronous SGD: the staleness, with the pace.
@@ -99,7 +100,7 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
                         r"(\S+flight_recorder\.json)\)$", err, re.M)
     assert stopped, err[-3000:]
     record = json.loads(open(stopped[1]).read())
-    assert record["steps"] and record["steps"][-1]["step"] >= 2 * steps
+    assert record["steps"] and record["steps"][-1]["step"] >= 3 * steps
     if path.strategy == "manual":  # The chief asks each worker: the hung one is named.
         # The hang meets a step, or the chief's look for a worker's SIGTERM between them.
         doing = r"(training steps? [\d-]+|asking the workers whether one was preempted)"
@@ -109,7 +110,7 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
                          stopped[0]), stopped[0]
         assert re.search(rf"while {doing}, --collective_timeout; not answering: worker 1$",
                          record["why"]), record["why"]
-    slowed = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][1]
+    slowed = json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"][2]
     if path.strategy == "parameter_server":
         assert sum(slowed["worker_steps"]) == steps
         assert slowed["worker_step_ms"][1] > slowed["worker_step_ms"][0]
@@ -119,7 +120,8 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
         assert [r["replica"] for r in record["steps"][-1]["replicas"]] == [
             "worker 0 (replica 0)", "worker 1 (replica 1)"]
     if path.strategy == "multi_worker":  # Keras reads the times at its callback's checks.
-        assert [s["step"] for s in record["steps"]][:5] == [5, 10, 15, 20, 25]
+        read = [s["step"] for s in record["steps"]]
+        assert read[0] % 5 == 0 and read[:5] == list(range(read[0], read[0] + 25, 5)), read
 
 
 def test_a_worker_paused_for_seconds_is_named_with_its_step(tmp_path, data_dir):

@@ -95,7 +95,10 @@ def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),
 
     if settings.eager:
         return step
-    return tf.function(step, input_signature=[*feed.signature, tf.TensorSpec([], tf.float32)])
+    # Without AutoGraph: nothing in the step needs converting, and it would transform the source
+    # of every function the step calls, again in every process (docs/design.md#compiled-steps).
+    return tf.function(step, input_signature=[*feed.signature, tf.TensorSpec([], tf.float32)],
+                       autograph=False)
 
 
 @dataclasses.dataclass
@@ -270,7 +273,8 @@ def make_eval_step(replicas: Replicas, settings: StepSettings = StepSettings(),
                 correct.append(right)
         return tf.add_n(losses), tf.add_n(correct)
 
-    return step if settings.eager else tf.function(step, input_signature=feed.signature)
+    return step if settings.eager else tf.function(step, input_signature=feed.signature,
+                                                   autograph=False)
 
 
 def _unless_empty(labels, compute, zeros) -> list:

@@ -44,7 +44,7 @@ def make_train_step(store: Store, config):
         return (loss, count_correct(logits, y), applied - 1 - seen, worker,
                 tf.stack([started, landed]))
 
-    return tf.function(step)
+    return tf.function(step, autograph=False)  # As the from-scratch steps (nothing to convert).
 
 
 def make_eval_step(store: Store, eval_flip: bool = False):
@@ -56,4 +56,4 @@ def make_eval_step(store: Store, eval_flip: bool = False):
         logits = test_logits(lambda x: store.logits(x, training=False), x, eval_flip)
         return summed_cross_entropy(logits, y), count_correct(logits, y)
 
-    return tf.function(step)
+    return tf.function(step, autograph=False)  # As the from-scratch steps (nothing to convert).
