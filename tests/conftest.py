@@ -39,7 +39,7 @@ from tfdp import logs  # noqa: E402
 
 logs.import_tensorflow()  # Without its start-up banners (pytest-xdist's workers show them).
 
-from tfdp import data, devices, fashion_mnist  # noqa: E402
+from tfdp import data, datasets, devices, fashion_mnist  # noqa: E402
 
 # Logical devices must exist before TensorFlow runs its first op; tests take the first k.
 DEVICES = devices.configure_devices(4)
@@ -99,8 +99,8 @@ def manual_dir():
 def data_dir(tmp_path_factory, manual_dir):
     shared = shared_temp(tmp_path_factory)
     path = os.environ.get("TFDP_TEST_DATA_DIR") or str(shared / "tfds")
-    with only_one_worker(str(shared / "tfds.lock")):
-        fashion_mnist.prepare(path, manual_dir)
+    with only_one_worker(str(shared / "tfds.lock")):  # TFDS' preparation and tfdp's arrays.
+        datasets.prepare(data_dir=path, manual_dir=manual_dir)
     return path
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from same_model import head
-from tfdp import data, fashion_mnist, plan
+from tfdp import data, fashion_mnist, plan, tfds_source
 from tfdp.errors import UserError
 from tfdp.keras_path import distributed_input as sharding
 
@@ -24,7 +24,7 @@ def test_missing_manual_file_is_named(manual_dir, tmp_path):
     target = copy_manual_dir(manual_dir, tmp_path)
     os.remove(target / "t10k-labels-idx1-ubyte.gz")
     with pytest.raises(UserError, match="t10k-labels-idx1-ubyte.gz is missing"):
-        fashion_mnist.prepare(str(tmp_path / "tfds"), str(target))
+        tfds_source.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), str(target))
 
 
 def test_damaged_manual_file_is_named(manual_dir, tmp_path):
@@ -36,7 +36,7 @@ def test_damaged_manual_file_is_named(manual_dir, tmp_path):
         f.seek(100)
         f.write(b"\x00\x01\x02")
     with pytest.raises(UserError, match="train-labels-idx1-ubyte.gz is damaged"):
-        fashion_mnist.prepare(str(tmp_path / "tfds"), str(target))
+        tfds_source.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), str(target))
 
 
 def test_splits_have_the_real_shapes(train_split, test_split):
@@ -49,8 +49,8 @@ def test_splits_have_the_real_shapes(train_split, test_split):
 def test_the_exported_class_names_are_tfds_label_names(data_dir):
     from tfdp import fashion_mnist
 
-    builder = fashion_mnist.prepare(data_dir, None)
-    assert tuple(builder.info.features["label"].names) == data.CLASS_NAMES
+    builder = tfds_source.prepare(fashion_mnist.DATASET, data_dir, None)
+    assert tuple(builder.info.features["label"].names) == fashion_mnist.LABEL_NAMES
 
 
 def test_train_batches_depend_on_seed_and_epoch_only(train_split):
@@ -100,7 +100,7 @@ def test_without_files_or_internet_the_error_comes_in_seconds(tmp_path, monkeypa
     monkeypatch.setattr(fashion_mnist, "_SHARED_MANUAL_DIR", str(tmp_path / "none"))
     start = time.monotonic()
     try:
-        fashion_mnist.prepare(str(tmp_path / "tfds"), None)
+        tfds_source.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), None)
     except UserError as e:
         assert "--manual_dir" in str(e)
     else:
@@ -135,7 +135,7 @@ def test_a_damaged_array_cache_is_rebuilt_with_a_warning(data_dir, tmp_path, cap
             f.seek(-8, os.SEEK_END)
             f.write(bytes([(byte + 200) % 256]))
     split = data.load_split("test", str(copy))
-    assert "the cached test arrays in" in caplog.text and "are damaged" in caplog.text
+    assert "the cached arrays in" in caplog.text and "are damaged" in caplog.text
     intact = data.load_split("test", data_dir)
     assert np.array_equal(split.images, intact.images)
     assert np.array_equal(np.load(images), intact.images)  # The cache, rebuilt.

@@ -13,9 +13,10 @@ PACKAGE = os.path.join(REPO, "tfdp")
 # Bottom to top; a unit may import its own layer's units and those of the layers below.
 LAYERS = [
     {"errors", "logs", "files"},                                  # the ground floor
-    {"model_spec", "path_registry", "config_checks", "export_formats", "config", "flags", "plan",
-     "recipes"},
-    {"fashion_mnist", "data", "devices", "models"},              # data, devices, models
+    {"model_spec", "dataset_spec", "path_registry", "config_checks", "export_formats", "config",
+     "flags", "plan", "recipes"},
+    {"fashion_mnist", "tfds_source", "array_cache", "datasets", "data", "devices",
+     "models"},                                                  # data, devices, models
     {"cluster", "launcher"},                                     # in-process runtime; launcher
     {"trace"},                                                   # seeing the steps
     {"training"},                                                # what every run does

@@ -260,7 +260,7 @@ def test_stale_partial_exports_are_removed_and_live_ones_kept(tmp_path):
 @needs_root
 def test_a_read_only_prepared_data_dir_trains_and_a_missing_one_says_so(tmp_path, data_dir,
                                                                        manual_dir):
-    from tfdp import data, fashion_mnist
+    from tfdp import data, fashion_mnist, tfds_source
 
     copy = tmp_path / "data"
     subprocess.run(["cp", "-r", data_dir, str(copy)], check=True)
@@ -277,7 +277,7 @@ def test_a_read_only_prepared_data_dir_trains_and_a_missing_one_says_so(tmp_path
         assert len(split.labels) == 10000
         with pytest.raises(UserError, match=r"is not prepared in .*, and it cannot be prepared "
                                             r"there \(Read-only file system\)"):
-            fashion_mnist.prepare(str(empty), manual_dir)
+            tfds_source.prepare(fashion_mnist.DATASET, str(empty), manual_dir)
     finally:
         for folder in (copy, empty):
             subprocess.run(["umount", str(folder)], check=False)

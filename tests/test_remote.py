@@ -125,8 +125,8 @@ def test_by_hand_a_server_and_a_client_refuse_what_cannot_work_in_one_line(tmp_p
              f"tfdp.train: error: worker 0 ({worker}) serves 1 device(s), --num_gpus=2 asks for "
              "2 per worker: start its tfdp.server with --num_gpus=2"),
             ([f"--data_dir={tmp_path / 'nothing'}"],
-             f"tfdp.train: error: worker 0 ({worker}) cannot read the train split at "
-             f"{tmp_path / 'nothing'}"),
+             f"tfdp.train: error: worker 0 ({worker}) has not prepared --dataset=fashion_mnist "
+             f"in {tmp_path / 'nothing'}"),
             ([f"--data_dir={data_dir}"], None)]:
         serving = server()
         try:

@@ -11,7 +11,7 @@ import pytest
 
 from exports import runtimes_agree, serve_all_in_clients
 from shared_runs import RUNS
-from tfdp import data
+from tfdp import fashion_mnist
 
 CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
             "outputs": {"logits": ["float32", [-1, 10]], "probabilities": ["float32", [-1, 10]],
@@ -70,7 +70,7 @@ def test_export_serves_in_every_client(served, name):
     assert seen["signature"] == CONTRACT
     # Every client names each class as TF2 does (else its accuracy is NaN, below), and TF2 by
     # the dataset's label names.
-    assert all(name == data.CLASS_NAMES[int(c)] for c, name in seen["names_by_class"].items())
+    assert all(name == fashion_mnist.LABEL_NAMES[int(c)] for c, name in seen["names_by_class"].items())
     assert seen["names_by_class"], seen
     assert seen["logits_finite"], "the run diverged: accuracies would compare ties of NaNs"
     # Exact, but for examples whose top two logits tie to rounding (another device count,

@@ -3,7 +3,9 @@
 The keyword arguments are the command line's flags (``python -m tfdp.train --help``), with the
 same defaults and the same checks: a bad one raises ``tfdp.UserError`` (a ``ValueError``)
 carrying the line the command line prints. ``model`` also takes your model's function itself,
-``function(input_shape, num_classes)`` returning a Keras model.
+``function(input_shape, num_classes)`` returning a Keras model; ``dataset`` also takes your
+arrays, ``(x_train, y_train, x_test, y_test)`` (uint8 images, integer labels) or a dict of those
+names (and ``class_names``), written once to tfdp's array cache under ``data_dir``.
 
 Logical devices are fixed when TensorFlow starts, once per process: a later run in the same
 process may use as many devices as the first configured, or fewer. To train on 1 and then 2
@@ -28,6 +30,10 @@ def run(**flags):
                         "python -m tfdp.train (see tfdp.api.FLAGS)")
     if callable(flags.get("model")):  # Your model's function itself (docs/your-model.md).
         flags["model"] = model_spec.spec_of(flags["model"])
+    if flags.get("dataset") is not None and not isinstance(flags["dataset"], str):
+        from tfdp import datasets  # Your arrays, written to the cache (docs/your-data.md).
+
+        flags["dataset"] = datasets.from_arrays(flags["dataset"], flags.get("data_dir"))
     config = Config(**flags)
     logs.configure(config.verbose)
     logs.import_tensorflow()

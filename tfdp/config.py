@@ -49,6 +49,15 @@ class Config:
         "your own Keras model: package.module:function or path/to/file.py:function, a "
         "function(input_shape, num_classes) returning it (docs/your-model.md). Default: the "
         "recipe's.")
+    dataset: str = _flag(
+        "fashion_mnist", "The images to train on: a TFDS image-classification dataset by name "
+        "(fashion_mnist, mnist, cifar10, ...; prepared in --data_dir), folder:ROOT (images in "
+        "ROOT/train/<class>/ and ROOT/test/<class>/, PNG or JPEG), or npz:FILE (x_train, "
+        "y_train, x_test, y_test, as Keras' mnist.npz); tfdp.run also takes the arrays "
+        "themselves. Shape, channels and classes come from the data (docs/your-data.md).")
+    image_size: Optional[str] = _flag(
+        None, "HxW (or one side) to resize every image to: images of different sizes are "
+        "resized to the most common size unless this is given.")
     num_gpus: int = _flag(
         1, "Devices to train on (per worker under multi_worker and across machines). With fewer "
         "GPUs than this, the devices that exist are split into logical devices (logical CPUs on a "

@@ -10,7 +10,7 @@ import math
 import os
 import typing
 
-from tfdp import model_spec, path_registry
+from tfdp import dataset_spec, model_spec, path_registry
 from tfdp.errors import UserError
 
 ALLREDUCES = ("add_n", "sharded", "ring")
@@ -69,6 +69,7 @@ def common(config) -> None:
     """The flags every path reads."""
     path_registry.get(config.strategy)  # Its own line when there is no such path.
     model_spec.check_spec(config.model)
+    dataset_spec.check(config.dataset, config.image_size)
     choice("allreduce", config.allreduce, ALLREDUCES)
     choice("allreduce_dtype", config.allreduce_dtype, ("float32", "bfloat16"))
     choice("precision", config.precision, PRECISIONS)

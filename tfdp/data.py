@@ -1,130 +1,61 @@
-"""Fashion-MNIST through tensorflow-datasets, offline-capable, read top to bottom.
+"""The examples a run trains on, read top to bottom.
 
-1. ``tfdp.fashion_mnist.prepare``: TFDS prepares the dataset in ``data_dir`` once, from the
-   four original files when they are found (no download is tried), under a file lock so
-   workers starting together do not collide.
-2. ``load_split``: the whole split as uint8 / int64 arrays in memory (47 MB for train), read
-   once per process and cached as .npy beside the TFDS data: short runs and tests would
-   otherwise spend most of their time decoding the same images again.
+1. ``tfdp.datasets.prepare``: ``--dataset`` (Fashion-MNIST by default) prepared once into tfdp's
+   array cache, described by a ``DatasetInfo`` (image shape, classes, names).
+2. ``load_splits``: the train and test splits as arrays memory-mapped from that cache
+   (``tfdp.array_cache``): a batch reads its own examples, so a dataset larger than the run's
+   memory trains.
 3. ``train_batches`` / ``eval_batches``: a ``tf.data`` pipeline of global batches whose order
    depends only on (seed, epoch), so every path and device count sees the same batches. It
    does not autotune (``_pipeline_options``). With ``--augment=flip`` each training example
    is mirrored left-right or not by (seed, epoch, example) alone: a batch's indices carry it
-   (index ``i + n`` is example ``i`` mirrored, ``gather``), so every path, device count and
-   cluster sees the same images.
+   (index ``i + n`` is example ``i`` mirrored), so every path, device count and cluster sees
+   the same images. Each batch is gathered from the arrays by its indices (``fetch``; on a
+   cluster's workers, which hold the arrays in memory, ``gather``).
 4. ``to_float``: uint8 pixels -> float in [0, 1], the model's input (the serving contract takes
    raw uint8 and applies the same function).
 """
 
-import functools
-import hashlib
-import logging
+import json
 import os
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from tfdp import files
-from tfdp import logs
-from tfdp.fashion_mnist import DATASET, LABEL_NAMES, damaged_preparation, prepare
-from tfdp.logs import logger
-
-IMAGE_SHAPE = (28, 28, 1)
-NUM_CLASSES = 10
-CLASS_NAMES = LABEL_NAMES  # What the export names each class.
+from tfdp import array_cache, dataset_spec, datasets
+from tfdp.array_cache import Split
+from tfdp.datasets import DatasetInfo
+from tfdp.errors import UserError
 
 
-class Split(NamedTuple):
-    images: np.ndarray  # uint8 [n, 28, 28, 1]
-    labels: np.ndarray  # int64 [n]
+def dataset_of(config) -> DatasetInfo:
+    """The run's ``DatasetInfo``: its data prepared here (once per process)."""
+    return datasets.prepare(config.dataset, config.data_dir, config.manual_dir,
+                            config.image_size)
 
 
-@functools.lru_cache(maxsize=None)
-def load_split(split: str, data_dir: Optional[str] = None,
-               manual_dir: Optional[str] = None) -> Split:
-    """The whole ``split`` ("train" or "test") as in-memory arrays, read once per process.
-
-    The first read goes through TFDS (decoding 60,000 PNGs: seconds) and leaves the arrays as
-    .npy files beside the prepared data; later runs, workers and tests load those at once.
-    """
-    import tensorflow_datasets as tfds
-
-    builder = prepare(data_dir, manual_dir)
-    paths = array_paths(builder.data_dir, split)
-    cache = os.path.dirname(paths[0])
-    cached = _cached_arrays(paths, split)
-    if cached:
-        images, labels = cached
-    else:
-        try:
-            arrays = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
-        except (tf.errors.OpError, ValueError, OSError) as e:
-            raise damaged_preparation(builder.data_dir, e) from None
-        images, labels = arrays["image"], arrays["label"].astype(np.int64)
-        try:  # A cache only: a read-only data dir (a shared mount) still trains.
-            os.makedirs(cache, exist_ok=True)
-            for path, array in zip(paths, (images, labels)):
-                files.write_atomic(path, lambda f, a=array: np.save(f, a), mode="wb")
-            # Last: a cache without it is one whose writing was cut short.
-            files.write_atomic(_digests_path(paths), lambda f: f.write(_digests(images, labels)))
-        except OSError as e:
-            logger.info("not caching %s as .npy in %s (%s): decoding it each run", split, cache,
-                        e.strerror or e)
-    images.setflags(write=False)
-    labels.setflags(write=False)
-    return Split(images, labels)
-
-
-def _cached_arrays(paths: list, split: str):
-    """(images, labels) from ``load_split``'s cache, or None where there is none or it is
-    damaged (then it is rebuilt: a warning says so). Damage that keeps the shapes and dtypes
-    (a flipped byte, a label out of range) is caught by the arrays' SHA-256 digests, written
-    beside them."""
-    if not all(os.path.exists(p) for p in paths):
-        return None
+def dataset_on(device: str, name: str, config) -> DatasetInfo:
+    """The run's ``DatasetInfo`` as the cluster worker owning ``device`` prepared it (its
+    ``info.json``, read there: this process may hold no data at all). ``name`` names the worker
+    in the error."""
+    folder = datasets.cache_folder(config.dataset, config.data_dir, config.image_size)
     try:
-        images, labels = (np.load(p, allow_pickle=False) for p in paths)
-        if (images.dtype != np.uint8 or images.shape[1:] != (28, 28, 1)
-                or labels.dtype != np.int64 or labels.shape != images.shape[:1]):
-            raise ValueError(f"arrays of {images.dtype} {images.shape} and {labels.dtype} "
-                             f"{labels.shape}")
-        with open(_digests_path(paths)) as f:
-            if f.read() != _digests(images, labels):
-                raise ValueError("their contents changed since they were written (SHA-256)")
-    except FileNotFoundError:  # Written by a tfdp before digests, or cut short: rebuilt.
-        logger.info("the cached %s arrays in %s have no digests: decoding the prepared data "
-                    "again", split, os.path.dirname(paths[0]))
-        return None
-    except (OSError, ValueError, EOFError) as e:
-        logger.warning("the cached %s arrays in %s are damaged (%s): decoding the prepared data "
-                       "again", split, os.path.dirname(paths[0]), str(e).splitlines()[0])
-        return None
-    return images, labels
+        with tf.device(device):
+            text = tf.io.read_file(os.path.join(folder, array_cache.INFO)).numpy()
+    except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
+        raise UserError(f"{name} has not prepared --dataset={config.dataset} in {folder} "
+                        f"({e.message.splitlines()[0][:120]}): start its tfdp.server with this "
+                        "--dataset and --data_dir (it prepares the data there), the same on "
+                        "every machine") from None
+    return DatasetInfo.of(config.dataset, folder, json.loads(text))
 
 
-def _digests_path(paths: list) -> str:
-    return paths[0].replace("-images.npy", ".sha256")
-
-
-def _digests(images: np.ndarray, labels: np.ndarray) -> str:
-    return "".join(f"{hashlib.sha256(np.ascontiguousarray(a)).hexdigest()}  {name}\n"
-                   for a, name in ((images, "images"), (labels, "labels")))
-
-
-def array_paths(prepared_dir: str, split: str) -> list:
-    """Where ``load_split`` keeps a split's arrays: [images .npy, labels .npy]. A worker of the
-    from-scratch path across machines reads them there (``read_npy``)."""
-    return [os.path.join(prepared_dir, "tfdp-arrays", f"{split}-{part}.npy")
-            for part in ("images", "labels")]
-
-
-def prepared_dir(data_dir: Optional[str]) -> str:
-    """The folder TFDS prepares the dataset in under ``data_dir`` (nothing is read or made)."""
-    import tensorflow_datasets as tfds
-
-    with logs.quiet_below(logging.ERROR, "absl"):
-        return tfds.builder(DATASET, data_dir=data_dir).data_dir
+def load_split(split: str, data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
+               dataset: str = dataset_spec.DEFAULT, image_size=None) -> Split:
+    """``split`` ("train" or "test") of ``dataset``, memory-mapped from its array cache."""
+    info = datasets.prepare(dataset, data_dir, manual_dir, image_size)
+    return array_cache.load(info.folder, split, info.examples[split], info.image_shape)
 
 
 def read_npy(path: str, dtype: tf.DType, item_shape: tuple) -> tf.Tensor:
@@ -139,19 +70,22 @@ def read_npy(path: str, dtype: tf.DType, item_shape: tuple) -> tf.Tensor:
     return tf.reshape(tf.io.decode_raw(body, dtype), [-1, *item_shape])
 
 
-def load_splits(data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
-                synthetic: bool = False):
-    """(train, test) for a run: the real Fashion-MNIST, or synthetic arrays of its sizes."""
+def load_splits(info: DatasetInfo, synthetic: bool = False) -> tuple:
+    """(train, test) for a run: the data ``info`` describes, or random arrays of its sizes."""
     if synthetic:
-        return synthetic_split(60000, seed=1), synthetic_split(10000, seed=2)
-    return load_split("train", data_dir, manual_dir), load_split("test", data_dir, manual_dir)
+        return tuple(synthetic_split(info.examples[split], info.image_shape, info.num_classes,
+                                     seed) for split, seed in (("train", 1), ("test", 2)))
+    return tuple(array_cache.load(info.folder, split, info.examples[split], info.image_shape)
+                 for split in array_cache.SPLITS)
 
 
-def synthetic_split(num_examples: int, seed: int = 0) -> Split:
-    """Random images and labels of the real shapes, made in memory (benchmarks, no input cost)."""
+def synthetic_split(num_examples: int, image_shape: tuple = (28, 28, 1), num_classes: int = 10,
+                    seed: int = 0) -> Split:
+    """Random images and labels of the data's shapes, made in memory (benchmarks, no input
+    cost)."""
     rng = np.random.default_rng(seed)
-    return Split(rng.integers(0, 256, (num_examples, *IMAGE_SHAPE), dtype=np.uint8),
-                 rng.integers(0, NUM_CLASSES, num_examples, dtype=np.int64))
+    return Split(rng.integers(0, 256, (num_examples, *image_shape), dtype=np.uint8),
+                 rng.integers(0, num_classes, num_examples, dtype=np.int64))
 
 
 # Fixed parallelism and buffers, autotuning off. Batches are gathers from arrays in memory, so
@@ -188,11 +122,9 @@ def train_batches(split: Split, batch_size: int, seed: int, first_epoch: int, ep
     the first ``steps`` batches of its order (the plan's ``steps_per_epoch``: so Keras'
     ``fit(steps_per_epoch=...)`` and a Python loop see the same batches in the same epochs),
     with ``flip``: each example mirrored or not (``epoch_mirrored``)."""
-    images, labels = tf.constant(split.images), tf.constant(split.labels)
     batches = train_indices(len(split.labels), batch_size, seed, first_epoch, epochs, steps,
-                            flip).map(lambda idx: gather(images, labels, idx, flip),
-                                                 num_parallel_calls=_PARALLEL_CALLS,
-                                                 deterministic=True)
+                            flip).map(lambda idx: fetch(split, idx, flip),
+                                      num_parallel_calls=_PARALLEL_CALLS, deterministic=True)
     return batches.prefetch(_PREFETCH).with_options(_pipeline_options())
 
 
@@ -223,6 +155,24 @@ def index_batches(num_examples: int, batch_size: int, seed: int, first_epoch: in
                               flip).skip(offset).map(lambda i: (i,)))
 
 
+def fetch(split: Split, indices, flip: bool = False) -> tuple:
+    """The examples ``indices`` name, read from ``split``'s (memory-mapped) arrays in this
+    process, as ``gather`` reads them from tensors: index ``i + n`` is example ``i`` mirrored
+    with ``flip``."""
+    n = len(split.labels)
+
+    def read(rows):
+        rows = rows % n
+        return split.images[rows], split.labels[rows]
+
+    images, labels = tf.numpy_function(read, [indices], (tf.uint8, tf.int64), stateful=False)
+    images.set_shape([None, *split.images.shape[1:]])
+    labels.set_shape([None])
+    if not flip:
+        return images, labels
+    return tf.where(tf.reshape(indices >= n, [-1, 1, 1, 1]), mirror(images), images), labels
+
+
 def gather(images, labels, indices, flip: bool = False) -> tuple:
     """The examples ``indices`` name, as (images, labels): with ``flip``, index ``i + n`` (``n``
     examples) is example ``i`` mirrored left-right. Written once for every path: the local
@@ -240,18 +190,16 @@ def mirror(images):
     return tf.reverse(images, [2])
 
 
-def read_arrays(prepared: str, split: str) -> tuple:
-    """A split's (images, labels) read with TensorFlow ops from ``array_paths`` (on the
-    device, local or a remote worker's, that the caller places them)."""
-    images_path, labels_path = array_paths(prepared, split)
-    return read_npy(images_path, tf.uint8, IMAGE_SHAPE), read_npy(labels_path, tf.int64, ())
+def read_arrays(folder: str, split: str, image_shape: tuple) -> tuple:
+    """A split's (images, labels) read with TensorFlow ops from the array cache ``folder`` (on
+    the device, local or a remote worker's, that the caller places them)."""
+    images_path, labels_path = array_cache.array_paths(folder, split)
+    return read_npy(images_path, tf.uint8, image_shape), read_npy(labels_path, tf.int64, ())
 
 
 def eval_batches(split: Split, batch_size: int, steps_cap: Optional[int] = None) -> tf.data.Dataset:
     """The test set in order, in global batches (the last one short), optionally capped."""
-    ds = tf.data.Dataset.from_tensor_slices((split.images, split.labels)).batch(batch_size)
-    if steps_cap:
-        ds = ds.take(steps_cap)
+    ds = eval_indices(len(split.labels), batch_size, steps_cap).map(lambda idx: fetch(split, idx))
     return ds.prefetch(_PREFETCH).with_options(_pipeline_options())
 
 

@@ -32,6 +32,9 @@ from tfdp.flags import help_parser
 
 flags.DEFINE_integer("num_gpus", 1, "Devices this worker serves (as tfdp.train's --num_gpus: "
                      "logical devices where there are fewer).")
+flags.DEFINE_string("dataset", "fashion_mnist", "The data to prepare where this worker is (as "
+                    "tfdp.train's --dataset: a TFDS name, folder:ROOT or npz:FILE).")
+flags.DEFINE_string("image_size", None, "As tfdp.train's --image_size.")
 flags.DEFINE_string("data_dir", None, "tensorflow-datasets data dir; give every machine the "
                     "client's (default: TFDS's own).")
 flags.DEFINE_string("manual_dir", None, "Folder with the four Fashion-MNIST .gz files, to "
@@ -58,8 +61,9 @@ def main(argv):
         if FLAGS.collective_timeout < 1:
             raise UserError(f"--collective_timeout must be a positive integer, got "
                             f"{FLAGS.collective_timeout}")
-        chief = serve(task, FLAGS.num_gpus, FLAGS.data_dir, FLAGS.manual_dir, FLAGS.data,
-                      FLAGS.collective_timeout)
+        data = (dict(dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, manual_dir=FLAGS.manual_dir,
+                     image_size=FLAGS.image_size) if FLAGS.data else None)
+        chief = serve(task, FLAGS.num_gpus, data, FLAGS.collective_timeout)
     except UserError as e:
         sys.exit(f"tfdp.server: error: {e}")
     except Stopped as e:

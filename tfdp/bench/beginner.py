@@ -43,12 +43,13 @@ def main(argv):
     del argv
     import keras  # Imports are start-up, outside the clock, as in tfdp.train.
 
-    from tfdp import data
+    from tfdp import data, datasets
 
     clock = Clock()
     clock.start()  # Before the data is read, as tfdp.train's.
     keras.utils.set_random_seed(FLAGS.seed)
-    train, test = data.load_splits(FLAGS.data_dir, FLAGS.manual_dir)
+    train, test = data.load_splits(datasets.prepare(data_dir=FLAGS.data_dir,
+                                                    manual_dir=FLAGS.manual_dir))
     x, y = train.images.astype("float32") / 255.0, train.labels
     if FLAGS.steps_per_epoch:
         x, y = x[:FLAGS.steps_per_epoch * BATCH], y[:FLAGS.steps_per_epoch * BATCH]

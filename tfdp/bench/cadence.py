@@ -132,7 +132,7 @@ def _measure_one(config: dict, steps: int, epochs: int, data_dir, manual_dir) ->
     from tfdp import logs
 
     logs.import_tensorflow()
-    from tfdp import data
+    from tfdp import data, datasets
     from tfdp.config import Config
     from tfdp.devices import configure_devices
 
@@ -142,7 +142,7 @@ def _measure_one(config: dict, steps: int, epochs: int, data_dir, manual_dir) ->
                       steps_per_epoch=steps, eval_steps=1, init="glorot", workdir=workdir,
                       sync_every=config["sync"], accumulate_steps=config["acc"],
                       data_dir=data_dir, manual_dir=manual_dir)
-    train, test = data.load_splits(data_dir, manual_dir)
+    train, test = data.load_splits(datasets.prepare(data_dir=data_dir, manual_dir=manual_dir))
     if config["mode"] == "loop":
         return _loop(settings, train, test)
     return _bare(settings, devices, train, asynchronous=config["mode"] == "ahead")

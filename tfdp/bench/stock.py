@@ -14,7 +14,7 @@ import time
 import keras
 from absl import app, flags
 
-from tfdp import data
+from tfdp import data, datasets
 from tfdp.models import lenet
 
 flags.DEFINE_string("workdir", None, "Where metrics.json goes.", required=True)
@@ -43,7 +43,7 @@ class EpochTimer(keras.callbacks.Callback):
 def main(argv):
     del argv
     workdir, batch_size, epochs, steps = FLAGS.workdir, FLAGS.batch_size, FLAGS.epochs, FLAGS.steps
-    train, _ = data.load_splits(FLAGS.data_dir, None, FLAGS.synthetic)
+    train, _ = data.load_splits(datasets.prepare(data_dir=FLAGS.data_dir), FLAGS.synthetic)
     n = min(len(train.labels), steps * batch_size)
     x, y = train.images[:n].astype("float32") / 255.0, train.labels[:n]
     model = lenet.keras_model()

@@ -13,7 +13,6 @@ files), saves the step every replica finished and exits 75; then the server exit
 second SIGTERM, or a client that does not listen (parameter servers'), stops it at once.
 """
 
-import os
 import signal
 import time
 
@@ -36,11 +35,11 @@ _POLL_SECONDS = 0.1
 _GONE_AFTER_SECONDS = 3.0
 
 
-def serve(task: tf_config.Task, num_gpus: int, data_dir=None, manual_dir=None,
-          with_data: bool = True, wait: float = 60.0) -> str:
-    """Prepare the data (``with_data``), start the server, return when the chief has come and
-    gone (raise when it was cut off instead); ``wait``: seconds for the cluster's names to
-    resolve."""
+def serve(task: tf_config.Task, num_gpus: int, data: dict = None, wait: float = 60.0) -> str:
+    """Prepare the ``data`` (``tfdp.datasets.prepare``'s keywords: ``dataset``, ``data_dir``,
+    ``manual_dir``, ``image_size``; None: none), start the server, return when the chief has
+    come and gone (raise when it was cut off instead); ``wait``: seconds for the cluster's names
+    to resolve."""
     if "chief" not in task.cluster:
         raise UserError(f"{tf_config.ENV} names no chief: the chief is the client, the process "
                         "running python -m tfdp.train")
@@ -48,7 +47,7 @@ def serve(task: tf_config.Task, num_gpus: int, data_dir=None, manual_dir=None,
         raise UserError(f"--num_gpus must be a positive integer, got {num_gpus}")
     tf_config.check_addresses(task, wait)
     tf = logs.import_tensorflow()
-    where = _prepare_data(data_dir, manual_dir) if with_data and task.type == "worker" else None
+    where = _prepare_data(**data) if data is not None and task.type == "worker" else None
     server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type,
                                   task_index=task.index, protocol="grpc",
                                   config=_session_config(tf, num_gpus), start=True)
@@ -111,19 +110,15 @@ class _Stop:
                        f"{self.chief} did not stop within {PREEMPT_GRACE:g} s")
 
 
-def _prepare_data(data_dir, manual_dir) -> str:
-    """Prepare both splits and leave their arrays where the client's steps read them."""
-    from tfdp import data
+def _prepare_data(dataset, data_dir, manual_dir, image_size) -> str:
+    """Prepare the dataset and leave its arrays where the client's steps read them."""
+    from tfdp import datasets
 
-    for split in ("train", "test"):
-        data.load_split(split, data_dir, manual_dir)
-    folder = data.prepared_dir(data_dir)
-    missing = [p for s in ("train", "test") for p in data.array_paths(folder, s)
-               if not os.path.isfile(p)]
-    if missing:
-        raise UserError(f"cannot leave the arrays the client reads in {os.path.dirname(missing[0])}"
-                        " (not writable?): give a --data_dir this worker can write to, the same "
-                        "on every machine")
+    where = datasets.cache_folder(dataset, data_dir, image_size)
+    folder = datasets.prepare(dataset, data_dir, manual_dir, image_size).folder
+    if folder != where:  # Kept in the user's cache: the data dir is read-only here.
+        raise UserError(f"cannot leave the arrays the client reads in {where} (not writable?): "
+                        "give a --data_dir this worker can write to, the same on every machine")
     return folder
 
 

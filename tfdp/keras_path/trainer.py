@@ -40,19 +40,20 @@ STAMPED = ("mirrored", "multi_worker")  # Replicas that meet at an exchange: arr
 PRECISIONS = ("float32", "float64", "bfloat16")  # As resolved: never "auto" here.
 
 
-def build_model(config):
-    """The Keras model in ``--precision``, trained with tfdp's step (``train_step.py``), which
-    stamps its replicas' arrival times under a strategy. LeNet starts from the from-scratch
-    path's weights for the same ``--init`` and ``--seed``; any other model from Keras'
-    initializers under ``--seed``."""
+def build_model(config, dataset):
+    """The Keras model for ``dataset`` (``tfdp.datasets.DatasetInfo``) in ``--precision``,
+    trained with tfdp's step (``train_step.py``), which stamps its replicas' arrival times under
+    a strategy. LeNet starts from the from-scratch path's weights for the same ``--init`` and
+    ``--seed``; any other model from Keras' initializers under ``--seed``."""
     lenet_model = config.model in model_spec.LENETS
     model = global_batch_model(
-        catalog.build(config.model, data.IMAGE_SHAPE, data.NUM_CLASSES, config.precision,
+        catalog.build(config.model, dataset.image_shape, dataset.num_classes, config.precision,
                       config.sync_batch_norm, seed=None if lenet_model else config.seed),
         config.accumulate_steps, config.strategy in STAMPED, config.label_smoothing)
     if lenet_model:
         model.set_weights(lenet.to_keras_weights(lenet.start_params(
-            config.initializer, config.seed, batch_norm=config.model == "lenet_bn")))
+            config.initializer, config.seed, batch_norm=config.model == "lenet_bn",
+            input_shape=dataset.image_shape, num_classes=dataset.num_classes)))
     return model
 
 
@@ -104,6 +105,7 @@ class KerasFitPath(TrainingPath):
             self.peers, self.gather_steps = tf_config.task().peers, _gather_steps(d)
             self.worker_precisions = _same_precision(d, config.precision)
         self.model = None
+        self.dataset = data.dataset_of(config)  # Every worker prepares it where it runs.
         # Stragglers, and the flight recorder a lost cluster's one-line error points to.
         self.recorder = (Arrivals(_replica_devices(d), config.workdir)
                          if config.strategy in STAMPED else None)
@@ -115,7 +117,7 @@ class KerasFitPath(TrainingPath):
         config, plan, strategy = self.config, run.plan, self.distribution.strategy
         replicas = self.distribution.replicas
         with strategy.scope():
-            model = self.model = build_model(config)
+            model = self.model = build_model(config, self.dataset)
             model.compile(optimizer=RunSGD(
                               PlanSchedule(plan), momentum=config.momentum,
                               nesterov=bool(config.nesterov),
@@ -174,7 +176,7 @@ class KerasFitPath(TrainingPath):
         """The trained model; in another precision, its layers and weights computing in it."""
         if precision == self.config.precision:
             return self.model
-        twin = build_model(dataclasses.replace(self.config, precision=precision))
+        twin = build_model(dataclasses.replace(self.config, precision=precision), self.dataset)
         twin.set_weights(self.model.get_weights())
         return twin
 
@@ -187,7 +189,8 @@ class KerasFitPath(TrainingPath):
             path = super().export(config)
         else:
             scratch = tempfile.mkdtemp(prefix=f"tfdp-worker{d.worker_index}-")
-            saved_model.save_scratch(self.model, scratch, self.config.eval_flip)
+            saved_model.save_scratch(self.model, scratch, self.config.eval_flip,
+                                     self.dataset.class_names)
             path = None
         if d.num_workers > 1:
             _barrier_step(d.strategy)

@@ -95,7 +95,8 @@ def processes(strategy: str, num_workers: int, train_args: list, addresses: list
 def server_flags(train_args: list) -> list:
     """The train flags a ``tfdp.server`` shares with its client: its devices and its data."""
     shared = []
-    for name in ("num_gpus", "data_dir", "manual_dir", "collective_timeout"):
+    for name in ("num_gpus", "dataset", "image_size", "data_dir", "manual_dir",
+                 "collective_timeout"):
         value = _train_flag(train_args, name)
         if value is not None:
             shared.append(f"--{name}={value}")

@@ -13,8 +13,12 @@ import tensorflow as tf
 from tfdp import data
 from tfdp.manual.replicate import split_batch
 
-IMAGES = tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8)
 LABELS = tf.TensorSpec([None], tf.int64)
+
+
+def images_spec(image_shape: tuple) -> tf.TensorSpec:
+    """A batch of uint8 images of ``image_shape``."""
+    return tf.TensorSpec([None, *image_shape], tf.uint8)
 
 
 class Feed(NamedTuple):
@@ -27,19 +31,20 @@ class Feed(NamedTuple):
 def local_feed(config, plan, devices: list, train_split: data.Split,
                test_split: data.Split) -> Feed:
     """Global batches of images from arrays in this process, split with ``split_batch``."""
-    shards = images_feed(devices).shards
+    shape = train_split.images.shape[1:]
+    shards = images_feed(devices, shape).shards
 
     def train_batches(first_epoch, offset):
         return iter(data.train_batches(train_split, plan.global_batch, config.seed, first_epoch,
                                        config.epochs, plan.steps_per_epoch,
                                        config.augment == "flip").skip(offset))
 
-    return Feed([IMAGES, LABELS], train_batches,
+    return Feed([images_spec(shape), LABELS], train_batches,
                 lambda: data.eval_batches(test_split, plan.micro_batch, plan.eval_steps), shards)
 
 
-def images_feed(devices: list) -> Feed:
+def images_feed(devices: list, image_shape: tuple = (28, 28, 1)) -> Feed:
     """Only the shape of a batch of images and how it is cut, for a step made without data
-    (tests and benchmarks call the step on batches of their own)."""
-    return Feed([IMAGES, LABELS], None, None,
+    (tests and benchmarks call the step on batches of their own: Fashion-MNIST's by default)."""
+    return Feed([images_spec(image_shape), LABELS], None, None,
                 lambda split, images, labels: split_batch(images, labels, devices))

@@ -28,7 +28,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tfdp import data
+from tfdp import array_cache, data
 from tfdp.cluster import tf_config
 from tfdp.cluster.stall import STARTING, Stall
 from tfdp.cluster.tf_server import LISTENING, PREEMPTED
@@ -61,6 +61,7 @@ class Cluster:
     arrays: dict           # split -> [(images, labels) variables on each worker]
     examples: dict         # split -> number of examples
     stall: Stall
+    dataset: object        # tfdp.datasets.DatasetInfo, as worker 0 prepared it
 
     def shards(self, split: str, indices, flip: bool = False) -> list:
         """One ``(images, labels)`` shard per device, gathered on its worker from the worker's
@@ -131,10 +132,10 @@ class Cluster:
         return f"{len(self.devices)} remote device(s) on {workers}: {self.devices}"
 
 
-def connect(task: tf_config.Task, num_gpus: int, data_dir: Optional[str], timeout: float,
-            kept_steps=lambda: []) -> Cluster:
-    """Join the cluster as its chief, take ``num_gpus`` devices of each worker, and have every
-    worker load the data from its own disk."""
+def connect(task: tf_config.Task, config, kept_steps=lambda: []) -> Cluster:
+    """Join the cluster as its chief, take ``config.num_gpus`` devices of each worker, and have
+    every worker load the data (``--dataset``) from its own disk."""
+    num_gpus, timeout = config.num_gpus, config.collective_timeout
     peers = tf_config.job_peers(task, (JOB,))
     stall = Stall(timeout, peers, kept_steps)
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(task.cluster),
@@ -155,16 +156,17 @@ def connect(task: tf_config.Task, num_gpus: int, data_dir: Optional[str], timeou
     for w in range(len(peers)):  # A SIGTERM to its server is now the cluster's preemption.
         with tf.device(_cpu(w)):
             tf.io.write_file(LISTENING, "")
-    folder = data.prepared_dir(data_dir)
+    dataset = data.dataset_on(_cpu(0), "{} ({})".format(*peers[0]), config)
+    folder = dataset.folder
     arrays, examples = {}, {}
     for split in ("train", "test"):
         with stall.watching(f"loading the {split} split on the workers"):
-            arrays[split] = [_load(w, name, address, folder, split)
+            arrays[split] = [_load(w, name, address, dataset, split)
                              for w, (name, address) in enumerate(peers)]
             examples[split] = _check_same(split, arrays[split], peers)
     logger.info("data: %d training and %d test examples, read by each of the %d workers from "
                 "its own %s", examples["train"], examples["test"], len(peers), folder)
-    cluster = Cluster(task, devices, worker_of, arrays, examples, stall)
+    cluster = Cluster(task, devices, worker_of, arrays, examples, stall, dataset)
     stall.unresponsive = cluster.unresponsive  # For the line of a call that outlasts the timeout.
     stall.probe(cluster.ask, arrivals.PAUSE_S)  # A worker paused, named whatever it was doing.
     return cluster
@@ -174,16 +176,17 @@ def _cpu(worker: int) -> str:
     return f"/job:{JOB}/replica:0/task:{worker}/device:CPU:0"
 
 
-def _load(worker: int, name: str, address: str, folder: str, split: str) -> tuple:
+def _load(worker: int, name: str, address: str, dataset, split: str) -> tuple:
     """Variables on the worker's CPU holding its ``split`` arrays, read there from its disk."""
+    folder = dataset.folder
     try:
         with tf.device(_cpu(worker)):
-            images, labels = data.read_arrays(folder, split)
+            images, labels = data.read_arrays(folder, split, dataset.image_shape)
             return (tf.Variable(images, trainable=False, name=f"{split}_images"),
                     tf.Variable(labels, trainable=False, name=f"{split}_labels"))
     except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
         raise UserError(f"{name} ({address}) cannot read the {split} split at "
-                        f"{data.array_paths(folder, split)[0]} "
+                        f"{array_cache.array_paths(folder, split)[0]} "
                         f"({e.message.splitlines()[0][:120]}): start its tfdp.server with this "
                         "--data_dir (it prepares the data there), the same on every machine"
                         ) from None

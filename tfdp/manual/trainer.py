@@ -32,16 +32,16 @@ class FromScratchPath(TrainingPath):
     def __init__(self, config, backups):
         self.config = config
         task = remote.task_of(config.collective_timeout)
-        self.cluster = (remote.connect(task, config.num_gpus, config.data_dir,
-                                       config.collective_timeout, backups.steps)
-                        if task else None)
+        self.cluster = remote.connect(task, config, backups.steps) if task else None
         if self.cluster:
             self.devices, where = self.cluster.devices, self.cluster.describe()
             self.stall, self.peers = self.cluster.stall, self.cluster.stall.peers
             self.servers_traced = self.peers  # They run the step, but no loop to trace it.
             self.examples = (self.cluster.examples["train"], self.cluster.examples["test"])
+            self.dataset = self.cluster.dataset
         else:
             self.devices = configure_devices(config.num_gpus)
+            self.dataset = data.dataset_of(config)  # After the devices: it may start TensorFlow.
             where = f"{len(self.devices)} device(s) {self.devices}"
         self.replicas = len(self.devices)
         # The flight recorder: what the one-line error of a lost cluster points to.
@@ -53,7 +53,8 @@ class FromScratchPath(TrainingPath):
         self.engine = (f"{where}, allreduce {config.allreduce}, "
                        f"{'eager' if config.eager else 'compiled'} step, host reads every "
                        + (f"{every} steps" if every > 1 else "step"))
-        self.model = stateless.for_the_step(config, data.IMAGE_SHAPE, data.NUM_CLASSES)
+        self.model = stateless.for_the_step(config, self.dataset.image_shape,
+                                            self.dataset.num_classes)
         if config.accumulate_steps > 1 and self.model.moving:
             raise UserError(f"--accumulate_steps={config.accumulate_steps} with "
                             f"--model={config.model}: its running statistics (batch "

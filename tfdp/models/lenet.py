@@ -1,7 +1,9 @@
-"""The textbook's LeNet for 28x28x1 inputs, NHWC, as plain tensors and as a Keras twin.
+"""The textbook's LeNet, NHWC, as plain tensors and as a Keras twin.
 
 conv 3x3x20 -> relu -> avg-pool 2 -> conv 5x5x50 -> relu -> avg-pool 2 -> dense 128 -> relu
--> dense 10. 28 -> 26 -> 13 -> 9 -> 4, so the flattened features are 4*4*50 = 800.
+-> dense 10. For Fashion-MNIST's 28x28x1, 28 -> 26 -> 13 -> 9 -> 4, so the flattened features
+are 4*4*50 = 800; other data's shape and classes give W1's input channels, W3's rows and W4's
+columns (``shapes``).
 Both forms use the same parameter shapes and flatten order (H, W, C), so weights move between
 them unchanged (``to_keras_weights`` / ``from_keras_weights``).
 
@@ -42,9 +44,24 @@ STATISTICS = ("mm1", "mv1", "mm2", "mv2", "mm3", "mv3")
 BN_MOMENTUM, BN_EPSILON = 0.9, 1e-3
 
 
-def shapes(batch_norm: bool = False) -> dict:
-    """Every parameter's shape, in Keras' order: LeNet's, or lenet_bn's."""
-    return BN_PARAM_SHAPES if batch_norm else PARAM_SHAPES
+FASHION_MNIST = ((28, 28, 1), 10)
+
+
+def shapes(batch_norm: bool = False, input_shape: tuple = FASHION_MNIST[0],
+           num_classes: int = FASHION_MNIST[1]) -> dict:
+    """Every parameter's shape, in Keras' order: LeNet's, or lenet_bn's, for images of
+    ``input_shape`` in ``num_classes`` classes."""
+    named = BN_PARAM_SHAPES if batch_norm else PARAM_SHAPES
+    if (tuple(input_shape), num_classes) == FASHION_MNIST:
+        return named
+    height, width, channels = input_shape
+    side = [((n - 2) // 2 - 4) // 2 for n in (height, width)]
+    if min(side) < 1:
+        raise UserError(f"LeNet needs images of at least 14x14 (two valid convolutions and two "
+                        f"poolings), the data's are {height}x{width}: give --image_size")
+    changed = {"W1": (3, 3, channels, 20), "W3": (side[0] * side[1] * 50, 128),
+               "W4": (128, num_classes), "b4": (num_classes,)}
+    return {name: changed.get(name, shape) for name, shape in named.items()}
 
 
 def trainable(params: dict) -> dict:
@@ -52,8 +69,9 @@ def trainable(params: dict) -> dict:
     return {name: value for name, value in params.items() if name not in STATISTICS}
 
 
-def init_params(seed: int, dtype=np.float32, init: str = "textbook",
-                batch_norm: bool = False) -> dict:
+def init_params(seed: int, dtype=np.float32, init: str = "textbook", batch_norm: bool = False,
+                input_shape: tuple = FASHION_MNIST[0], num_classes: int = FASHION_MNIST[1]
+                ) -> dict:
     """Starting parameters as numpy arrays; biases zero (lenet_bn: BN's scales and running
     variances one, its offsets and running means zero, as Keras starts them).
 
@@ -75,22 +93,26 @@ def init_params(seed: int, dtype=np.float32, init: str = "textbook",
         return np.ones(shape) if name.startswith(("g", "mv")) else np.zeros(shape)
 
     return {name: start(name, shape).astype(dtype)
-            for name, shape in shapes(batch_norm).items()}
+            for name, shape in shapes(batch_norm, input_shape, num_classes).items()}
 
 
-def start_params(init: str, seed: int, dtype=np.float32, batch_norm: bool = False) -> dict:
+def start_params(init: str, seed: int, dtype=np.float32, batch_norm: bool = False,
+                 input_shape: tuple = FASHION_MNIST[0], num_classes: int = FASHION_MNIST[1]
+                 ) -> dict:
     """Starting parameters for ``--init``: a scheme name, or a .npz file holding W1..b4."""
     if batch_norm and init.endswith(".npz"):
         raise UserError(f"--init={init}: a .npz file holds LeNet's parameters W1..b4; "
                         "lenet_bn starts from --init=glorot or textbook")
     if not init.endswith(".npz"):
-        return init_params(seed, dtype, init, batch_norm)
-    return {name: value.astype(dtype) for name, value in load_npz(init).items()}
+        return init_params(seed, dtype, init, batch_norm, input_shape, num_classes)
+    return {name: value.astype(dtype) for name, value in
+            load_npz(init, shapes(False, input_shape, num_classes)).items()}
 
 
-def load_npz(path: str) -> dict:
-    """LeNet's parameters from a ``numpy.savez`` file, each checked (one-line errors)."""
-    needs = f"--init={path} needs a .npz file (numpy.savez) holding {', '.join(PARAM_SHAPES)}"
+def load_npz(path: str, needed: dict = PARAM_SHAPES) -> dict:
+    """LeNet's parameters (of shapes ``needed``) from a ``numpy.savez`` file, each checked
+    (one-line errors)."""
+    needs = f"--init={path} needs a .npz file (numpy.savez) holding {', '.join(needed)}"
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic == b"\x93NUMPY":
@@ -99,15 +121,15 @@ def load_npz(path: str) -> dict:
         raise UserError(f"{needs}; this file is not a zip archive (text, or another format?)")
     try:
         with np.load(path, allow_pickle=False) as f:
-            missing = [name for name in PARAM_SHAPES if name not in f.files]
+            missing = [name for name in needed if name not in f.files]
             if missing:
                 raise UserError(f"{needs}; it lacks {', '.join(missing)}")
-            params = {name: f[name] for name in PARAM_SHAPES}
+            params = {name: f[name] for name in needed}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         if isinstance(e, UserError):
             raise
         raise UserError(f"{needs}; it cannot be read ({type(e).__name__}: {e})") from None
-    for name, shape in PARAM_SHAPES.items():
+    for name, shape in needed.items():
         if params[name].shape != shape:
             raise UserError(f"--init={path}: {name} has shape {params[name].shape}, LeNet needs "
                             f"{shape}")
@@ -119,9 +141,9 @@ def load_npz(path: str) -> dict:
 
 
 def apply(params: dict, images: tf.Tensor, batch_stats: list = None) -> tf.Tensor:
-    """Logits for float ``images`` [n, 28, 28, 1] in [0, 1]. lenet_bn normalizes with the
-    running statistics, or, given a list ``batch_stats`` (training), with the batch's own,
-    appending each layer's (mean, variance) to it."""
+    """Logits for float ``images`` [n, height, width, channels] in [0, 1]. lenet_bn normalizes
+    with the running statistics, or, given a list ``batch_stats`` (training), with the batch's
+    own, appending each layer's (mean, variance) to it."""
     def layer(h, i):
         if f"g{i}" not in params:
             return tf.nn.relu(h + params[f"b{i}"])
@@ -129,7 +151,7 @@ def apply(params: dict, images: tf.Tensor, batch_stats: list = None) -> tf.Tenso
 
     h = tf.nn.avg_pool2d(layer(tf.nn.conv2d(images, params["W1"], 1, "VALID"), 1), 2, 2, "VALID")
     h = tf.nn.avg_pool2d(layer(tf.nn.conv2d(h, params["W2"], 1, "VALID"), 2), 2, 2, "VALID")
-    h = layer(tf.matmul(tf.reshape(h, [-1, 800]), params["W3"]), 3)
+    h = layer(tf.matmul(tf.reshape(h, [-1, params["W3"].shape[0]]), params["W3"]), 3)
     return tf.matmul(h, params["W4"]) + params["b4"]
 
 
@@ -202,11 +224,12 @@ def moved_statistics(params: dict, batch_stats: list) -> dict:
     return moved
 
 
-def serving_model(params: dict, precision: str = "float32"):
+def serving_model(params: dict, precision: str = "float32",
+                  input_shape: tuple = FASHION_MNIST[0]):
     """The parameters (numpy) in the Keras twin, for ``tfdp.training.saved_model``: float32, or
     mixed bfloat16 like the training that made them."""
-    model = keras_model(precision="bfloat16" if precision == "bfloat16" else "float32",
-                        batch_norm="g1" in params)
+    model = keras_model(params["W4"].shape[1], "bfloat16" if precision == "bfloat16" else "float32",
+                        batch_norm="g1" in params, input_shape=input_shape)
     model.set_weights(to_keras_weights(
         {name: np.asarray(value, np.float32) for name, value in params.items()}))
     return model

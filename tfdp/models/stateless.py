@@ -29,23 +29,27 @@ class HandWrittenLeNet:
     ``dtype``, its logits computed in ``compute`` (default: the parameters' dtype)."""
 
     def __init__(self, batch_norm: bool = False, compute=None, init: str = "glorot",
-                 seed: int = 0, dtype=np.float32):
+                 seed: int = 0, dtype=np.float32, input_shape: tuple = lenet.FASHION_MNIST[0],
+                 num_classes: int = lenet.FASHION_MNIST[1]):
         self.batch_norm, self.compute = batch_norm, compute
         self.start = init, seed, dtype
-        self.names = tuple(lenet.shapes(batch_norm))
+        self.data = tuple(input_shape), num_classes
+        self.names = tuple(lenet.shapes(batch_norm, *self.data))
         self.statistics = tuple(name for name in self.names if name in lenet.STATISTICS)
         self.trainable = tuple(name for name in self.names if name not in lenet.STATISTICS)
         self.moving = self.statistics
 
     @classmethod
     def of(cls, params: dict, compute=None) -> "HandWrittenLeNet":
-        """The LeNet whose parameters ``params`` are: lenet_bn's or LeNet's."""
+        """The LeNet whose parameters ``params`` are: lenet_bn's or LeNet's (of Fashion-MNIST's
+        shapes, as tests and benchmarks make them)."""
         return cls("g1" in params, compute)
 
     def initial(self) -> list:
         """The starting weights of ``init`` (``start_params``), in Keras' order."""
         init, seed, dtype = self.start
-        return lenet.to_keras_weights(lenet.start_params(init, seed, dtype, self.batch_norm))
+        return lenet.to_keras_weights(lenet.start_params(init, seed, dtype, self.batch_norm,
+                                                         *self.data))
 
     def forward(self, values: dict, images, training: bool):
         """(logits, {running statistic: moved value}) in training, (logits, {}) else."""
@@ -54,7 +58,7 @@ class HandWrittenLeNet:
         return out, lenet.moved_statistics(values, batch_stats) if batch_stats else {}
 
     def serving_model(self, weights: list, precision: str):
-        return lenet.serving_model(lenet.from_keras_weights(weights), precision)
+        return lenet.serving_model(lenet.from_keras_weights(weights), precision, self.data[0])
 
 
 class KerasModel:
@@ -117,7 +121,7 @@ def for_the_step(config, input_shape: tuple, num_classes: int):
     spec, precision, seed = config.model, config.precision, config.seed
     if spec in LENETS:
         return HandWrittenLeNet(spec == "lenet_bn", precision, config.initializer, seed,
-                                 np.dtype(config.variable_dtype))
+                                 np.dtype(config.variable_dtype), input_shape, num_classes)
     def build(precision_, seed_=None):
         return catalog.build(spec, input_shape, num_classes, precision_, seed=seed_)
 

@@ -23,21 +23,24 @@ from tfdp.models.precision import input_dtype
 MIN_SHARD_BYTES = 32 << 10
 
 
-def make_store(config, strategy, servers: int, weights=None):
-    """The model's variables on the ``servers``, from Keras-order ``weights`` (a backup's, or
-    a test's start) or the model's own start. Without ``--ps_shards``, spread by size
-    (``balanced``); with it, the strategy's partitioner shards and places them."""
+def make_store(config, strategy, servers: int, dataset, weights=None):
+    """The model's variables for ``dataset`` (``tfdp.datasets.DatasetInfo``) on the
+    ``servers``, from Keras-order ``weights`` (a backup's, or a test's start) or the model's own
+    start. Without ``--ps_shards``, spread by size (``balanced``); with it, the strategy's
+    partitioner shards and places them."""
     keras_model = config.model != "lenet"
     if keras_model:
         def build(precision=config.precision, seed=None):
-            return catalog.build(config.model, data.IMAGE_SHAPE, data.NUM_CLASSES, precision,
-                                 seed=seed)
+            return catalog.build(config.model, dataset.image_shape, dataset.num_classes,
+                                 precision, seed=seed)
 
         sizes = _creation_sizes(build)
     else:
         params = (lenet.from_keras_weights(weights) if weights is not None else
                   lenet.start_params(config.initializer, config.seed,
-                                     np.dtype(config.variable_dtype)))
+                                     np.dtype(config.variable_dtype),
+                                     input_shape=dataset.image_shape,
+                                     num_classes=dataset.num_classes))
         sizes = [value.nbytes for value in params.values()]
     with strategy.scope():
         # Updates applied so far, on a server too: a step reads it before it pulls and bumps it
@@ -52,7 +55,7 @@ def make_store(config, strategy, servers: int, weights=None):
                 model.set_weights(weights)
             return KerasStore(model, config.precision, updates, build)
         with placing:
-            return LenetStore(params, config.precision, updates)
+            return LenetStore(params, config.precision, updates, dataset.image_shape)
 
 
 def _creation_sizes(build) -> list:
@@ -141,8 +144,10 @@ def _held_by(variables) -> dict:
 class LenetStore(Store):
     """The from-scratch LeNet's parameters, each whole or in shards (``--ps_shards``)."""
 
-    def __init__(self, params: dict, precision: str, updates: tf.Variable):
+    def __init__(self, params: dict, precision: str, updates: tf.Variable,
+                 input_shape: tuple = lenet.FASHION_MNIST[0]):
         super().__init__(precision, updates)
+        self.input_shape = input_shape
         self.variables = {name: tf.Variable(value, name=name) for name, value in params.items()}
         self.shards = {name: list(getattr(v, "variables", [v]))
                        for name, v in self.variables.items()}
@@ -161,7 +166,8 @@ class LenetStore(Store):
                                        for name, parts in self.shards.items()})
 
     def serving_model(self, weights, precision):
-        return lenet.serving_model(lenet.from_keras_weights(weights), precision)
+        return lenet.serving_model(lenet.from_keras_weights(weights), precision,
+                                   self.input_shape)
 
     def held(self) -> dict:
         return _held_by((name if len(parts) == 1 else f"{name}[{i + 1}/{len(parts)}]", part)

@@ -89,10 +89,13 @@ class ParameterServerPath(TrainingPath):
                                                          config.workdir)
         with self.stall.watching(STARTING):
             self.strategy, self.coordinator = _connect(config)
-        folder = data.prepared_dir(config.data_dir)
         with self.stall.watching("loading the data on the workers"):
+            self.dataset = data.dataset_on("/job:worker/replica:0/task:0/device:CPU:0",
+                                           f"worker 0 ({task.cluster['worker'][0]})", config)
+            folder = self.dataset.folder
             self.arrays = {split: self.coordinator.create_per_worker_dataset(
-                _arrays_fn(folder, split)) for split in ("train", "test")}
+                _arrays_fn(folder, split, self.dataset.image_shape))
+                for split in ("train", "test")}
             self.examples = _examples(self.coordinator, self.arrays)
         num_workers = len(task.cluster["worker"])
         logger.info("data: %d training and %d test examples, read by each of the %d workers from "
@@ -105,7 +108,7 @@ class ParameterServerPath(TrainingPath):
 
     def train(self, run, state=None) -> list:
         # Asynchronous SGD keeps no slots (tfdp.recipes): the state is the weights.
-        self.store = make_store(self.config, self.strategy, self.servers,
+        self.store = make_store(self.config, self.strategy, self.servers, self.dataset,
                                 state.weights if state is not None else None)
         logger.info("parameters: %s", self.store.describe())
         # In metrics.json: what each server holds (the host benchmark's arithmetic needs it).
@@ -130,10 +133,11 @@ def _connect(config):
     return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
 
-def _arrays_fn(folder: str, split: str):
+def _arrays_fn(folder: str, split: str, image_shape: tuple):
     """A worker's ``split``, read from its own disk where the dataset is made: one element,
     (all images, all labels), repeated, from which each step gathers its batch."""
-    return lambda: tf.data.Dataset.from_tensors(data.read_arrays(folder, split)).repeat()
+    return lambda: tf.data.Dataset.from_tensors(
+        data.read_arrays(folder, split, image_shape)).repeat()
 
 
 def _examples(coordinator, arrays) -> tuple:

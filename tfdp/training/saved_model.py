@@ -1,11 +1,13 @@
 """SavedModel export with one serving contract for every path and model.
 
-Contract (signature ``serving_default``):
-  input   ``images``         uint8   [None, 28, 28, 1]  raw pixels, as TFDS yields them
-  outputs ``logits``         float32 [None, 10]
-          ``probabilities``  float32 [None, 10]
+Contract (signature ``serving_default``), for images of H x W x C in K classes (Fashion-MNIST:
+28 x 28 x 1, 10):
+  input   ``images``         uint8   [None, H, W, C]  raw pixels, as the data holds them
+  outputs ``logits``         float32 [None, K]
+          ``probabilities``  float32 [None, K]
           ``classes``        int64   [None]
-          ``class_names``    string  [None]             each class's name (TFDS' label names)
+          ``class_names``    string  [None]           each class's name (TFDS' label names, or
+                                                      an image folder's class folders)
 
 With ``--eval_flip`` the logits are the mean of the image's and its mirror image's, as the
 run evaluated them: what is served scores what the run reported.
@@ -45,16 +47,17 @@ SIGNATURE = "serving_default"
 # A version is written in "<export_root>/.partial-<host>-<pid>-<random>" and renamed into place.
 _PARTIAL = ".partial-"
 _PARTIAL_NAME = re.compile(r"^\.partial-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")
-IMAGES = tf.TensorSpec([None, *data.IMAGE_SHAPE], tf.uint8, name="images")
 
 
 def serving_archive(model: keras.Model, eval_flip: bool = False,
-                    class_names=data.CLASS_NAMES) -> "keras.export.ExportArchive":
+                    class_names=None) -> "keras.export.ExportArchive":
     """``model`` (float images in [0, 1] -> logits) behind the serving contract (with
     ``eval_flip``, averaged with its logits of the mirror images), naming each class by
-    ``class_names``."""
+    ``class_names`` (default: their numbers); the images' shape is the model's input's."""
     archive = keras.export.ExportArchive()
     archive.track(model)
+    if class_names is None:
+        class_names = [str(k) for k in range(model.outputs[0].shape[-1])]
     names = tf.constant(list(class_names), tf.string)
 
     def serve(images):
@@ -66,7 +69,8 @@ def serving_archive(model: keras.Model, eval_flip: bool = False,
                 "classes": classes,
                 "class_names": tf.gather(names, classes)}
 
-    archive.add_endpoint(SIGNATURE, serve, input_signature=[IMAGES])
+    images = tf.TensorSpec([None, *model.inputs[0].shape[1:]], tf.uint8, name="images")
+    archive.add_endpoint(SIGNATURE, serve, input_signature=[images])
     return archive
 
 
@@ -91,7 +95,8 @@ def existing_versions(export_root: str) -> list:
 
 
 def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model",
-           float32_twin=None, eval_flip: bool = False) -> str:
+           float32_twin=None, eval_flip: bool = False,
+           class_names=None) -> str:
     """Save ``model`` as the next version under ``export_root``, with the other
     ``formats_csv`` (``tfdp.export_formats``) inside it, converted from ``float32_twin()``
     (the same weights computing in float32) when ``model`` computes in bfloat16 or float64;
@@ -102,12 +107,13 @@ def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model
                            dir=export_root)
     twin = None
     try:
-        serving_archive(model, eval_flip).write_out(tmp, verbose=False)
+        serving_archive(model, eval_flip, class_names).write_out(tmp, verbose=False)
         wanted = tuple(formats_csv.split(","))
         if len(wanted) > 1 and any(layer.dtype_policy.compute_dtype != "float32"
                                    for layer in model.layers):
             twin = tempfile.mkdtemp(prefix="tfdp-float32-twin-")
-            serving_archive(float32_twin(), eval_flip).write_out(twin, verbose=False)
+            serving_archive(float32_twin(), eval_flip, class_names).write_out(twin,
+                                                                              verbose=False)
         export_formats.convert(tmp, wanted, source=twin)
         _readable_by_all(tmp)
         while True:  # Another run may take a number at the same moment: take the next.
@@ -137,10 +143,11 @@ def remove_stale_partials(export_root: str) -> list:
     return removed
 
 
-def save_scratch(model: keras.Model, path: str, eval_flip: bool = False) -> None:
+def save_scratch(model: keras.Model, path: str, eval_flip: bool = False,
+                 class_names=None) -> None:
     """Save to a throwaway ``path`` (non-chief workers must take part in saving, then delete)."""
     try:
-        serving_archive(model, eval_flip).write_out(path, verbose=False)
+        serving_archive(model, eval_flip, class_names).write_out(path, verbose=False)
     finally:
         shutil.rmtree(path, ignore_errors=True)
 

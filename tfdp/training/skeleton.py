@@ -122,7 +122,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     on the cluster's workers, or ``splits`` hold it already), make and state the plan, open the
     reporter (with the epochs an interrupted run already finished, when resuming from
     ``first_step``)."""
-    from tfdp import data
+    from tfdp import data, dataset_spec, datasets
     from tfdp.devices import bfloat16_speed
     from tfdp.plan import make_plan
     from tfdp.training import saved_model
@@ -132,9 +132,13 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     clock = Clock()
     clock.start()  # Before the data is read: time to accuracy counts it (tfdp.training.clock).
     train_split = test_split = None
+    if path.dataset is None:  # A path that names none trains on the config's, prepared here.
+        path.dataset = data.dataset_of(config)
+    if config.dataset != dataset_spec.DEFAULT:
+        logger.info("%s", datasets.describe(path.dataset))
     examples = path.examples
     if not examples:
-        train_split, test_split = splits or data.load_splits(config.data_dir, config.manual_dir,
+        train_split, test_split = splits or data.load_splits(path.dataset,
                                                              config.synthetic_data)
         examples = len(train_split.labels), len(test_split.labels)
     plan = make_plan(config, path.replicas, *examples)

@@ -31,6 +31,10 @@ class TrainingPath(abc.ABC):
     peers: Sequence = ()
     # tfdp.cluster.stall's deadline on every call into a cluster, or None.
     stall: Optional[Stall] = None
+    # The data it trains on (tfdp.datasets.DatasetInfo: shape, classes, names), where its
+    # __init__ needs it (a model to build) or reads it where a cluster's workers prepared it;
+    # None: the skeleton prepares the config's here.
+    dataset = None
     # (train, test) sizes when the data lives on a cluster's workers; None: the skeleton loads it.
     examples: Optional[tuple] = None
     # gather(steps) -> [steps of every worker]: the collective that agrees on a resume step.
@@ -69,4 +73,4 @@ class TrainingPath(abc.ABC):
 
         return saved_model.export(self.serving_model(config.precision), config.export_root,
                                   config.export_formats, lambda: self.serving_model("float32"),
-                                  config.eval_flip)
+                                  config.eval_flip, self.dataset.class_names)
