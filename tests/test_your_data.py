@@ -251,3 +251,37 @@ def test_a_second_real_dataset_trains_to_its_stated_accuracy(tmp_path):
                       data_dir=str(tmp_path / "data"),
                       workdir=str(tmp_path / "run"), export_dir=str(tmp_path / "export"))
     assert result.test_accuracy >= 0.95, result.history
+
+
+def test_memory_mapped_batches_are_the_in_memory_ones(train_split, test_split, monkeypatch):
+    """A dataset too large for memory is read memory-mapped, batch by batch: the same batches,
+    flips included, as the copy in TensorFlow that smaller ones get."""
+    from tfdp import data
+
+    def batches():
+        train = data.train_batches(train_split, 64, 3, 0, 1, 5, flip=True)
+        return [(x.numpy(), y.numpy()) for x, y in train] + [
+            (x.numpy(), y.numpy()) for x, y in data.eval_batches(test_split, 100, 3)]
+
+    in_memory = batches()
+    monkeypatch.setattr(data, "IN_MEMORY_SHARE", 0.0)
+    mapped = batches()
+    assert len(in_memory) == len(mapped) == 8
+    for (x, y), (mx, my) in zip(in_memory, mapped):
+        assert np.array_equal(x, mx) and np.array_equal(y, my)
+    assert isinstance(train_split.images, np.memmap)
+
+
+def test_a_tfds_dataset_resized_by_the_flag(data_dir, train_split):
+    """--image_size on a TFDS dataset: every image resized as a folder's are (bilinear)."""
+    from PIL import Image
+
+    info = datasets.prepare("fashion_mnist", data_dir, None, "32")
+    assert info.image_shape == (32, 32, 1) and info.folder.endswith("tfdp-arrays-32x32")
+    assert info.class_names == tuple(datasets.prepare(data_dir=data_dir).class_names)
+    resized = array_cache.load(info.folder, "train", 60000, (32, 32, 1))
+    for i in (0, 59999):
+        expected = np.asarray(Image.fromarray(train_split.images[i, :, :, 0]).resize(
+            (32, 32), Image.BILINEAR))
+        assert np.array_equal(resized.images[i, :, :, 0], expected)
+    assert np.array_equal(resized.labels, train_split.labels)

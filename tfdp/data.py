@@ -10,8 +10,9 @@
    does not autotune (``_pipeline_options``). With ``--augment=flip`` each training example
    is mirrored left-right or not by (seed, epoch, example) alone: a batch's indices carry it
    (index ``i + n`` is example ``i`` mirrored), so every path, device count and cluster sees
-   the same images. Each batch is gathered from the arrays by its indices (``fetch``; on a
-   cluster's workers, which hold the arrays in memory, ``gather``).
+   the same images. Each batch is gathered from the arrays by its indices (``reader``: in
+   TensorFlow, or from the memory-mapped arrays where they are large; on a cluster's workers,
+   which hold the arrays in memory, ``gather``).
 4. ``to_float``: uint8 pixels -> float in [0, 1], the model's input (the serving contract takes
    raw uint8 and applies the same function).
 """
@@ -122,8 +123,9 @@ def train_batches(split: Split, batch_size: int, seed: int, first_epoch: int, ep
     the first ``steps`` batches of its order (the plan's ``steps_per_epoch``: so Keras'
     ``fit(steps_per_epoch=...)`` and a Python loop see the same batches in the same epochs),
     with ``flip``: each example mirrored or not (``epoch_mirrored``)."""
+    read = reader(split)
     batches = train_indices(len(split.labels), batch_size, seed, first_epoch, epochs, steps,
-                            flip).map(lambda idx: fetch(split, idx, flip),
+                            flip).map(lambda idx: read(idx, flip),
                                       num_parallel_calls=_PARALLEL_CALLS, deterministic=True)
     return batches.prefetch(_PREFETCH).with_options(_pipeline_options())
 
@@ -155,22 +157,55 @@ def index_batches(num_examples: int, batch_size: int, seed: int, first_epoch: in
                               flip).skip(offset).map(lambda i: (i,)))
 
 
+# Arrays up to this share of the memory the process is given are copied into TensorFlow, where
+# a batch is one gather in the input graph; larger ones stay memory-mapped, and each batch reads
+# its rows through numpy: a Python call per batch, which costs the textbook's epoch a few
+# percent (docs/your-data.md), but trains a dataset larger than the memory.
+IN_MEMORY_SHARE = 0.25
+
+
+def reader(split: Split):
+    """``read(indices, flip=False) -> (images, labels)``: the examples a batch names, from a
+    copy of ``split`` in TensorFlow (``gather``) or from its memory-mapped arrays (``fetch``),
+    the same examples either way."""
+    if split.images.nbytes + split.labels.nbytes > IN_MEMORY_SHARE * memory_given():
+        return lambda indices, flip=False: fetch(split, indices, flip)
+    images, labels = tf.constant(split.images), tf.constant(split.labels)
+    return lambda indices, flip=False: gather(images, labels, indices, flip)
+
+
+def memory_given() -> int:
+    """Bytes of memory this process may use: the machine's, or its control group's limit."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
 def fetch(split: Split, indices, flip: bool = False) -> tuple:
     """The examples ``indices`` name, read from ``split``'s (memory-mapped) arrays in this
     process, as ``gather`` reads them from tensors: index ``i + n`` is example ``i`` mirrored
     with ``flip``."""
     n = len(split.labels)
+    # Plain arrays over the same mapping: indexing an np.memmap makes a memmap of each result.
+    images, labels = np.asarray(split.images), np.asarray(split.labels)
 
     def read(rows):
         rows = rows % n
-        return split.images[rows], split.labels[rows]
+        return images[rows], labels[rows]
 
-    images, labels = tf.numpy_function(read, [indices], (tf.uint8, tf.int64), stateful=False)
-    images.set_shape([None, *split.images.shape[1:]])
-    labels.set_shape([None])
+    x, y = tf.numpy_function(read, [indices], (tf.uint8, tf.int64), stateful=False)
+    x.set_shape([None, *images.shape[1:]])
+    y.set_shape([None])
     if not flip:
-        return images, labels
-    return tf.where(tf.reshape(indices >= n, [-1, 1, 1, 1]), mirror(images), images), labels
+        return x, y
+    return tf.where(tf.reshape(indices >= n, [-1, 1, 1, 1]), mirror(x), x), y
 
 
 def gather(images, labels, indices, flip: bool = False) -> tuple:
@@ -199,7 +234,8 @@ def read_arrays(folder: str, split: str, image_shape: tuple) -> tuple:
 
 def eval_batches(split: Split, batch_size: int, steps_cap: Optional[int] = None) -> tf.data.Dataset:
     """The test set in order, in global batches (the last one short), optionally capped."""
-    ds = eval_indices(len(split.labels), batch_size, steps_cap).map(lambda idx: fetch(split, idx))
+    read = reader(split)
+    ds = eval_indices(len(split.labels), batch_size, steps_cap).map(lambda idx: read(idx))
     return ds.prefetch(_PREFETCH).with_options(_pipeline_options())
 
 

@@ -19,6 +19,8 @@ import threading
 import urllib.parse
 from typing import Optional
 
+import numpy as np
+
 from tfdp import array_cache, files
 from tfdp import fashion_mnist, logs
 from tfdp.errors import UserError
@@ -69,14 +71,17 @@ def write_arrays(name: str, data_dir, manual_dir, folder: str, size, fit) -> dic
     counts = {split: builder.info.splits[split].num_examples for split in array_cache.SPLITS}
     for split in array_cache.SPLITS:
         arrays = array_cache.new_arrays(folder, split, counts[split], shape)
+        examples = builder.as_dataset(split=split, as_supervised=True)
+        # Images of one size come in batches; others one at a time, as batches of one.
+        examples = (examples.batch(_BATCH) if height and width
+                    else examples.map(lambda x, y: (x[tf.newaxis], y[tf.newaxis])))
         try:
             at = 0
-            for images, classes in tfds.as_numpy(builder.as_dataset(
-                    split=split, as_supervised=True).batch(_BATCH) if not size and height
-                    else builder.as_dataset(split=split, as_supervised=True)):
-                if images.ndim == 3 and channels is not None:  # One example at a time.
-                    images, classes = [fit(Image.fromarray(images.squeeze(-1) if channels == 1
-                                                           else images), shape)], [classes]
+            for images, classes in tfds.as_numpy(examples):
+                if images.shape[1:] != shape:
+                    images = np.stack([fit(Image.fromarray(image.squeeze(-1) if image.shape[-1]
+                                                           == 1 else image), shape)
+                                       for image in images])
                 arrays.images[at:at + len(classes)] = images
                 arrays.labels[at:at + len(classes)] = classes
                 at += len(classes)
