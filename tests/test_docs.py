@@ -120,6 +120,7 @@ def test_the_readme_python_runs(tmp_path, data_dir):
     assert 0 <= float(accuracy) <= 1 and float(seconds) > 0 and export.endswith("export/1")
 
 
+@pytest.mark.slow
 def test_the_examples_run(tmp_path, data_dir):
     examples = os.path.join(REPO, "examples")
     names = sorted(os.listdir(examples))

@@ -100,6 +100,7 @@ def test_short_names_are_accepted():
     assert Config(precision="fp32").precision == "float32"
 
 
+@pytest.mark.slow
 def test_bfloat16_speed_is_measured_once_per_machine_and_a_damaged_cache_measured_again(
         tmp_path, caplog):
     speed = devices.bfloat16_speed(str(tmp_path))

@@ -200,14 +200,15 @@ def test_the_flags_check_the_form_before_anything_is_read(tmp_path):
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("strategy, launcher", [
-    ("multi_worker", ("--num_workers=2",)),
     ("manual", ("--num_workers=2",)),  # The client, and two tfdp.server workers with the data.
     ("parameter_server", ("--num_workers=1", "--num_ps=1")),
 ])
 def test_a_cluster_trains_your_data_where_its_workers_prepared_it(tmp_path, strategy, launcher):
     """An .npz file of 32 x 32 x 3 images in 100 classes: every worker prepares it in the data
-    dir; the client of the from-scratch and parameter-server paths, which holds no data, reads
-    its shape and classes there."""
+    dir (the two servers of the from-scratch path at once, under the cache's lock); the client
+    of the from-scratch and parameter-server paths, which holds no data, reads its shape and
+    classes there. (multi_worker's workers are tfdp.train processes that prepare their data as
+    a run in one process does: ``mirrored`` above.)"""
     import tensorflow as tf
 
     from processes import launch
