@@ -22,6 +22,20 @@ from tfdp.training.backups import Backups
 
 # --- Preemption ---------------------------------------------------------------------------------
 
+def test_a_signal_while_a_native_module_initializes_is_still_the_preemption():
+    """A real SIGINT whose handler's ``Preempted`` reaches the caller as pybind11 passes it out
+    of a module's initialization (``ImportError: initialization failed`` caused by it, as a
+    Ctrl-C during TensorFlow's import once did in a CI run): the command's own line, not a
+    traceback."""
+    with pytest.raises(Preempted, match="preempted \\(Ctrl-C\\) at step 0"):
+        with preemption.preempt_outside_runs():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # The handler raises here, at the next bytecode.
+            except Preempted as e:
+                raise ImportError("initialization failed") from e
+
+
 def test_a_signal_never_raises_inside_a_run_it_waits_for_a_step_or_a_stage_end():
     """The handler only sets the flag, wherever Python is (TensorFlow's own code called back
     from C++, often): the loop stops between steps, the run at its next stage's end

@@ -188,8 +188,8 @@ def _offline_remedy(name: str) -> str:
     if name == fashion_mnist.DATASET:
         return ("pass --manual_dir=<folder with the four Fashion-MNIST .gz files> (or set "
                 "TFDP_MANUAL_DIR)")
-    return (f"prepare it where there is (tfds build {name} --data_dir=DIR) and give that "
-            "--data_dir, or --manual_dir where TFDS' builder takes one")
+    return (f"prepare it on a machine with internet (tfds build {name} --data_dir=DIR) and "
+            "give that --data_dir, or give --manual_dir where TFDS' builder takes one")
 
 
 def _remove_incomplete(builder) -> None:
