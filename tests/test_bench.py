@@ -295,3 +295,22 @@ def test_time_to_accuracy_refuses_bad_flags_in_one_line(tmp_path, flags, message
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert lines[0].startswith("tfdp.bench: error: ") and message in lines[0]
+
+
+def test_the_bench_trains_your_model_on_every_configuration_stock_fit_included(tmp_path):
+    """--model takes your model's spec: every configuration's command trains it (Keras' stock
+    fit too), and its FLOPs per example are counted from its own layers."""
+    from types import SimpleNamespace
+
+    from shared_runs import YOURS
+    from tfdp.bench.configs import parse_config, train_command, training_flops_per_example
+
+    settings = SimpleNamespace(model=YOURS, batch_size=64, epochs=2, steps=3, data="real",
+                               data_dir=None, manual_dir=None)
+    for name in ("stock:1", "plain:1", "manual:2", "mirrored:2", "multi_worker:2"):
+        assert f"--model={YOURS}" in train_command(parse_config(name), str(tmp_path), settings)
+    # Its two 3x3 convolutions (1 -> 8, 8 -> 8 channels) on 28 x 28, its dense 392 -> 10.
+    forward = 28 * 28 * 8 * 9 * 1 + 28 * 28 * 8 * 9 * 8 + 392 * 10
+    assert training_flops_per_example(YOURS) == 3 * 2 * forward
+    bad = run_module("tfdp.bench", "--model=nowhere", f"--workdir={tmp_path}")
+    assert bad.stderr.strip().splitlines()[-1].startswith("tfdp.bench: error: --model=nowhere: ")

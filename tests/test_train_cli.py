@@ -335,3 +335,13 @@ def test_console_scripts_are_installed_and_run(script, args, words):
     assert path, f"{script} is not installed beside {sys.executable}"
     result = subprocess.run([path, *args], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and words in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_run_refused_before_it_wrote_anything_leaves_no_folder(tmp_path, data_dir):
+    """A default run folder made for a run that a check then refused is removed, not left
+    empty among the real runs."""
+    result = run_module("tfdp.train", "--batch_size=70000", f"--data_dir={data_dir}",
+                        f"--export_dir={tmp_path / 'exp'}", cwd=str(tmp_path))
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "larger than the 60000 training examples" in result.stderr
+    assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")

@@ -52,6 +52,7 @@ def train_command(config: dict, workdir: str, settings) -> list:
     """The command that runs ``config`` once (``settings``: the benchmark's flags)."""
     if config["path"] == STOCK:
         return [sys.executable, "-m", "tfdp.bench.stock", f"--workdir={workdir}",
+                f"--model={settings.model}",
                 f"--batch_size={settings.batch_size}", f"--epochs={settings.epochs}",
                 f"--steps={settings.steps}",
                 *(["--synthetic"] if settings.data == "synthetic" else []),
@@ -102,12 +103,13 @@ def run_once(config: dict, settings) -> list:
 
 
 def training_flops_per_example(model_name: str) -> float:
-    """Forward multiply-adds of conv and dense layers x 2 FLOPs, x 3 for forward + backward."""
+    """Forward multiply-adds of conv and dense layers x 2 FLOPs, x 3 for forward + backward
+    (``model_name``: a built-in or your model's spec, on Fashion-MNIST's images)."""
     import keras
 
-    from tfdp.models import lenet, resnet
+    from tfdp.models import catalog
 
-    model = lenet.keras_model() if model_name == "lenet" else resnet.resnet()
+    model = catalog.build(model_name, (28, 28, 1), 10)
     forward = 0
     for layer in model.layers:
         if isinstance(layer, keras.layers.Conv2D):

@@ -1,5 +1,6 @@
 """The stock baseline for ``tfdp.bench``: Keras ``fit(x, y, batch_size=...)`` on numpy arrays,
-one device, no strategy, default thread pools: how Keras' guides train a model.
+one device, no strategy, default thread pools: how Keras' guides train a model (the bench's
+``--model``: a built-in, or yours).
 
   python -m tfdp.bench.stock --workdir=DIR --batch_size=256 --epochs=3 --steps=60 [--synthetic]
 
@@ -15,9 +16,10 @@ import keras
 from absl import app, flags
 
 from tfdp import data, datasets
-from tfdp.models import lenet
+from tfdp.models import catalog
 
 flags.DEFINE_string("workdir", None, "Where metrics.json goes.", required=True)
+flags.DEFINE_string("model", "lenet", "The model, as tfdp.train's --model.")
 flags.DEFINE_integer("batch_size", 256, "Minibatch.")
 flags.DEFINE_integer("epochs", 3, "Epochs (the bench drops the first).")
 flags.DEFINE_integer("steps", 60, "Steps per epoch.")
@@ -46,7 +48,7 @@ def main(argv):
     train, _ = data.load_splits(datasets.prepare(data_dir=FLAGS.data_dir), FLAGS.synthetic)
     n = min(len(train.labels), steps * batch_size)
     x, y = train.images[:n].astype("float32") / 255.0, train.labels[:n]
-    model = lenet.keras_model()
+    model = catalog.build(FLAGS.model, train.images.shape[1:], 10)
     model.compile(optimizer=keras.optimizers.SGD(0.2),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])

@@ -36,6 +36,7 @@ import sys
 
 from absl import app, flags
 
+from tfdp import model_spec
 from tfdp.bench.configs import parse_config, run_once, training_flops_per_example
 from tfdp.bench.host_allreduce import PIECES
 from tfdp.bench.time_to_accuracy import DEFAULT_CONFIGS as TTA_CONFIGS
@@ -52,7 +53,9 @@ flags.DEFINE_list("configs",
                   "Configurations to run (see the module doc).")
 flags.DEFINE_enum("data", "real", ["real", "synthetic"],
                   "real: the Fashion-MNIST pipeline; synthetic: same shapes, made in memory.")
-flags.DEFINE_enum("model", "lenet", ["lenet", "resnet18"], "Model to train.")
+flags.DEFINE_string("model", "lenet", "Model to train on every configuration, Keras' stock fit "
+                    "included: lenet, lenet_bn, resnet18, or yours (as tfdp.train's --model: "
+                    "package.module:function or path/to/file.py:function).")
 flags.DEFINE_integer("batch_size", 256, "Global batch.")
 flags.DEFINE_integer("steps", 60, "Timed steps per epoch (an epoch window).")
 flags.DEFINE_integer("epochs", 3, "Epochs per run; the first is warm-up and not counted.")
@@ -106,7 +109,8 @@ def main(argv):
         return main_time_to_accuracy()
     try:
         configs = [parse_config(c) for c in FLAGS.configs if c.strip()]
-    except ValueError as e:
+        model_spec.check_spec(FLAGS.model)
+    except ValueError as e:  # tfdp's UserError is one.
         sys.exit(f"tfdp.bench: error: {e}")
     os.makedirs(FLAGS.workdir, exist_ok=True)
     report = {"flags": {k: getattr(FLAGS, k) for k in ("configs", "data", "model", "batch_size",

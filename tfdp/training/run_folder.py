@@ -24,8 +24,10 @@ _HELD = {}  # path -> fd, for the claims of this process
 
 @contextlib.contextmanager
 def claim(run_dir: str, worker_index: int = 0):
-    """Hold ``run_dir`` for this run (worker ``worker_index``) until the block ends."""
+    """Hold ``run_dir`` for this run (worker ``worker_index``) until the block ends; a folder
+    made here and left empty (a run refused before it wrote anything) is removed then."""
     path = os.path.join(run_dir, f".lock-worker-{worker_index}")
+    made = not os.path.exists(run_dir)
     try:
         os.makedirs(run_dir, exist_ok=True)
         fd = locked(path, wait=False)
@@ -44,6 +46,9 @@ def claim(run_dir: str, worker_index: int = 0):
     finally:
         _HELD.pop(path, None)
         unlock(path, fd)
+        if made:
+            with contextlib.suppress(OSError):  # Not empty: the run wrote to it.
+                os.rmdir(run_dir)
 
 
 def with_run_dir(config: Config) -> Config:
