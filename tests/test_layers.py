@@ -15,8 +15,8 @@ LAYERS = [
     {"errors", "logs", "files"},                                  # the ground floor
     {"model_spec", "dataset_spec", "path_registry", "config_checks", "export_formats", "config",
      "flags", "plan", "recipes"},
-    {"fashion_mnist", "tfds_source", "array_cache", "datasets", "data", "devices",
-     "models"},                                                  # data, devices, models
+    {"fashion_mnist", "tfds_source", "array_cache", "image_folder", "array_source", "datasets",
+     "data", "devices", "models"},                               # data, devices, models
     {"cluster", "launcher"},                                     # in-process runtime; launcher
     {"trace"},                                                   # seeing the steps
     {"training"},                                                # what every run does
