@@ -96,13 +96,10 @@ def server_flags(train_args: list) -> list:
     """The train flags a ``tfdp.server`` shares with its client: its devices and its data."""
     shared = []
     for name in ("num_gpus", "dataset", "image_size", "data_dir", "manual_dir",
-                 "collective_timeout"):
+                 "collective_timeout", "verbose"):
         value = _train_flag(train_args, name)
         if value is not None:
             shared.append(f"--{name}={value}")
-    verbose = _train_flag(train_args, "verbose")
-    if verbose is not None:
-        shared.append(f"--verbose={verbose}")
     return shared
 
 
