@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tfdp
-from tfdp import array_cache, datasets
+from tfdp import array_cache, datasets, fashion_mnist
 from tfdp.errors import UserError
 
 SHORT = dict(epochs=1, steps_per_epoch=3, eval_steps=1, batch_size=20, lr=0.1, init="glorot",
@@ -230,28 +230,35 @@ def test_a_cluster_trains_your_data_where_its_workers_prepared_it(tmp_path, stra
     assert all(n.decode().startswith("kind ") for n in out["class_names"].numpy())
 
 
-def write_digits(root):
-    """scikit-learn's 1,797 handwritten digits (8 x 8, 0-16) as an image folder, every sixth in
-    test: a real dataset that is there offline."""
-    import sklearn.datasets
+# Four Fashion-MNIST classes that differ in outline (T-shirt/top, trouser, sneaker, bag).
+SMALL_CLASSES = (0, 1, 7, 8)
+
+
+def write_small_images(root, train_split, test_split, side=8):
+    """Real images of another shape: the first 1,500 training and 300 test images of
+    ``SMALL_CLASSES`` reduced to ``side`` x ``side`` PNGs (each pixel the mean of its box), one
+    folder per class named after it."""
     from PIL import Image
 
-    digits = sklearn.datasets.load_digits()
-    for i, (image, label) in enumerate(zip(digits.images, digits.target)):
-        folder = root / ("test" if i % 6 == 0 else "train") / str(digits.target_names[label])
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(np.round(image * 255 / 16).astype(np.uint8)).save(folder / f"{i:04d}.png")
+    for part, split, count in (("train", train_split, 1500), ("test", test_split, 300)):
+        for i in np.flatnonzero(np.isin(split.labels, SMALL_CLASSES))[:count]:
+            name = fashion_mnist.LABEL_NAMES[split.labels[i]].replace("/", "-")
+            folder = root / part / name
+            folder.mkdir(parents=True, exist_ok=True)
+            image = Image.fromarray(np.asarray(split.images[i]).reshape(28, 28))
+            image.resize((side, side), Image.BOX).save(folder / f"{i:05d}.png")
 
 
-def test_a_second_real_dataset_trains_to_its_stated_accuracy(tmp_path):
-    """docs/your-data.md states it: 0.98 on the 300 test digits after 10 epochs (0.95 asked
-    here), upscaled to LeNet's 28 x 28 by --image_size."""
-    write_digits(tmp_path / "digits")
-    result = tfdp.run(dataset=f"folder:{tmp_path / 'digits'}", image_size="28", epochs=10,
+def test_small_images_upscaled_by_the_flag_train_to_their_stated_accuracy(tmp_path, train_split,
+                                                                          test_split):
+    """docs/your-data.md states it: 0.97 on the 300 test images after 10 epochs (0.93 asked
+    here), 8 x 8 upscaled to LeNet's 28 x 28 by --image_size."""
+    write_small_images(tmp_path / "small", train_split, test_split)
+    result = tfdp.run(dataset=f"folder:{tmp_path / 'small'}", image_size="28", epochs=10,
                       batch_size=64, lr=0.1, init="glorot", num_gpus=2,
                       data_dir=str(tmp_path / "data"),
                       workdir=str(tmp_path / "run"), export_dir=str(tmp_path / "export"))
-    assert result.test_accuracy >= 0.95, result.history
+    assert result.test_accuracy >= 0.93, result.history
 
 
 def test_memory_mapped_batches_are_the_in_memory_ones(train_split, test_split, monkeypatch):
