@@ -38,7 +38,7 @@ RUNS = {
                          momentum=0.9, epochs=1, steps_per_epoch=20, eval_steps=2,
                          export_formats=SERVED),
     "mirrored-resnet18": dict(strategy="mirrored", model="resnet18", num_gpus=2, batch_size=16,
-                              lr=0.02, epochs=1, steps_per_epoch=20, eval_steps=2,
+                              lr=0.02, epochs=1, steps_per_epoch=8, eval_steps=2,
                               init="glorot", export_formats=SERVED),
 }
 

@@ -118,8 +118,8 @@ def prepared_copy(data_dir, tmp_path):
 @pytest.mark.parametrize("damage", ["truncated", "not an array", "wrong shape",
                                     "a label out of range", "a pixel changed"])
 def test_a_damaged_array_cache_is_rebuilt_with_a_warning(data_dir, tmp_path, caplog, damage):
-    copy, version = prepared_copy(data_dir, tmp_path)
-    images = version / "tfdp-arrays" / "test-images.npy"
+    copy, _ = prepared_copy(data_dir, tmp_path)
+    images = copy / "tfdp-datasets" / "tfds-fashion_mnist" / "test-images.npy"
     if damage == "truncated":
         os.truncate(images, 1000)
     elif damage == "not an array":
@@ -127,7 +127,7 @@ def test_a_damaged_array_cache_is_rebuilt_with_a_warning(data_dir, tmp_path, cap
     elif damage == "wrong shape":
         np.save(images, np.zeros((10, 28, 28), np.uint8))
     else:  # One byte, the shapes and dtypes unchanged.
-        labels = version / "tfdp-arrays" / "test-labels.npy"
+        labels = copy / "tfdp-datasets" / "tfds-fashion_mnist" / "test-labels.npy"
         path = images if damage == "a pixel changed" else labels
         with open(path, "r+b") as f:
             f.seek(-8, os.SEEK_END)  # The last label's low byte; a pixel near the last image's.
@@ -144,7 +144,7 @@ def test_a_damaged_array_cache_is_rebuilt_with_a_warning(data_dir, tmp_path, cap
 @pytest.mark.parametrize("damage", ["records", "dataset_info.json"])
 def test_a_damaged_prepared_dataset_is_named_with_what_to_delete(data_dir, tmp_path, damage):
     copy, version = prepared_copy(data_dir, tmp_path)
-    shutil.rmtree(version / "tfdp-arrays")
+    shutil.rmtree(copy / "tfdp-datasets" / "tfds-fashion_mnist")
     if damage == "records":
         records = next(version.glob("fashion_mnist-test.tfrecord-*"))
         os.truncate(records, records.stat().st_size // 2)

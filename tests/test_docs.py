@@ -10,25 +10,15 @@ import sys
 
 import pytest
 
+import readme
 from conftest import REPO, ROOT
 from processes import AS_FROM_A_SHELL, child_env, train_in_this_process
+from readme import README
 from tfdp import flags, logs
 
-README = os.path.join(REPO, "README.md")
 # Appended to every tfdp command of the README (absl keeps a flag's last value): a few steps.
 SHORT_TRAIN = ["--epochs=1", "--steps_per_epoch=2", "--eval_steps=1", "--batch_size=32"]
 SHORT_BENCH = ["--steps=2", "--epochs=2", "--rounds=1"]
-
-
-def blocks(language: str) -> list:
-    with open(README) as f:
-        return re.findall(rf"^```{language}\n(.*?)^```", f.read(), re.M | re.S)
-
-
-def readme_commands() -> list:
-    """Every line of the README's bash blocks, comments dropped."""
-    return [line.split(" #")[0].strip() for block in blocks("bash")
-            for line in block.splitlines() if line.strip()]
 
 
 def test_the_flags_page_is_current():
@@ -41,7 +31,7 @@ def test_the_readme_is_a_short_page_whose_install_and_test_commands_are_ci_s():
         assert len(f.read().splitlines()) <= 200
     with open(os.path.join(REPO, ".ci", "run")) as f:
         ci = f.read()
-    commands = readme_commands()
+    commands = readme.commands()
     install = next(c for c in commands if "pip install" in c)
     assert "pip install -e '.[test]'" in install and "pip install --quiet -e '.[test]'" in ci
     assert "python -m pytest -q" in commands and "\npython -m pytest -q " in ci
@@ -72,19 +62,35 @@ def shortened(command: str, data_dir: str, folder) -> list:
                                      else []), *SHORT_TRAIN, *own]
 
 
+def test_each_readme_launch_another_test_runs_is_run_there():
+    """The README's launches that ``readme.RUN_BY`` names are launched by that test, from the
+    README's own line (``readme.launch_args``), and by no other."""
+    for strategy, test in readme.RUN_BY.items():
+        readme.launch_command(strategy)  # The README has it, once.
+        path, name = test.split("::")
+        with open(os.path.join(REPO, path)) as f:
+            source = f.read()
+        body = re.search(rf"^def {name}\(.*?(?=^\S)", source, re.M | re.S)
+        assert body, test
+        assert f'readme.launch_args("{strategy}")' in body[0], (strategy, test)
+
+
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir, capsys):
     """Launches and the bench as processes (two at a time: much of a short run is one core
     importing TensorFlow); meanwhile each ``tfdp.train`` command runs in this process, through
     ``tfdp.train.main`` with the flags parsed as its command line parses them (the command line
-    as a process: tests/test_train_cli.py)."""
+    as a process: tests/test_train_cli.py). A launch that another test runs from the README
+    (``readme.RUN_BY``) is left to it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    commands = [c for c in readme_commands() if c.startswith("python -m tfdp.")]
+    commands = [c for c in readme.commands() if c.startswith("python -m tfdp.")]
     assert len(commands) >= 8, commands
+    elsewhere = {readme.launch_command(strategy) for strategy in readme.RUN_BY}
     # Emulated hosts need root: tests/test_hosts.py runs them as root.
-    runnable = [(i, c) for i, c in enumerate(commands) if ROOT or "--hosts" not in c]
+    runnable = [(i, c) for i, c in enumerate(commands)
+                if (ROOT or "--hosts" not in c) and c not in elsewhere]
     trains = [(i, c) for i, c in runnable if c.startswith("python -m tfdp.train ")]
 
     def run(numbered):
@@ -108,7 +114,7 @@ def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir, capsys):
 
 @pytest.mark.slow
 def test_the_readme_python_runs(tmp_path, data_dir):
-    code, = blocks("python")
+    code, = readme.blocks("python")
     assert "tfdp.run(" in code
     short = code.replace("tfdp.run(", "tfdp.run(epochs=1, steps_per_epoch=2, eval_steps=1, "
                          f"data_dir={data_dir!r}, workdir={str(tmp_path / 'run')!r}, "

@@ -264,9 +264,8 @@ def test_a_read_only_prepared_data_dir_trains_and_a_missing_one_says_so(tmp_path
 
     copy = tmp_path / "data"
     subprocess.run(["cp", "-r", data_dir, str(copy)], check=True)
-    for root, folders, _ in os.walk(copy):  # As prepared by TFDS, without tfdp's .npy cache.
-        if "tfdp-arrays" in folders:
-            subprocess.run(["rm", "-r", os.path.join(root, "tfdp-arrays")], check=True)
+    # As prepared by TFDS, without tfdp's .npy cache.
+    subprocess.run(["rm", "-r", str(copy / "tfdp-datasets")], check=True)
     empty = tmp_path / "empty"
     empty.mkdir()
     for folder in (copy, empty):

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+import readme
 from conftest import REPO
 from exports import runtimes_agree, serve_in_clients
 from same_model import comparable_start, served_disagreement, train_manual
@@ -34,9 +35,10 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     np.savez(tmp_path / "start.npz", **start)
     settings = dict(batch_size=95, lr=0.1, epochs=1, steps_per_epoch=10, eval_steps=2, seed=2,
                     data_dir=data_dir, precision="float64", accumulate_steps=2)
-    result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}", "--trace_steps=3:4",
+    launcher, readmes = readme.launch_args("multi_worker")  # The README's launch, and more.
+    result = launch(tmp_path, *readmes, f"--init={tmp_path / 'start.npz'}", "--trace_steps=3:4",
                     "--export_formats=saved_model,onnx,litert",
-                    *[f"--{k}={v}" for k, v in settings.items()])
+                    *[f"--{k}={v}" for k, v in settings.items()], launcher=launcher)
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout.splitlines()
     # Each worker traced itself; the chief merged both on one clock.

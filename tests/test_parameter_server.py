@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import readme
 from conftest import REPO
 from exports import runtimes_agree, serve_in_clients
 from processes import (child_env, run_module, task_pid, wait_for_first_backup)
@@ -30,9 +31,12 @@ def launch(tmp_path, *train_args, workers=2, ps=1, on_hosts=False, **how):
 
 @pytest.mark.cluster
 def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, data_dir):
-    result = launch(tmp_path, f"--data_dir={data_dir}", "--epochs=2", "--steps_per_epoch=8",
-                    "--eval_steps=2", "--ps_shards=2", "--trace_steps=3:4",
-                    "--export_formats=saved_model,onnx,litert", ps=2)
+    launcher, readmes = readme.launch_args("parameter_server")  # The README's launch, and more.
+    assert "--num_ps=2" in launcher and "--ps_shards=2" in readmes, (launcher, readmes)
+    result = launch_cluster(tmp_path, "parameter_server", *readmes, f"--data_dir={data_dir}",
+                            "--epochs=2", "--steps_per_epoch=8", "--eval_steps=2",
+                            "--trace_steps=3:4", "--export_formats=saved_model,onnx,litert",
+                            launcher=launcher)
     assert result.returncode == 0, result.stderr[-4000:]
     # The coordinator traces itself and captures the servers: each traced step ran on one
     # worker (forward, backward), and updated its halves of W3 on both parameter servers.

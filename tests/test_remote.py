@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+import readme
 from conftest import REPO
 from processes import child_env, left_behind, run_module, wait_for_first_backup
 from same_model import comparable_start, served_disagreement, train_manual
@@ -36,8 +37,9 @@ def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir,
     settings = dict(batch_size=95, lr=0.1, epochs=2, steps_per_epoch=6, eval_steps=2, seed=3,
                     data_dir=data_dir, precision="float64", accumulate_steps=2, sync_every=4,
                     allreduce="ring")
-    result = launch(tmp_path, f"--init={tmp_path / 'start.npz'}", "--trace_steps=5:6",
-                    *[f"--{k}={v}" for k, v in settings.items()])
+    launcher, readmes = readme.launch_args("manual")  # The README's launch, and more.
+    result = launch(tmp_path, *readmes, f"--init={tmp_path / 'start.npz'}", "--trace_steps=5:6",
+                    *[f"--{k}={v}" for k, v in settings.items()], launcher=launcher)
     assert result.returncode == 0, result.stderr[-4000:]
     # The client traced itself and captured the servers' profiles: each worker's replica has
     # its lane with every phase in each traced step, cut by the client's step boundaries.

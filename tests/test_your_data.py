@@ -285,7 +285,7 @@ def test_a_tfds_dataset_resized_by_the_flag(data_dir, train_split):
     from PIL import Image
 
     info = datasets.prepare("fashion_mnist", data_dir, None, "32")
-    assert info.image_shape == (32, 32, 1) and info.folder.endswith("tfdp-arrays-32x32")
+    assert info.image_shape == (32, 32, 1) and info.folder.endswith("tfds-fashion_mnist-32x32")
     assert info.class_names == tuple(datasets.prepare(data_dir=data_dir).class_names)
     resized = array_cache.load(info.folder, "train", 60000, (32, 32, 1))
     for i in (0, 59999):

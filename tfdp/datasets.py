@@ -16,6 +16,7 @@ import errno
 import functools
 import hashlib
 import os
+import re
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -50,10 +51,9 @@ def cache_folder(spec: str, data_dir: Optional[str], image_size=None) -> str:
     names it to workers that prepared it)."""
     kind, what = dataset_spec.kind_of(spec)
     sized = f"-{'x'.join(map(str, dataset_spec.size(image_size)))}" if image_size else ""
-    if kind == "tfds":
-        from tfdp import tfds_source
-
-        return os.path.join(tfds_source.prepared_dir(what, data_dir), "tfdp-arrays" + sized)
+    if kind == "tfds":  # Named as given (its config and version too): no TFDS call to find it.
+        named = re.sub(r"[^\w.-]", "_", what)
+        return os.path.join(root(data_dir), "tfdp-datasets", f"tfds-{named}{sized}")
     if kind == "arrays":
         return os.path.join(root(data_dir), "tfdp-datasets", f"arrays-{what}{sized}")
     where = os.path.abspath(what)
@@ -68,10 +68,6 @@ def prepare(spec: str = dataset_spec.DEFAULT, data_dir: Optional[str] = None,
     """``spec``'s ``DatasetInfo``, its array cache made first where there is no intact one (in
     the user's cache folder where ``data_dir`` is read-only)."""
     kind, what = dataset_spec.kind_of(spec)
-    if kind == "tfds":
-        from tfdp import tfds_source
-
-        tfds_source.prepare(what, data_dir, manual_dir)  # The TFDS preparation, once.
     folder = cache_folder(spec, data_dir, image_size)
     source = _fingerprint(kind, what)
     found = _usable(folder, source)

@@ -37,14 +37,6 @@ def prepare(name: str, data_dir: Optional[str], manual_dir: Optional[str]):
         return _prepare_once(tfds, name, data_dir, manual_dir)
 
 
-def prepared_dir(name: str, data_dir: Optional[str]) -> str:
-    """The folder TFDS prepares ``name`` in under ``data_dir`` (nothing is read or made)."""
-    import tensorflow_datasets as tfds
-
-    with logs.quiet_below(logging.ERROR, "absl"):
-        return _builder(tfds, name, data_dir).data_dir
-
-
 def write_arrays(name: str, data_dir, manual_dir, folder: str, size, fit) -> dict:
     """Both splits of the prepared ``name`` into the cache ``folder``, in batches (a dataset
     larger than memory is written as it is read); images resized by ``fit`` to ``size`` where
