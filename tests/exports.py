@@ -21,14 +21,23 @@ def serve_in_clients(version, images, labels, folder, margin=1e-4) -> dict:
 
 def serve_all_in_clients(exports: dict, images, labels, folder) -> dict:
     """``serve_in_clients`` of every export folder in ``exports`` (folder -> (margin, how many
-    of the examples it is served on)), in one process: {folder: what its clients saw}."""
+    of the examples it is served on[, its own images, labels])), in one process: {folder: what
+    its clients saw}."""
     np.save(folder / "images.npy", images)
     np.save(folder / "labels.npy", labels)
+    items = []
+    for i, (version, (margin, count, *own)) in enumerate(exports.items()):
+        item = f"{version}={margin}={count}"
+        if own:  # Data of another shape.
+            for name, array in zip(("images", "labels"), own):
+                np.save(folder / f"{name}-{i}.npy", array)
+            item += f"={folder / f'images-{i}.npy'}={folder / f'labels-{i}.npy'}"
+        items.append(item)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [sys.executable, os.path.join(REPO, "tests", "serving_clients.py"),
          str(folder / "images.npy"), str(folder / "labels.npy"),
-         *(f"{version}={margin}={count}" for version, (margin, count) in exports.items())],
+         *items],
         capture_output=True, text=True, timeout=900, cwd=folder,
         env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,6 +1,7 @@
 """Serve one export with TensorFlow's own clients, in a process that never imports tfdp.
 
-  python tests/serving_clients.py <images.npy> <labels.npy> <export dir>[=<margin>[=<n>]] ...
+  python tests/serving_clients.py <images.npy> <labels.npy> \
+      <export dir>[=<margin>[=<n>[=<its images.npy>=<its labels.npy>]]] ...
 
 Prints one JSON object, for each export folder what its clients saw: each client's accuracy on
 the given examples (NaN where it names a class otherwise than TF2 does), the class names TF2
@@ -125,16 +126,17 @@ def relative(logits, reference) -> float:
 def main(images_file, labels_file, *exports):
     """Each of ``exports`` is a folder, then optionally ``=margin``: how far (relative) ONNX's
     and LiteRT's logits may be from TF2's (examples whose top two TF2 logits are within twice
-    that may change class), and ``=n``: served on the first n examples only."""
+    that may change class), ``=n``: served on the first n examples only, and two files: its
+    own examples (data of another shape) instead of the first two arguments'."""
     seen = {}
     for export in exports:
-        path, margin, count = (export.split("=") + ["", ""])[:3]
-        images, labels = images_file, labels_file
+        path, margin, count, *own = export.split("=") + [""] * 4
+        images, labels = (own[:2] if own[0] else (images_file, labels_file))
         if count:
             folder = tempfile.mkdtemp()
             images, labels = (os.path.join(folder, name) for name in ("images.npy", "labels.npy"))
-            np.save(images, np.load(images_file)[:int(count)])
-            np.save(labels, np.load(labels_file)[:int(count)])
+            np.save(images, np.load(own[0] or images_file)[:int(count)])
+            np.save(labels, np.load(own[1] or labels_file)[:int(count)])
         # The command once per process (each one pays TensorFlow's start), then its run here.
         seen[path] = serve(path, images, labels, margin or str(TIE), as_command=not seen)
     print(json.dumps(seen))

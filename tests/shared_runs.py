@@ -11,6 +11,10 @@ that run the first time a test asks, and hands every later test the same ``Resul
 import dataclasses
 import os
 
+import numpy as np
+
+from tfdp import fashion_mnist
+
 SERVED = "saved_model,onnx,litert"
 # A user's own model, from a file outside the package (docs/your-model.md).
 YOURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "own_models",
@@ -37,6 +41,10 @@ RUNS = {
     "manual-yours": dict(strategy="manual", model=YOURS, num_gpus=2, batch_size=100, lr=0.05,
                          momentum=0.9, epochs=1, steps_per_epoch=20, eval_steps=2,
                          export_formats=SERVED),
+    # Your model on your data of another shape: 32 x 32 colour images in named classes.
+    "manual-yours-colour": dict(strategy="manual", model=YOURS, dataset="npz:colour",
+                                num_gpus=2, batch_size=100, lr=0.05, momentum=0.9, epochs=1,
+                                steps_per_epoch=20, eval_steps=2, export_formats=SERVED),
     "mirrored-resnet18": dict(strategy="mirrored", model="resnet18", num_gpus=2, batch_size=16,
                               lr=0.02, epochs=1, steps_per_epoch=8, eval_steps=2,
                               init="glorot", export_formats=SERVED),
@@ -56,7 +64,39 @@ class SharedRuns:
             from tfdp.config import Config
 
             folder = self.root / name
+            flags = dict(RUNS[name])
+            if flags.get("dataset") == "npz:colour":
+                flags["dataset"] = f"npz:{self.colour()}"
             self.done[name] = training_run.train(Config(
-                **RUNS[name], data_dir=self.data_dir, workdir=str(folder / "run"),
+                **flags, data_dir=self.data_dir, workdir=str(folder / "run"),
                 export_dir=str(folder / "export")))
         return self.done[name]
+
+    def colour(self) -> str:
+        """An .npz file of data of another shape (``colour_images``): its path."""
+        path = self.root / "colour.npz"
+        if not path.exists():
+            from tfdp import data
+
+            arrays = {}
+            for split, count in (("train", 2000), ("test", 200)):
+                images, labels = colour_images(data.load_split(split, self.data_dir), count)
+                arrays.update({f"x_{split}": images, f"y_{split}": labels})
+            np.savez(path, **arrays, class_names=np.array(COLOUR_NAMES))
+        return str(path)
+
+
+# Each Fashion-MNIST class tinted a colour of its own, named after both.
+COLOUR_NAMES = [f"{name} ({colour})" for name, colour in zip(
+    fashion_mnist.LABEL_NAMES, ("red", "green", "blue", "yellow", "cyan", "magenta", "orange", "teal", "purple", "grey"))]
+_TINTS = np.array([[1, .2, .2], [.2, 1, .2], [.2, .2, 1], [1, 1, .2], [.2, 1, 1], [1, .2, 1],
+                   [1, .6, .2], [.2, .6, .6], [.6, .2, .6], [.6, .6, .6]])
+
+
+def colour_images(split, count):
+    """The first ``count`` images of ``split`` as 32 x 32 x 3 uint8 (padded by 2 pixels on each
+    side, tinted by class), and their labels."""
+    gray = np.asarray(split.images[:count], np.float32).reshape(count, 28, 28, 1)
+    labels = np.asarray(split.labels[:count])
+    padded = np.pad(gray, ((0, 0), (2, 2), (2, 2), (0, 0)))
+    return np.round(padded * _TINTS[labels][:, None, None, :]).astype(np.uint8), labels

@@ -70,7 +70,7 @@ def test_each_readme_launch_another_test_runs_is_run_there():
         path, name = test.split("::")
         with open(os.path.join(REPO, path)) as f:
             source = f.read()
-        body = re.search(rf"^def {name}\(.*?(?=^\S)", source, re.M | re.S)
+        body = re.search(rf"^def {name}\(.*?(?=^\S|\Z)", source, re.M | re.S)
         assert body, test
         assert f'readme.launch_args("{strategy}")' in body[0], (strategy, test)
 

@@ -164,28 +164,31 @@ root = pytest.mark.root("emulated hosts: network namespaces")
 
 @root
 def test_on_emulated_hosts_the_images_never_pass_through_the_client(tmp_path, data_dir):
-    steps, batch = 20, 1024
-    run = launch(tmp_path, f"--data_dir={data_dir}", "--num_gpus=2", "--epochs=1",
+    steps, batch = 20, 1536
+    launcher, readmes = readme.launch_args("manual --hosts")  # The README's launch, and more.
+    assert "--num_workers=3" in launcher and "--link=100mbit" in launcher, launcher
+    run = launch(tmp_path, *readmes, f"--data_dir={data_dir}", "--num_gpus=2", "--epochs=1",
                  f"--steps_per_epoch={steps}", f"--batch_size={batch}", "--eval_steps=1",
-                 "--allreduce=ring", launcher=("--num_workers=2", "--hosts", "--link=1gbit"))
+                 launcher=launcher)
     assert run.returncode == 0, run.stderr[-3000:]
     err = run.stderr
+    assert "allreduce ring" in err, err[-3000:]
     assert re.search(r"^tfdp\.launch: host 0 \(tfdp-\d+-h0\) at 10\.\d+\.\d+\.1 runs chief "
-                     r"\(tfdp\.train\), link 1gbit each way$", err, re.M), err
-    assert re.search(r"^tfdp\.launch: host 2 \(tfdp-\d+-h2\) at 10\.\d+\.\d+\.3 runs worker 1 "
-                     r"\(tfdp\.server\), link 1gbit each way$", err, re.M), err
-    assert "4 remote device(s)" in err  # --num_gpus=2 on each of 2 workers.
+                     r"\(tfdp\.train\), link 100mbit each way$", err, re.M), err
+    assert re.search(r"^tfdp\.launch: host 3 \(tfdp-\d+-h3\) at 10\.\d+\.\d+\.4 runs worker 2 "
+                     r"\(tfdp\.server\), link 100mbit each way$", err, re.M), err
+    assert "6 remote device(s)" in err  # --num_gpus=2 on each of 3 workers.
     moved = {int(m[1]): (float(m[2]) * 1e6, float(m[3]) * 1e6) for m in re.finditer(
         r"^tfdp\.launch: host (\d) \([^)]+\) sent ([\d.]+) MB, received ([\d.]+) MB$", err,
         re.M)}
-    assert set(moved) == {0, 1, 2}, err
-    # The devices read 16 MB of pixels (20 steps of 1,024 images). What the client sends does
-    # not grow with them: the starting parameters for 4 replicas (1 MB), the compiled steps,
-    # 4 KB of indices a step, and a look for a worker's SIGTERM every second (4.06 MB in all
-    # here, 3.98 without the looks: a bound of a quarter of the pixels was 1 % away).
+    assert set(moved) == {0, 1, 2, 3}, err
+    # The devices read 24 MB of pixels (20 steps of 1,536 images). What the client sends does
+    # not grow with them: the starting parameters for 6 replicas (3.1 MB), the compiled steps,
+    # 6 KB of indices a step, and a look for a worker's SIGTERM every second (6.35 MB in all
+    # here; 4.06 MB with 4 replicas, 3.98 without the looks).
     pixels = steps * batch * 28 * 28
     assert moved[0][0] < pixels / 3, (moved, pixels)
     # The workers' ring moves the gradients (LeNet's: 0.52 MB) between them, not through the
     # client.
-    assert min(moved[1][0], moved[2][0]) > moved[0][1], moved
+    assert min(moved[w][0] for w in (1, 2, 3)) > moved[0][1], moved
     assert not left_behind()

@@ -10,12 +10,16 @@ import stat
 import pytest
 
 from exports import runtimes_agree, serve_all_in_clients
-from shared_runs import RUNS
+from shared_runs import COLOUR_NAMES, RUNS, colour_images
 from tfdp import fashion_mnist
 
-CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
-            "outputs": {"logits": ["float32", [-1, 10]], "probabilities": ["float32", [-1, 10]],
+def contract(shape=(28, 28, 1), classes=10) -> dict:
+    """The serving contract of an export of ``shape`` images in ``classes`` classes."""
+    return {"inputs": {"images": ["uint8", [-1, *shape]]},
+            "outputs": {"logits": ["float32", [-1, classes]],
+                        "probabilities": ["float32", [-1, classes]],
                         "classes": ["int64", [-1]], "class_names": ["string", [-1]]}}
+
 
 
 # ONNX and LiteRT carry the contract's names and dtypes; LiteRT's input is [1, 28, 28, 1] with the
@@ -24,12 +28,19 @@ ONNX_CONTRACT = {"inputs": {"images": "tensor(uint8)"},
                  "outputs": {"classes": "tensor(int64)", "logits": "tensor(float)",
                              "probabilities": "tensor(float)",
                              "class_names": "tensor(string)"}}
-LITERT_CONTRACT = {"inputs": {"images": ["uint8", [-1, 28, 28, 1]]},
-                   "outputs": {"classes": "int64", "logits": "float32",
-                               "probabilities": "float32", "class_names": "bytes"}}
+def litert_contract(shape=(28, 28, 1)) -> dict:
+    return {"inputs": {"images": ["uint8", [-1, *shape]]},
+            "outputs": {"classes": "int64", "logits": "float32", "probabilities": "float32",
+                        "class_names": "bytes"}}
 
 
 EVAL_STEPS = 2  # The shared runs' evaluation (tests/shared_runs.py).
+
+
+def coloured(name: str) -> bool:
+    """Whether shared run ``name`` trains on the colour images of ``shared_runs.colour``."""
+    return RUNS[name].get("dataset") == "npz:colour"
+
 # One worker serves them all (xdist_group): the runs are trained and served once.
 pytestmark = pytest.mark.xdist_group("shared_runs")
 
@@ -45,7 +56,10 @@ def served(shared_runs, test_split, tmp_path_factory):
     # differ by bfloat16's rounding, bounded in tfdp/export_formats.py by 2^-5 of their size.
     margins = {name: 2.0 ** -5 if RUNS[name].get("precision") == "bfloat16" else 1e-4
                for name in runs}
-    seen = serve_all_in_clients({r.export_path: (margins[name], examples[name])
+    # Your data of another shape is served its own test images (tests/shared_runs.py).
+    colour = colour_images(test_split, largest)
+    seen = serve_all_in_clients({r.export_path: (margins[name], examples[name],
+                                                 *(colour if coloured(name) else ()))
                                  for name, r in runs.items()},
                                 test_split.images[:largest], test_split.labels[:largest],
                                 tmp_path_factory.mktemp("clients"))
@@ -67,10 +81,12 @@ def test_export_serves_in_every_client(served, name):
             mode = os.stat(os.path.join(folder, file_name)).st_mode
             assert stat.S_IMODE(mode) & 0o444 == 0o444
 
-    assert seen["signature"] == CONTRACT
+    shape, names = ((32, 32, 3), COLOUR_NAMES) if coloured(name) else (
+        (28, 28, 1), fashion_mnist.LABEL_NAMES)
+    assert seen["signature"] == contract(shape)
     # Every client names each class as TF2 does (else its accuracy is NaN, below), and TF2 by
     # the dataset's label names.
-    assert all(name == fashion_mnist.LABEL_NAMES[int(c)] for c, name in seen["names_by_class"].items())
+    assert all(n == names[int(c)] for c, n in seen["names_by_class"].items())
     assert seen["names_by_class"], seen
     assert seen["logits_finite"], "the run diverged: accuracies would compare ties of NaNs"
     # Exact, but for examples whose top two logits tie to rounding (another device count,
@@ -86,7 +102,8 @@ def test_export_serves_in_every_client(served, name):
         assert seen[client] == pytest.approx(reported["test_acc"],
                                              abs=seen["near_ties"] / examples + 1e-9), (
             client, seen, reported["test_acc"])
-    assert seen["onnx_signature"] == ONNX_CONTRACT and seen["litert_signature"] == LITERT_CONTRACT
+    assert seen["onnx_signature"] == ONNX_CONTRACT
+    assert seen["litert_signature"] == litert_contract(shape)
     # Float32: measured about 1e-7, kernels of another order; bfloat16: see the margin.
     runtimes_agree(seen, examples, margin)
     # The weights are in it: at least the kernels' float32 bytes.
