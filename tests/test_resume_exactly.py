@@ -1,5 +1,5 @@
 """Preempted at a random step of a random epoch, then resumed: the same model as a run that was
-never interrupted, on every path. In float64 (no rounding to hide behind) with everything a
+never interrupted, on every path, and with your own model from scratch. In float64 (no rounding to hide behind) with everything a
 run's state holds: momentum's velocities (Nesterov), the weights' averages (``--ema``), batch
 normalization's statistics, a one-cycle rate, flips. The signal is a real SIGTERM from outside,
 sent when the run's own progress line shows the chosen step; the run's own line says where it
@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO
+from shared_runs import YOURS
 from processes import (child_env, children, tf_config_of, train_command, train_in_this_process,
                        wait_for)
 from tfdp.errors import PREEMPTED_EXIT_CODE
@@ -28,7 +29,7 @@ FLAGS = ("--recipe=fast", "--precision=float64", "--epochs=2", f"--steps_per_epo
          "--batch_size=64", "--lr=0.1", "--eval_steps=1")
 EMA = "--ema=0.9"
 
-# How each path is started, with its own flags. Who gets the SIGTERM: the process itself, one
+# How each case is started, with its own flags. Who gets the SIGTERM: the process itself, one
 # worker of a launched cluster (every worker must stop at its step), or the launcher (which
 # passes it on to its chief).
 PATHS = {
@@ -39,6 +40,8 @@ PATHS = {
     # One worker: asynchronous SGD with two is not reproducible step for step. The recipe
     # keeps no momentum and no averages here (tfdp.recipes), so its state is the weights.
     "parameter_server": ("launch", ["--num_workers=1", "--num_ps=1"], []),
+    # Your model (batch normalization and all) from scratch: its state is its variables.
+    "manual-yours": ("train", ["--num_gpus=2", EMA, f"--model={YOURS}"]),
 }
 # The run never interrupted that a path's resumed run must equal, where it is another path's:
 # two multi_worker workers train exactly mirrored's model on two devices (measured: the same
@@ -75,8 +78,10 @@ class Started:
         return self.proc.returncode
 
 
-def command(strategy, folder, data_dir):
-    how, *flags = PATHS[strategy]
+def command(case, folder, data_dir):
+    """``case``'s command (``PATHS``: its strategy is its name up to a "-")."""
+    how, *flags = PATHS[case]
+    strategy = case.split("-")[0]
     if how == "train":
         return train_command(data_dir, folder, f"--strategy={strategy}", *FLAGS, *flags[0])
     launcher, train_flags = flags
