@@ -62,6 +62,30 @@ def test_slurm_refusals_are_one_line(monkeypatch):
         slurm.step_task("parameter_server", 2, _step(0))
     with pytest.raises(UserError, match="reserves 1 port"):
         slurm.step_task("manual", 1, _step(0, SLURM_STEP_RESV_PORTS="15000"))
+    partial = {k: v for k, v in _step(0).items() if k != "SLURM_STEP_TASKS_PER_NODE"}
+    with pytest.raises(UserError, match="^a Slurm job step without SLURM_STEP_TASKS_PER_NODE: "
+                                        "run the tasks with srun"):
+        slurm.step_task("manual", 1, partial)
+
+
+def test_a_job_run_outside_its_steps_says_it_trains_alone_in_one_line():
+    """What Slurm sets (read under the real Slurm of test_slurm.py): an sbatch script has the
+    job's variables and SLURMD_NODENAME, an salloc shell no SLURMD_NODENAME, a step
+    SLURM_STEP_ID."""
+    job = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "node[1-2]",
+           "SLURM_JOB_NUM_NODES": "2"}
+    batch = {**job, "SLURMD_NODENAME": "node1", "SLURM_PROCID": "0"}
+    assert slurm.outside_steps(batch) == (
+        "in Slurm job 7 (2 task(s) on node[1-2])'s batch script, not in a step of its tasks: "
+        "this process trains alone on node1; run it on the job's tasks with srun python -m "
+        "tfdp.train ...")
+    assert slurm.outside_steps(job).startswith(
+        "in Slurm job 7 (2 task(s) on node[1-2])'s salloc shell, not on its nodes: this process "
+        "trains alone here, on the submitting host; run it on the job's tasks with srun")
+    alone = {**batch, "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1"}
+    assert slurm.outside_steps(alone) is None  # One process is what that job asked for.
+    assert slurm.outside_steps({**batch, "SLURM_STEP_ID": "0", "SLURM_NTASKS": "1"}) is None
+    assert slurm.outside_steps({}) is None
 
 
 def _pod(index, count=3, **extra):

@@ -90,6 +90,31 @@ def batch_script(train_flags: str) -> str:
     return script.replace(line, line.replace("python", sys.executable, 1) + " " + train_flags)
 
 
+def test_tfdp_train_outside_a_step_says_it_trains_alone(slurm, tmp_path, data_dir):
+    """``python -m tfdp.train`` without srun, in a two-task job's batch script and in salloc's
+    shell: it trains as one process, and says so in one line first."""
+    run = [*TRAIN, f"--data_dir={data_dir}", "--epochs=1", "--steps_per_epoch=1",
+           "--eval_steps=1", "--batch_size=32"]
+    allocated = slurm.run("salloc", "-N2", "-n2", *run, f"--workdir={tmp_path / 'salloc'}",
+                          f"--export_dir={tmp_path / 'exported'}", env=_env(), cwd=tmp_path,
+                          timeout=300)
+    assert allocated.returncode == 0, allocated.stderr[-3000:]
+    assert re.search(r"^warning: in Slurm job \d+ \(2 task\(s\) on node\[1-2\]\)'s salloc "
+                     r"shell, not on its nodes: this process trains alone here", allocated.stderr,
+                     re.M), allocated.stderr[-3000:]
+    script = tmp_path / "alone.sbatch"
+    script.write_text("#!/bin/bash\n" + " ".join(
+        [*run, f"--workdir={tmp_path / 'batch'}", f"--export_dir={tmp_path / 'exported'}"]))
+    batch = slurm.run("sbatch", "-W", "-N2", "-n2", f"--chdir={tmp_path}",
+                      f"--output={tmp_path}/job.out", str(script), env=_env(), timeout=300)
+    text = (tmp_path / "job.out").read_text()
+    assert batch.returncode == 0, batch.stderr + text[-3000:]
+    assert re.search(r"^warning: in Slurm job \d+ \(2 task\(s\) on node\[1-2\]\)'s batch "
+                     r"script, not in a step of its tasks: this process trains alone on node1; run "
+                     r"it on the job's tasks with srun python -m tfdp.train", text, re.M), text
+    assert text.count("exported ") == 1
+
+
 def test_scancel_term_mid_epoch_saves_and_the_requeued_job_resumes_mid_epoch(slurm, tmp_path,
                                                                            data_dir):
     script = tmp_path / "train.sbatch"

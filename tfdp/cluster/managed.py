@@ -36,6 +36,9 @@ def join(strategy: str, num_ps: int, train_args: list) -> None:
         return
     found = described(strategy, num_ps)
     if not found:
+        forgotten = slurm.outside_steps()
+        if forgotten:
+            logger.warning(forgotten)
         return
     manager, cluster, kind, index, job = found
     os.environ[tf_config.ENV] = json.dumps({"cluster": cluster,

@@ -146,6 +146,28 @@ def _host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+def outside_steps(environ=None) -> Optional[str]:
+    """One line when this process runs in a Slurm job but in none of its job steps, where it
+    would train alone without a word: an ``salloc`` shell (on the submitting host, not the
+    job's nodes) or a batch script of a job of several tasks or nodes. None otherwise."""
+    env = os.environ if environ is None else environ
+    job = env.get("SLURM_JOB_ID")
+    if not job or env.get("SLURM_STEP_ID"):
+        return None
+    tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or "1"
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "?"
+    job_is = f"Slurm job {job} ({tasks} task(s) on {nodes})"
+    if not env.get("SLURMD_NODENAME"):
+        return (f"in {job_is}'s salloc shell, not on its nodes: this process trains alone here, "
+                "on the submitting host; run it on the job's tasks with srun python -m "
+                "tfdp.train ... (srun -n 1 for one process on one of its nodes)")
+    if tasks.strip() not in ("", "1") or env.get("SLURM_JOB_NUM_NODES", "1") != "1":
+        return (f"in {job_is}'s batch script, not in a step of its tasks: this process trains "
+                f"alone on {env['SLURMD_NODENAME']}; run it on the job's tasks with srun "
+                "python -m tfdp.train ...")
+    return None
+
+
 def step_task(strategy: str, num_ps: int, environ=None) -> Optional[tuple]:
     """``(cluster, kind, index, job id)`` of this task of a Slurm step that spans several
     tasks; None outside one, or in a step of one task."""
