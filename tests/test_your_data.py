@@ -12,6 +12,8 @@ import tfdp
 from tfdp import array_cache, datasets, fashion_mnist
 from tfdp.errors import UserError
 
+from shared_runs import YOURS
+
 SHORT = dict(epochs=1, steps_per_epoch=3, eval_steps=1, batch_size=20, lr=0.1, init="glorot",
              export_formats="saved_model")
 
@@ -199,16 +201,19 @@ def test_the_flags_check_the_form_before_anything_is_read(tmp_path):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("strategy, launcher", [
-    ("manual", ("--num_workers=2",)),  # The client, and two tfdp.server workers with the data.
-    ("parameter_server", ("--num_workers=1", "--num_ps=1")),
+@pytest.mark.parametrize("strategy, launcher, model", [
+    # The client, and two tfdp.server workers with the data; your model on their devices.
+    ("manual", ("--num_workers=2",), YOURS),
+    ("multi_worker", ("--num_workers=2",), YOURS),
+    ("parameter_server", ("--num_workers=1", "--num_ps=1"), "lenet"),
 ])
-def test_a_cluster_trains_your_data_where_its_workers_prepared_it(tmp_path, strategy, launcher):
+def test_a_cluster_trains_your_data_where_its_workers_prepared_it(tmp_path, strategy, launcher,
+                                                                 model):
     """An .npz file of 32 x 32 x 3 images in 100 classes: every worker prepares it in the data
-    dir (the two servers of the from-scratch path at once, under the cache's lock); the client
-    of the from-scratch and parameter-server paths, which holds no data, reads its shape and
-    classes there. (multi_worker's workers are tfdp.train processes that prepare their data as
-    a run in one process does: ``mirrored`` above.)"""
+    dir (two at once, under the cache's lock); the client of the from-scratch and
+    parameter-server paths, which holds no data, reads its shape and classes there. Your model
+    from a file, built on every worker (the from-scratch path's remote devices, each
+    multi_worker worker)."""
     import tensorflow as tf
 
     from processes import launch
@@ -220,7 +225,7 @@ def test_a_cluster_trains_your_data_where_its_workers_prepared_it(tmp_path, stra
              y_test=np.arange(100), class_names=[f"kind {k}" for k in range(100)])
     result = launch(tmp_path, strategy, f"--dataset=npz:{tmp_path / 'colour.npz'}",
                     f"--data_dir={tmp_path / 'data'}", "--epochs=1", "--steps_per_epoch=3",
-                    "--batch_size=20", "--eval_steps=1", launcher=launcher)
+                    "--batch_size=20", "--eval_steps=1", f"--model={model}", launcher=launcher)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "data: colour, 200 training and 100 test images of 32x32x3, 100 classes" in \
         result.stderr, result.stderr[-3000:]
