@@ -16,7 +16,8 @@ README = os.path.join(REPO, "README.md")
 RUN_BY = {
     "manual --hosts": "tests/test_remote.py::"
                       "test_on_emulated_hosts_the_images_never_pass_through_the_client",
-    "multi_worker": "tests/test_multi_worker.py::test_two_workers_agree_with_each_other_and_the_manual_path",
+    "multi_worker": "tests/test_multi_worker.py::"
+                    "test_two_workers_agree_with_each_other_and_the_manual_path",
     "manual": "tests/test_remote.py::test_two_workers_train_the_model_two_local_devices_train",
     "parameter_server": "tests/test_parameter_server.py::"
                         "test_two_workers_and_two_sharded_servers_train_report_and_export",

@@ -88,7 +88,8 @@ class SharedRuns:
 
 # Each Fashion-MNIST class tinted a colour of its own, named after both.
 COLOUR_NAMES = [f"{name} ({colour})" for name, colour in zip(
-    fashion_mnist.LABEL_NAMES, ("red", "green", "blue", "yellow", "cyan", "magenta", "orange", "teal", "purple", "grey"))]
+    fashion_mnist.LABEL_NAMES, ("red", "green", "blue", "yellow", "cyan", "magenta", "orange",
+                                "teal", "purple", "grey"))]
 _TINTS = np.array([[1, .2, .2], [.2, 1, .2], [.2, .2, 1], [1, 1, .2], [.2, 1, 1], [1, .2, 1],
                    [1, .6, .2], [.2, .6, .6], [.6, .2, .6], [.6, .6, .6]])
 

@@ -1,9 +1,10 @@
 """Preempted at a random step of a random epoch, then resumed: the same model as a run that was
-never interrupted, on every path, and with your own model from scratch. In float64 (no rounding to hide behind) with everything a
-run's state holds: momentum's velocities (Nesterov), the weights' averages (``--ema``), batch
-normalization's statistics, a one-cycle rate, flips. The signal is a real SIGTERM from outside,
-sent when the run's own progress line shows the chosen step; the run's own line says where it
-stopped, and the test checks that it was inside the epoch, not at its end."""
+never interrupted, on every path, and with your own model from scratch. In float64 (no rounding
+to hide behind) with everything a run's state holds: momentum's velocities (Nesterov), the
+weights' averages (``--ema``), batch normalization's statistics, a one-cycle rate, flips. The
+signal is a real SIGTERM from outside, sent when the run's own progress line shows the chosen
+step; the run's own line says where it stopped, and the test checks that it was inside the
+epoch, not at its end."""
 
 import json
 import os
