@@ -137,3 +137,25 @@ def test_a_function_given_to_tfdp_run_is_found_by_its_spec():
         return residual_cnn.residual_cnn(input_shape, num_classes)
 
     assert catalog.function_of(model_spec.spec_of(local)) is local
+
+
+def test_your_model_takes_bfloat16_accumulation_and_a_trace(tmp_path, data_dir):
+    """The run's other choices apply to your model as to LeNet, from scratch: bfloat16 (its
+    layers under Keras' mixed policy), updates accumulated from two micro-batches, and the
+    traced steps' timeline with each replica's forward and backward pass."""
+    import json
+
+    from traces import lanes_by_step
+
+    result = training_run.train(Config(
+        strategy="manual", num_gpus=2, model=f"{OWN}:residual_cnn_without_norm",
+        precision="bfloat16", accumulate_steps=2, trace_steps="2:3", batch_size=64, lr=0.05,
+        epochs=1, steps_per_epoch=4, eval_steps=1, data_dir=data_dir,
+        workdir=str(tmp_path / "run"), export_dir=str(tmp_path / "export")))
+    assert np.isfinite(result.history[-1]["loss"]) and result.export_path
+    found = lanes_by_step(json.loads((tmp_path / "run" / "timeline.json").read_text()))
+    for step in (2, 3):
+        for replica in (0, 1):
+            assert {"forward", "backward"} <= found[("chief", f"replica {replica}", step)]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["config"]["precision"] == "bfloat16"
