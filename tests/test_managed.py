@@ -35,8 +35,10 @@ def _step(procid, tasks_per_node="2,1", job="1234", **extra):
 
 def test_every_task_of_a_step_builds_the_same_cluster_with_ports_apart(monkeypatch):
     monkeypatch.setattr(slurm, "node_addresses", lambda nodes: ["10.0.0.2", "10.0.0.3"])
-    first = slurm.PORT_BASE + 1234 % slurm.JOB_BLOCKS * slurm.PORTS_PER_JOB
-    found = [slurm.step_task("manual", 1, _step(p)) for p in range(3)]
+    first = slurm.derived_ports(1234, 0, 2)[0]
+    assert 10000 <= first and first + 1 < 32768  # Below Linux's ephemeral ports.
+    found = [slurm.step_task("manual", 1, _step(p, SLURM_NODEID=str(n), SLURM_LOCALID=str(l)))
+             for p, (n, l) in enumerate([(0, 0), (0, 1), (1, 0)])]
     cluster = {"chief": [f"10.0.0.2:{first}"],
                "worker": [f"10.0.0.2:{first + 1}", f"10.0.0.3:{first}"]}
     assert found == [(cluster, "chief", 0, "1234"), (cluster, "worker", 0, "1234"),
@@ -48,8 +50,44 @@ def test_every_task_of_a_step_builds_the_same_cluster_with_ports_apart(monkeypat
     assert cluster == {"worker": [f"10.0.0.2:{first}", f"10.0.0.3:{first}"]} and index == 1
     reserved = _step(1, SLURM_STEP_RESV_PORTS="15000-15001")  # srun --resv-ports
     assert slurm.step_task("manual", 1, reserved)[0]["worker"][0] == "10.0.0.2:15001"
-    # Another job on the same nodes: other ports.
-    assert slurm.step_task("manual", 1, _step(0, job="1235"))[0]["chief"] != cluster["worker"][:1]
+    given = _step(1, TFDP_PORT="23456", SLURM_STEP_RESV_PORTS="15000-15001")  # It wins.
+    assert slurm.step_task("manual", 1, given)[0]["worker"] == ["10.0.0.2:23457",
+                                                                 "10.0.0.3:23456"]
+
+
+def test_jobs_and_steps_sharing_nodes_derive_ports_apart():
+    """Two jobs whose ids are equal modulo any block count, and two steps of one job, took the
+    same ports when ports came from the job id alone."""
+    ranges = {(job, step): set(slurm.derived_ports(job, step, 4))
+              for job in (12345, 14845, 17345) for step in (0, 1, 2)}
+    for a in ranges:
+        for b in ranges:
+            assert a == b or not ranges[a] & ranges[b], (a, b)
+    # Spread over the range: a thousand jobs' first ports mostly differ.
+    assert len({slurm.derived_ports(job, 0, 1)[0] for job in range(1000)}) > 950
+
+
+def test_a_port_taken_or_a_placement_slurm_did_not_make_is_one_line(monkeypatch):
+    import socket
+
+    monkeypatch.setattr(slurm, "node_addresses", lambda nodes: ["127.0.0.1", "10.0.0.3"])
+    holder = socket.socket()
+    holder.bind(("", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        with pytest.raises(UserError, match=rf"^port {port} of Slurm task 0 \(127\.0\.0\.1:"
+                                            rf"{port}\) is already in use on this node: give the "
+                                            r"step other ports: TFDP_PORT="):
+            slurm.step_task("manual", 1, _step(0, TFDP_PORT=str(port)))
+    finally:
+        holder.close()
+    # Slurm put task 1 on the second node (an arbitrary distribution): tfdp's block reading
+    # would give it the first node's second port.
+    with pytest.raises(UserError, match=r"^Slurm placed task 1 as task 0 of node 1 of the step; "
+                                        r"tfdp's reading .* puts it as task 1 of node 0: give "
+                                        r"srun --distribution=block"):
+        slurm.step_task("manual", 1, _step(1, SLURM_NODEID="1", SLURM_LOCALID="0"))
 
 
 def test_slurm_refusals_are_one_line(monkeypatch):

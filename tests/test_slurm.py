@@ -115,6 +115,30 @@ def test_tfdp_train_outside_a_step_says_it_trains_alone(slurm, tmp_path, data_di
     assert text.count("exported ") == 1
 
 
+def test_two_steps_of_one_job_side_by_side_on_the_same_nodes_both_train(slurm, tmp_path,
+                                                                       data_dir):
+    """Two ``srun --exact`` steps of one four-task job at once, each two multi_worker tasks on
+    the same two nodes: each step's tasks derive ports of their own (they took the same ports
+    when the job id alone chose them)."""
+    def step(name):
+        return " ".join([*TRAIN, "--strategy=multi_worker", f"--data_dir={data_dir}",
+                         "--epochs=1", "--steps_per_epoch=2", "--eval_steps=1", "--batch_size=32",
+                         f"--workdir={tmp_path / name}", f"--export_dir={tmp_path / name}-export"])
+    script = tmp_path / "steps.sbatch"
+    script.write_text("#!/bin/bash\n" + "".join(
+        f"srun -N2 -n2 --exact --kill-on-bad-exit=1 {step(name)} &\n" for name in "ab")
+        + "wait\n")
+    batch = slurm.run("sbatch", "-W", "-N2", "-n4", f"--chdir={tmp_path}",
+                      f"--output={tmp_path}/job.out", str(script), env=_env(), timeout=300)
+    text = (tmp_path / "job.out").read_text()
+    assert batch.returncode == 0, batch.stderr + text[-3000:] + slurm.logs()
+    clusters = {c for c in re.findall(r"Slurm: worker \d of (\{.*\})$", text, re.M)}
+    assert len(clusters) == 2, text[-3000:]  # One per step, each task of it agreeing.
+    ports = [set(re.findall(r":(\d+)\"", c)) for c in clusters]
+    assert not ports[0] & ports[1], clusters
+    assert os.listdir(tmp_path / "a-export") == os.listdir(tmp_path / "b-export") == ["1"]
+
+
 def test_scancel_term_mid_epoch_saves_and_the_requeued_job_resumes_mid_epoch(slurm, tmp_path,
                                                                            data_dir):
     script = tmp_path / "train.sbatch"

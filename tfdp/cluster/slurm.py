@@ -11,10 +11,16 @@ same list of task addresses:
   resolves wherever ``slurmd`` does);
 * tasks on nodes: Slurm's default block distribution (tasks 0..k-1 on the first node, ...), or
   cyclic under ``--distribution=cyclic``;
-* ports: the step's reserved ports where Slurm reserves them (``srun --resv-ports``, or
-  ``MpiParams=ports=`` in slurm.conf: ``SLURM_STEP_RESV_PORTS``), else one derived from the job
-  id and the task's local rank, so tasks sharing a node, and two jobs' tasks on one node,
-  differ.
+* ports: ``TFDP_PORT`` (then each task's is it plus the task's rank on its node), else the
+  step's reserved ports where Slurm reserves them (``srun --resv-ports``, or ``MpiParams=ports=``
+  in slurm.conf: ``SLURM_STEP_RESV_PORTS``), else consecutive ports from a start that the job
+  and step ids pick (``derived_ports``): tasks sharing a node differ, and two jobs, or two steps
+  of one job, on a node differ but by chance (about 1 in 3,200 for two steps of 4 tasks a node), below
+  Linux's ephemeral ports. A port that is taken stops its task in one line with the remedy.
+
+Placement is checked, not only computed: each task's node and rank on it, as tfdp reads the
+distribution, must be the ``SLURM_NODEID`` and ``SLURM_LOCALID`` Slurm gave it, else one line
+(a wrong address would hang until ``--collective_timeout``).
 
 Every variable read is checked before Slurm's controller is asked or anything waits on it
 (``tfdp.cluster.env_values``): one line names a variable missing, malformed or out of range.
@@ -27,6 +33,7 @@ is named by the job id, so a requeued job (``sbatch --requeue``, same job id) re
 stopped.
 """
 
+import hashlib
 import os
 import re
 import subprocess
@@ -36,10 +43,12 @@ from tfdp import path_registry
 from tfdp.cluster import env_values, tf_config
 from tfdp.errors import UserError
 
-# Ports derived when Slurm reserves none: a block of PORTS_PER_JOB per job id from PORT_BASE.
-PORT_BASE = 20000
-PORTS_PER_JOB = 16
-JOB_BLOCKS = 2500  # 20000 + 2500 * 16 = 60000: below Linux's ephemeral ports.
+# Ports derived when neither TFDP_PORT nor Slurm gives them: within PORTS, below Linux's
+# ephemeral ports (32768-60999), which any outgoing connection may hold.
+PORTS = (10000, 32767)
+MAX_DERIVED = 256  # Tasks on one node that derived ports serve.
+PORT_REMEDY = ("give the step other ports: TFDP_PORT=<a free port> (each task that plus its rank "
+               "on its node), or srun --resv-ports")
 # What srun sets in every task of a step, and tfdp needs of a step of several tasks.
 STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
                   "SLURM_JOB_ID")
@@ -110,27 +119,18 @@ def node_addresses(nodelist: str) -> list:
     return [addresses.get(name, name) for name in names]
 
 
-def task_addresses(environ, tasks: int) -> list:
+def task_addresses(environ, tasks: int, rank: int = None) -> list:
     """``host:port`` of every task of the step of ``tasks`` tasks, in rank order (the same list
-    on every task). Slurm's variables are checked before its controller is asked."""
+    on every task). Slurm's variables are checked before its controller is asked; task
+    ``rank``'s placement against Slurm's own, where given."""
     counts = expand_counts(environ["SLURM_STEP_TASKS_PER_NODE"])
     if sum(counts) != tasks:
         raise UserError(f"SLURM_STEP_TASKS_PER_NODE={environ['SLURM_STEP_TASKS_PER_NODE']} "
                         f"places {sum(counts)} task(s), SLURM_STEP_NUM_TASKS says {tasks}")
     placed = task_nodes(counts, environ.get("SLURM_DISTRIBUTION", "block"))
-    reserved = environ.get("SLURM_STEP_RESV_PORTS")
-    if reserved:
-        ports = expand_ports(reserved)
-        if len(ports) < max(counts):
-            raise UserError(f"SLURM_STEP_RESV_PORTS={reserved} reserves {len(ports)} port(s) "
-                            f"for up to {max(counts)} tasks on a node: reserve one per task")
-    else:
-        if max(counts) > PORTS_PER_JOB:
-            raise UserError(f"{max(counts)} tasks on one node: tfdp derives at most "
-                            f"{PORTS_PER_JOB} ports a node; reserve them with srun --resv-ports")
-        job = env_values.integer(environ, "SLURM_JOB_ID", low=0)
-        first = PORT_BASE + job % JOB_BLOCKS * PORTS_PER_JOB
-        ports = list(range(first, first + PORTS_PER_JOB))
+    if rank is not None:
+        check_placement(environ, placed, rank)
+    ports = step_ports(environ, max(counts))
     nodes = node_addresses(environ["SLURM_STEP_NODELIST"])
     if len(nodes) != len(counts):
         raise UserError(f"SLURM_STEP_NODELIST names {len(nodes)} node(s), "
@@ -140,6 +140,55 @@ def task_addresses(environ, tasks: int) -> list:
         addresses.append(f"{_host(nodes[node])}:{ports[seen[node]]}")
         seen[node] += 1
     return addresses
+
+
+def step_ports(environ, per_node: int) -> list:
+    """The ports of a node's tasks of this step, by their rank on the node: ``TFDP_PORT``'s,
+    Slurm's reserved ones, or ``derived_ports``."""
+    if environ.get("TFDP_PORT"):
+        first = env_values.port(environ, "TFDP_PORT")
+        if first + per_node - 1 > tf_config.MAX_PORT:
+            raise UserError(f"TFDP_PORT={first}: {per_node} tasks on a node need ports up to "
+                            f"{first + per_node - 1}, beyond {tf_config.MAX_PORT}")
+        return list(range(first, first + per_node))
+    reserved = environ.get("SLURM_STEP_RESV_PORTS")
+    if reserved:
+        ports = expand_ports(reserved)
+        if len(ports) < per_node:
+            raise UserError(f"SLURM_STEP_RESV_PORTS={reserved} reserves {len(ports)} port(s) "
+                            f"for up to {per_node} tasks on a node: reserve one per task")
+        return ports
+    job = env_values.integer(environ, "SLURM_JOB_ID", low=0)
+    step = env_values.integer(environ, "SLURM_STEP_ID", low=0, default=0)
+    return derived_ports(job, step, per_node)
+
+
+def derived_ports(job: int, step: int, count: int) -> list:
+    """``count`` consecutive ports in ``PORTS`` from a start that job and step pick: the same
+    on every task, and another for another job or step but by chance ((n + m - 1) in 22,513 for
+    steps of n and m tasks a node)."""
+    low, high = PORTS
+    if count > MAX_DERIVED:
+        raise UserError(f"{count} tasks on one node: tfdp derives ports for up to {MAX_DERIVED}; "
+                        "give them with TFDP_PORT or srun --resv-ports")
+    digest = hashlib.sha256(f"slurm job {job} step {step}".encode()).digest()
+    first = low + int.from_bytes(digest[:8], "big") % (high - low + 2 - MAX_DERIVED)
+    return list(range(first, first + count))
+
+
+def check_placement(environ, placed: list, rank: int) -> None:
+    """Stop in one line where Slurm put task ``rank`` elsewhere than ``placed`` says (each task's
+    node index, in rank order): its SLURM_NODEID and SLURM_LOCALID, where Slurm sets them."""
+    node, local = placed[rank], placed[:rank].count(placed[rank])
+    slurm_node = env_values.integer(environ, "SLURM_NODEID", low=0, default=node)
+    slurm_local = env_values.integer(environ, "SLURM_LOCALID", low=0, default=local)
+    if (slurm_node, slurm_local) != (node, local):
+        raise UserError(
+            f"Slurm placed task {rank} as task {slurm_local} of node {slurm_node} of the step; "
+            f"tfdp's reading of SLURM_STEP_TASKS_PER_NODE="
+            f"{environ.get('SLURM_STEP_TASKS_PER_NODE')} and SLURM_DISTRIBUTION="
+            f"{environ.get('SLURM_DISTRIBUTION', 'block')} puts it as task {local} of node "
+            f"{node}: give srun --distribution=block (or cyclic), one homogeneous step")
 
 
 def _host(address: str) -> str:
@@ -185,7 +234,10 @@ def step_task(strategy: str, num_ps: int, environ=None) -> Optional[tuple]:
     env_values.require(env, STEP_VARIABLES, "a Slurm job step",
                        "run the tasks with srun, which sets them (docs/clusters.md)")
     rank = env_values.integer(env, "SLURM_PROCID", 0, tasks - 1)
-    addresses = task_addresses(env, tasks)
+    addresses = task_addresses(env, tasks, rank)
+    if tf_config.port_taken(addresses[rank]):
+        raise UserError(f"port {addresses[rank].rpartition(':')[2]} of Slurm task {rank} "
+                        f"({addresses[rank]}) is already in use on this node: {PORT_REMEDY}")
     kinds = tf_config.roles(strategy, len(addresses), num_ps)
     kind, index = kinds[rank]
     return tf_config.cluster_of(addresses, kinds), kind, index, env["SLURM_JOB_ID"]

@@ -166,7 +166,15 @@ def check_addresses(task_: Task, wait: float = 60.0) -> None:
 
 
 def _check_port_free(task_: Task) -> None:
-    host, _, port = task_.address.rpartition(":")
+    if port_taken(task_.address):
+        raise UserError(f"port {task_.address.rpartition(':')[2]} of {ENV}'s {task_.type} "
+                        f"{task_.index} ({task_.address}) is already in use: stop what holds it "
+                        "or give this task another port")
+
+
+def port_taken(address: str) -> bool:
+    """Whether another process listens on ``address``'s port here (``host:port``)."""
+    host, _, port = address.rpartition(":")
     probe = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET)
     # As gRPC binds: connections of an earlier run still in TIME_WAIT do not hold the port.
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -174,12 +182,11 @@ def _check_port_free(task_: Task) -> None:
         probe.bind(("", int(port)))
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise UserError(f"port {port} of {ENV}'s {task_.type} {task_.index} "
-                            f"({task_.address}) is already in use: stop what holds it or give "
-                            "this task another port") from None
+            return True
         raise
     finally:
         probe.close()
+    return False
 
 
 # How long a peer that TensorFlow reports lost may take to stop accepting connections: a killed
