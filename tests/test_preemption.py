@@ -62,6 +62,28 @@ def test_a_signal_never_raises_inside_a_run_it_waits_for_a_step_or_a_stage_end()
     assert signal.getsignal(signal.SIGTERM) == before  # Restored afterwards.
 
 
+def test_a_sigterm_after_a_stop_cannot_change_the_exit_status():
+    """A command-line run stopped for a SIGTERM, its state saved: a SIGTERM more (Slurm repeats
+    it as it ends the step) neither raises a second Preempted nor, once the run is left, kills
+    the process during TensorFlow's teardown: the status stays the one that asks for a requeue.
+    (A real CI run under load lost its requeue so: one worker killed after its save.)"""
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(Preempted) as stopped:
+            with preemption.preempt_outside_runs():
+                with preemption.Watch() as watch:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.01)
+                    saved = watch.preempted(5, "/runs/backup/step-5.npz")
+                os.kill(os.getpid(), signal.SIGTERM)  # On the way out: ignored.
+                time.sleep(0.01)
+                raise saved
+        assert stopped.value is saved
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # Until the process exits.
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_the_launcher_waits_for_workers_that_end_while_it_looks():
     """A process that ends between two of the launcher's polls (seen under a loaded machine:
     ``ValueError: None is not in list`` from a rerun that had finished) is one that ended."""

@@ -134,6 +134,7 @@ class Watch:
 
     def preempted(self, step: int, saved: str = None) -> Preempted:
         """The ``Preempted`` of ``step``, saved in ``saved``, naming the signal that asked."""
+        _STOPPED.set()
         return Preempted(step, saved, by=self.signal)
 
     def stop(self, step: int, backups, state):
@@ -145,6 +146,8 @@ class Watch:
 
 
 _FINISHED = threading.Event()  # A run of this process has exported (``Watch.finished``).
+# A run of this process has stopped for a signal, its state saved (``Watch.preempted``).
+_STOPPED = threading.Event()
 
 
 @contextlib.contextmanager
@@ -153,7 +156,10 @@ def preempt_outside_runs():
     over raises ``Preempted`` (nothing to save) rather than ending the process silently or
     with ``KeyboardInterrupt``; once a run has exported, they are ignored until the process
     exits (TensorFlow's teardown takes seconds: a signal then must not turn a finished run into
-    one a supervisor runs again). A KeyboardInterrupt raised inside code that a C extension
+    one a supervisor runs again), and so is SIGTERM once a run has stopped for one: Slurm repeats
+    it as it ends the step, and a repeat during the teardown turned the exit status that asks for
+    a requeue (75) into a death by SIGTERM (seen under load: the batch script did not requeue).
+    A KeyboardInterrupt raised inside code that a C extension
     runs (TensorFlow's import does) makes CPython kill itself with SIGINT at exit, whatever the
     program exits with (seen: exit status -2 after tfdp's own one line)."""
     if threading.current_thread() is not threading.main_thread():
@@ -161,10 +167,11 @@ def preempt_outside_runs():
         return
 
     def outside_runs(signum, frame):
-        if not _FINISHED.is_set():
+        if not _FINISHED.is_set() and not (_STOPPED.is_set() and signum == signal.SIGTERM):
             raise Preempted(0, by=NAMES[signum])
 
     _FINISHED.clear()
+    _STOPPED.clear()
     previous = {signum: signal.signal(signum, outside_runs) for signum in SIGNALS}
     try:
         yield
@@ -177,7 +184,8 @@ def preempt_outside_runs():
         raise
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_IGN if _FINISHED.is_set() else handler)
+            settled = _FINISHED.is_set() or (_STOPPED.is_set() and signum == signal.SIGTERM)
+            signal.signal(signum, signal.SIG_IGN if settled else handler)
 
 
 @contextlib.contextmanager
