@@ -15,8 +15,9 @@ same list of task addresses:
   step's reserved ports where Slurm reserves them (``srun --resv-ports``, or ``MpiParams=ports=``
   in slurm.conf: ``SLURM_STEP_RESV_PORTS``), else consecutive ports from a start that the job
   and step ids pick (``derived_ports``): tasks sharing a node differ, and two jobs, or two steps
-  of one job, on a node differ but by chance (about 1 in 3,200 for two steps of 4 tasks a node), below
-  Linux's ephemeral ports. A port that is taken stops its task in one line with the remedy.
+  of one job, on a node differ but by chance (about 1 in 3,200 for two steps of 4 tasks a
+  node), below Linux's ephemeral ports. A port that is taken stops its task in one line with
+  the remedy.
 
 Placement is checked, not only computed: each task's node and rank on it, as tfdp reads the
 distribution, must be the ``SLURM_NODEID`` and ``SLURM_LOCALID`` Slurm gave it, else one line
