@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from processes import child_env
-from tfdp.cluster import kubernetes, managed, slurm, tf_config
+from tfdp.cluster import kubernetes, managed, slurm, slurm_nodes, task_gpus, tf_config
 from tfdp.errors import UserError
 
 
@@ -27,6 +27,31 @@ def test_slurm_forms_expand_as_slurm_writes_them():
         slurm.expand_counts("2x3")
 
 
+def test_the_node_list_expands_as_scontrol_writes_it_out_and_hosts_are_the_users():
+    """The lists compared with ``scontrol show hostnames`` under the real Slurm
+    (test_slurm.py); the hosts: node names, a pattern of them, or the address on a network."""
+    assert slurm_nodes.expand("node[1-3,07-08],solo") == ["node1", "node2", "node3", "node07",
+                                                         "node08", "solo"]
+    assert slurm_nodes.expand("rack[1-2]-n[01-02]") == ["rack1-n01", "rack1-n02", "rack2-n01",
+                                                        "rack2-n02"]
+    for bad in ("", "node[1-", "node[2-1]", "a,,b", "n[x]"):
+        with pytest.raises(UserError, match="SLURM_STEP_NODELIST="):
+            slurm_nodes.expand(bad)
+    assert slurm_nodes.hosts(["n1", "n2"], {}) == ["n1", "n2"]
+    assert slurm_nodes.hosts(["n1"], {"TFDP_NODE_HOST": "{node}-ib.fast"}) == ["n1-ib.fast"]
+    with pytest.raises(UserError, match=r"^TFDP_NODE_HOST='\{host\}-ib' must name each node"):
+        slurm_nodes.hosts(["n1"], {"TFDP_NODE_HOST": "{host}-ib"})
+    local = {"TFDP_NETWORK": "127.0.0.0/8"}
+    assert slurm_nodes.hosts(["localhost"], local) == ["127.0.0.1"]
+    with pytest.raises(UserError, match=r"^node host 'localhost' resolves to .*127\.0\.0\.1.*, "
+                                        r"none in TFDP_NETWORK=10\.1\.0\.0/16: name the network"):
+        slurm_nodes.hosts(["localhost"], {"TFDP_NETWORK": "10.1.0.0/16"})
+    with pytest.raises(UserError, match="TFDP_NETWORK='fast' is not a network"):
+        slurm_nodes.hosts(["localhost"], {"TFDP_NETWORK": "fast"})
+    with pytest.raises(UserError, match="^node host 'no-such-node.invalid' does not resolve"):
+        slurm_nodes.hosts(["no-such-node"], {"TFDP_NODE_HOST": "{node}.invalid", **local})
+
+
 def _step(procid, tasks_per_node="2,1", job="1234", **extra):
     return {"SLURM_PROCID": str(procid), "SLURM_STEP_NODELIST": "node[1-2]",
             "SLURM_STEP_TASKS_PER_NODE": tasks_per_node, "SLURM_STEP_NUM_TASKS": "3",
@@ -34,7 +59,7 @@ def _step(procid, tasks_per_node="2,1", job="1234", **extra):
 
 
 def test_every_task_of_a_step_builds_the_same_cluster_with_ports_apart(monkeypatch):
-    monkeypatch.setattr(slurm, "node_addresses", lambda nodes: ["10.0.0.2", "10.0.0.3"])
+    monkeypatch.setattr(slurm, "node_hosts", lambda env: ["10.0.0.2", "10.0.0.3"])
     first = slurm.derived_ports(1234, 0, 2)[0]
     assert 10000 <= first and first + 1 < 32768  # Below Linux's ephemeral ports.
     found = [slurm.step_task("manual", 1, _step(p, SLURM_NODEID=str(n), SLURM_LOCALID=str(l)))
@@ -70,7 +95,7 @@ def test_jobs_and_steps_sharing_nodes_derive_ports_apart():
 def test_a_port_taken_or_a_placement_slurm_did_not_make_is_one_line(monkeypatch):
     import socket
 
-    monkeypatch.setattr(slurm, "node_addresses", lambda nodes: ["127.0.0.1", "10.0.0.3"])
+    monkeypatch.setattr(slurm, "node_hosts", lambda env: ["127.0.0.1", "10.0.0.3"])
     holder = socket.socket()
     holder.bind(("", 0))
     holder.listen()
@@ -91,7 +116,7 @@ def test_a_port_taken_or_a_placement_slurm_did_not_make_is_one_line(monkeypatch)
 
 
 def test_slurm_refusals_are_one_line(monkeypatch):
-    monkeypatch.setattr(slurm, "node_addresses", lambda nodes: ["10.0.0.2", "10.0.0.3"])
+    monkeypatch.setattr(slurm, "node_hosts", lambda env: ["10.0.0.2", "10.0.0.3"])
     assert slurm.step_task("manual", 1, {"SLURM_JOB_ID": "5"}) is None  # A batch script.
     assert slurm.step_task("mirrored", 1, _step(0, "1", SLURM_STEP_NUM_TASKS="1")) is None
     with pytest.raises(UserError, match="trains in one process.*--strategy=multi_worker"):
@@ -179,14 +204,14 @@ def test_a_pod_of_an_indexed_job_derives_its_task_from_its_index_and_hostname():
 ])
 def test_a_cluster_setting_out_of_range_is_one_line_naming_it_before_anything_waits(
         monkeypatch, manager, changed, line):
-    """Every value read from a manager's environment, checked before Slurm's controller is
-    asked and before TensorFlow: a port of 0 or 99999 used to start the worker, which waited
+    """Every value read from a manager's environment, checked before a node's name is resolved
+    and before TensorFlow: a port of 0 or 99999 used to start the worker, which waited
     for its peers until --collective_timeout; a half-set step was a KeyError."""
     env = {"kubernetes": _pod(1), "slurm": _step(1), "tf_config": {}}[manager]
     env = {k: v for k, v in {**env, **changed}.items() if v is not None}
     asked = []
-    monkeypatch.setattr(slurm, "node_addresses",
-                        lambda nodes: asked.append(nodes) or ["10.0.0.2", "10.0.0.3"])
+    monkeypatch.setattr(slurm, "node_hosts",
+                        lambda env: asked.append(env) or ["10.0.0.2", "10.0.0.3"])
     if line is None:
         assert managed.described("multi_worker", 1, env) is None
         return
@@ -196,7 +221,7 @@ def test_a_cluster_setting_out_of_range_is_one_line_naming_it_before_anything_wa
         else:
             managed.described("multi_worker", 1, env)
     assert str(caught.value).startswith(line) and "\n" not in str(caught.value)
-    assert not asked  # Slurm's controller never asked.
+    assert not asked  # No node's host looked up.
 
 
 def test_tfdp_train_refuses_a_port_out_of_range_at_once_in_one_line():
@@ -212,25 +237,88 @@ def test_tfdp_train_refuses_a_port_out_of_range_at_once_in_one_line():
 
 
 def test_a_hand_written_tf_config_wins_and_a_server_task_becomes_tfdp_server(tmp_path):
-    """``managed.join`` in a real process: a TF_CONFIG given is kept; a pod whose role is a
-    worker of the from-scratch path execs ``tfdp.server`` (which refuses a flag in its own
-    words)."""
-    script = ("import json, os, sys; from tfdp.cluster import managed; "
-              "managed.join(sys.argv[1], 1, sys.argv[2:]); "
-              "print(json.dumps([os.environ['TF_CONFIG'], os.environ.get('TFDP_RUN_STAMP')]))")
+    """``managed.join`` in a real process, a script's: a TF_CONFIG given is kept; a pod whose
+    role is a worker of the from-scratch path execs ``tfdp.server`` (which refuses a flag in its
+    own words), unless the process is interactive (``python -c`` here, a notebook's kernel),
+    whose session that would end: one line instead."""
+    script = tmp_path / "join.py"
+    script.write_text(
+        "import json, os, sys, types; from tfdp.cluster import managed; "
+        "config = types.SimpleNamespace(strategy=sys.argv[1], num_ps=1, num_gpus=1); "
+        "managed.join(config, sys.argv[2:], caller='tfdp.run'); "
+        "print(json.dumps([os.environ['TF_CONFIG'], os.environ.get('TFDP_RUN_STAMP')]))")
+
+    def join(*args, **env):
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                              text=True, env=child_env(**env), timeout=120)
+
     given = json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}})
-    done = subprocess.run([sys.executable, "-c", script, "manual"], capture_output=True,
-                          text=True, env=child_env(**_pod(0), TF_CONFIG=given), timeout=120)
+    done = join("manual", **_pod(0), TF_CONFIG=given)
     assert json.loads(done.stdout.splitlines()[-1]) == [given, None], done.stderr
-    done = subprocess.run([sys.executable, "-c", script, "multi_worker"], capture_output=True,
-                          text=True, env=child_env(**_pod(1, 2)), timeout=120)
+    done = join("multi_worker", **_pod(1, 2))
     config, stamp = json.loads(done.stdout.splitlines()[-1])
     assert json.loads(config)["task"] == {"type": "worker", "index": 1}
     assert stamp == "kubernetes-train"
-    done = subprocess.run([sys.executable, "-c", script, "manual", "--num_gpus=0", "--lr=1"],
-                          capture_output=True, text=True, env=child_env(**_pod(1, 2)),
-                          timeout=120)
+    done = join("manual", "--num_gpus=0", "--lr=1", **_pod(1, 2))
     assert done.stderr.splitlines()[-1] == ("tfdp.server: error: --num_gpus must be a positive "
                                             "integer, got 0"), done.stderr
+    done = subprocess.run([sys.executable, "-c", script.read_text(), "manual"],
+                          capture_output=True, text=True, env=child_env(**_pod(1, 2)), timeout=120)
+    assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(
+        "tfdp.errors.UserError: tfdp.run in Kubernetes task worker 0 of --strategy=manual, whose "
+        "tasks but the chief are tfdp.servers: an interactive session cannot become one"), (
+        done.stderr)
     assert tf_config.roles("manual", 2, 1) == [("chief", 0), ("worker", 0)]
     assert managed.described("manual", 1, {}) is None
+
+
+def _gpus_of(tasks, strategy="multi_worker", num_gpus=1, **env):
+    """What each task of a Slurm step of ``tasks`` ("2,1": per node) sets for its GPUs."""
+    kinds = tf_config.roles(strategy, sum(map(int, tasks.split(","))), 1)
+    hosts = [f"node{n}:2000" for n, count in enumerate(tasks.split(",")) for _ in range(int(count))]
+    cluster = tf_config.cluster_of(hosts, kinds)
+    return [task_gpus.assign(env, kind, task_gpus.node_workers(cluster, kind, index), num_gpus)
+            for kind, index in kinds]
+
+
+def test_each_task_takes_its_gpus_by_its_rank_among_the_node_workers_and_the_client_none():
+    """The environments Slurm gives (no GPU here: docs/clusters.md says what is not checked):
+    --gres=gpu:4 with 4 tasks a node (every task sees all 4), --gpus-per-task=1 (each sees its
+    own, renumbered 0), and the from-scratch client, which holds no replica."""
+    shared = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    taken = [g["CUDA_VISIBLE_DEVICES"] for g in _gpus_of("4,4", **shared)]
+    assert taken == ["0", "1", "2", "3"] * 2
+    assert [g["CUDA_VISIBLE_DEVICES"] for g in _gpus_of("2", num_gpus=2, **shared)] == ["0,1",
+                                                                                       "2,3"]
+    own = _gpus_of("4", CUDA_VISIBLE_DEVICES="0")
+    assert own == [{"TF_FORCE_GPU_ALLOW_GROWTH": "true"}] * 4  # Slurm bound them: kept.
+    # Slurm lists the GPUs but leaves CUDA_VISIBLE_DEVICES to the tasks.
+    assert [g["CUDA_VISIBLE_DEVICES"] for g in _gpus_of("2", SLURM_STEP_GPUS="4,5")] == ["4", "5"]
+    # A client and a server on node0, a server on node1, a GPU each: the client takes none.
+    manual = _gpus_of("2,1", "manual", CUDA_VISIBLE_DEVICES="0,1")
+    assert [g["CUDA_VISIBLE_DEVICES"] for g in manual] == ["", "0", "0"]
+    ps = _gpus_of("2,2", "parameter_server", CUDA_VISIBLE_DEVICES="0,1")  # chief, 2 workers, ps
+    assert [g["CUDA_VISIBLE_DEVICES"] for g in ps] == ["", "0", "0", ""]
+    assert _gpus_of("1", TF_FORCE_GPU_ALLOW_GROWTH="false", CUDA_VISIBLE_DEVICES="") == [{}]
+    with pytest.raises(UserError, match=r"^this node's workers share 3 GPU\(s\) \(0, 1, 2\), and "
+                                        r"worker 2 of the node needs --num_gpus=2 more: give each "
+                                        r"task its own \(srun --gpus-per-task\)"):
+        _gpus_of("2", num_gpus=2, CUDA_VISIBLE_DEVICES="0,1,2")
+
+
+def test_multi_worker_trains_on_the_gpus_num_gpus_says(monkeypatch):
+    """MultiWorkerMirroredStrategy takes every GPU TensorFlow lists: the ones past --num_gpus
+    are hidden first (TensorFlow's device list as a 4-GPU machine gives it)."""
+    import tensorflow as tf
+
+    from tfdp import devices
+
+    listed = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(4)]
+    hidden = []
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: listed if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "set_visible_devices",
+                        lambda chosen, kind=None: hidden.append((chosen, kind)))
+    assert devices.use_gpus(2) == listed[:2] and hidden == [(listed[:2], "GPU")]
+    hidden.clear()
+    assert devices.use_gpus(4) == listed and not hidden

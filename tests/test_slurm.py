@@ -34,7 +34,8 @@ def slurm(tmp_path_factory):
     yield cluster
     cluster.stop()
     # Nothing the cluster ran is left: no daemon, step or task in any of its namespaces.
-    assert not [n for n in cluster.hosts.names if os.path.exists(f"/run/netns/{n}")]
+    assert not [n for n in cluster.hosts.names if os.path.exists(f"/run/netns/{n}")
+                or os.path.exists(f"/etc/netns/{n}")]
 
 
 def _env():
@@ -55,22 +56,34 @@ def test_srun_trains_the_model_two_local_processes_train(slurm, tmp_path, data_d
                                                          strategy, tasks):
     """Float64: the same model to rounding, whether the two workers are Slurm tasks on two
     nodes (``srun -N2``; the from-scratch path's client is a third task) or ``tfdp.launch``'s
-    local processes. Parameter servers (a client, 2 workers and ``--num_ps=1``: asynchronous,
-    so no model to compare) train and export."""
+    local processes. The from-scratch path runs as a user's script of ``tfdp.run`` (``srun
+    python script.py``): its chief returns, the other tasks become servers. Parameter servers (a
+    client, 2 workers and ``--num_ps=1``: asynchronous, so no model to compare) train and
+    export."""
     flags = [f"--strategy={strategy}", f"--data_dir={data_dir}", "--precision=float64",
              "--epochs=1", "--steps_per_epoch=4", "--eval_steps=1", "--batch_size=64"]
     if strategy == "parameter_server":
         flags = flags[:2] + flags[3:] + ["--num_ps=1"]
-    done = slurm.run("srun", "-N2", f"-n{tasks}", "--kill-on-bad-exit=1", *TRAIN, *flags,
-                     f"--workdir={tmp_path / 'slurm'}", f"--export_dir={tmp_path / 'exported'}",
+    places = [f"--workdir={tmp_path / 'slurm'}", f"--export_dir={tmp_path / 'exported'}"]
+    command = [*TRAIN, *flags, *places]
+    if strategy == "manual":
+        script = tmp_path / "train_script.py"
+        given = (flag[2:].split("=", 1) for flag in flags + places)
+        script.write_text("import tfdp\n\nresult = tfdp.run(" + ", ".join(
+            f"{name}={int(value) if value.isdigit() else value!r}" for name, value in given)
+            + ")\nprint('tfdp.run returned', result.export_path, flush=True)\n")
+        command = [sys.executable, str(script)]
+    done = slurm.run("srun", "-N2", f"-n{tasks}", "--kill-on-bad-exit=1", *command,
                      env=_env(), cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:] + slurm.logs()
-    nodes = {slurm.hosts.address(1), slurm.hosts.address(2)}
     derived = re.findall(r"Slurm: (\w+) (\d+) of (\{.*\})$", done.stderr, re.M)
+    # Each node by its name, resolved on the nodes (slurm_cluster names them so): no scontrol.
     assert len(derived) == tasks and {a.rsplit(":", 1)[0] for a in re.findall(
-        r'"([\d.]+:\d+)"', derived[0][2])} == nodes, done.stderr[-3000:]
+        r'"([\w.]+:\d+)"', derived[0][2])} == {"node1", "node2"}, done.stderr[-3000:]
     assert os.listdir(tmp_path / "exported") == ["1"]  # The chief exported, once.
     assert [kind for kind, _, _ in derived].count("chief") == (strategy != "multi_worker")
+    if strategy == "manual":  # The chief returned; the servers never came back to the script.
+        assert done.stdout.count("tfdp.run returned") == 1, done.stdout
     if strategy == "parameter_server":
         assert sorted(json.loads(derived[0][2])) == ["chief", "ps", "worker"]
         return
@@ -79,6 +92,17 @@ def test_srun_trains_the_model_two_local_processes_train(slurm, tmp_path, data_d
     images = test_split.images[:200]
     np.testing.assert_allclose(_logits(tmp_path / "exported" / "1", images),
                                _logits(tmp_path / "export" / "1", images), rtol=0, atol=1e-5)
+
+
+def test_the_node_list_expands_as_scontrol_writes_it_out(slurm):
+    """Every task expands its step's node list itself: as ``scontrol show hostnames`` does."""
+    from tfdp.cluster import slurm_nodes
+
+    for nodelist in ("node[1-2]", "node[1-3,07-09],solo", "rack[1-2]-n[01-02]", "a[8-11]",
+                     "n[1-2],n[2-3]", "c[1,3-4]d[5]", "gpu-a100-[001-003]"):
+        listed = slurm.run("scontrol", "show", "hostnames", nodelist)
+        assert listed.returncode == 0, listed.stderr
+        assert slurm_nodes.expand(nodelist) == listed.stdout.split(), nodelist
 
 
 def batch_script(train_flags: str) -> str:

@@ -11,11 +11,18 @@ Logical devices are fixed when TensorFlow starts, once per process: a later run 
 process may use as many devices as the first configured, or fewer. To train on 1 and then 2
 devices in one notebook, call ``tfdp.configure_devices(2)`` first (or run the larger one
 first); otherwise a run that needs more raises and says to restart the kernel.
+
+In a Slurm step (``srun python script.py``) or a Kubernetes Indexed Job's pod, ``run`` joins
+the cluster as ``python -m tfdp.train`` does (docs/clusters.md): every ``multi_worker`` task
+trains and returns; on the from-scratch and parameter-server paths the chief returns, and the
+other tasks become ``tfdp.server`` (the script goes no further there), which an interactive
+session (a notebook, a shell) cannot: refused in one line.
 """
 
 import dataclasses
 
 from tfdp import logs, model_spec
+from tfdp.cluster import managed
 from tfdp.config import Config
 from tfdp.errors import UserError
 
@@ -36,6 +43,8 @@ def run(**flags):
         flags["dataset"] = datasets.from_arrays(flags["dataset"], flags.get("data_dir"))
     config = Config(**flags)
     logs.configure(config.verbose)
+    # In a task of Slurm or Kubernetes: the cluster joined as tfdp.train joins it.
+    managed.join(config, [f"--{k}={v}" for k, v in flags.items()], caller="tfdp.run")
     logs.import_tensorflow()
     from tfdp import training_run
 

@@ -53,6 +53,17 @@ def configure_devices(num_devices: int) -> list:
     return logical[:num_devices]
 
 
+def use_gpus(num_gpus: int) -> list:
+    """Hide the GPUs past the first ``num_gpus`` from TensorFlow, before its runtime starts:
+    a strategy that takes every visible GPU (``MultiWorkerMirroredStrategy``) then takes what
+    ``--num_gpus`` says. Returns the GPUs used."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) > num_gpus:
+        tf.config.set_visible_devices(gpus[:num_gpus], "GPU")
+        logger.info("%d GPUs visible: training on the first %d (--num_gpus)", len(gpus), num_gpus)
+    return gpus[:num_gpus]
+
+
 def share_cores(num_devices: int) -> None:
     """Give each of k logical CPU devices its own share of the cores.
 

@@ -31,7 +31,7 @@ def train_from_flags(flag_values, args: list) -> None:
             config = flags.config_from_flags(flag_values)
             logs.configure(config.verbose)
             # Under Slurm or Kubernetes: TF_CONFIG from the manager; a server task leaves here.
-            managed.join(config.strategy, config.num_ps, args)
+            managed.join(config, args)
             logs.import_tensorflow()
             with preemption.exit_on_second_ctrl_c("tfdp.train"):
                 from tfdp import training_run  # TensorFlow, after logs hid its start-up.

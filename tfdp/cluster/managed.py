@@ -13,11 +13,19 @@ import json
 import os
 import sys
 
-from tfdp.cluster import kubernetes, slurm, tf_config
+from tfdp.cluster import kubernetes, slurm, task_gpus, tf_config
 from tfdp.config import RUN_STAMP_ENV
 from tfdp import path_registry
+from tfdp.errors import UserError
 from tfdp.launcher.local_cluster import server_flags
 from tfdp.logs import logger
+
+
+def interactive() -> bool:
+    """Whether this process is an interactive session (a Jupyter kernel, ``python -i``, a shell,
+    ``python -c``): one with no script file of its own."""
+    main = sys.modules.get("__main__")
+    return hasattr(sys, "ps1") or sys.flags.interactive or not getattr(main, "__file__", None)
 
 
 def described(strategy: str, num_ps: int, environ=None):
@@ -29,12 +37,15 @@ def described(strategy: str, num_ps: int, environ=None):
     return None
 
 
-def join(strategy: str, num_ps: int, train_args: list) -> None:
-    """Set this process's ``TF_CONFIG`` from its cluster manager, if it has one; a server task
-    becomes ``tfdp.server`` with the train flags it shares (``train_args``)."""
+def join(config, train_args: list, caller: str = "tfdp.train") -> None:
+    """Set this process's ``TF_CONFIG`` from its cluster manager, if it has one, and its GPUs
+    (``tfdp.cluster.task_gpus``); a server task becomes ``tfdp.server`` with the train flags it
+    shares (``train_args``), where this process may: not an interactive one (a Jupyter kernel, a
+    shell), whose session would end."""
     if os.environ.get(tf_config.ENV):
         return
-    found = described(strategy, num_ps)
+    strategy = config.strategy
+    found = described(strategy, config.num_ps)
     if not found:
         forgotten = slurm.outside_steps()
         if forgotten:
@@ -45,7 +56,19 @@ def join(strategy: str, num_ps: int, train_args: list) -> None:
                                             "task": {"type": kind, "index": index}})
     os.environ.setdefault(RUN_STAMP_ENV, f"{manager.lower()}-{job}")
     logger.info("%s: %s %d of %s", manager, kind, index, json.dumps(cluster))
+    listed = task_gpus.visible_gpus(os.environ)
+    visible = task_gpus.apply(cluster, kind, index, config.num_gpus).get(task_gpus.VISIBLE)
+    if listed and visible is not None:
+        logger.info("%s: %s %d %s", manager, kind, index,
+                    f"on GPU(s) {visible}" if visible else "off the GPUs (it holds no replica)")
     if path_registry.get(strategy).cluster == path_registry.CLIENT and kind != "chief":
+        if interactive():
+            raise UserError(
+                f"{caller} in {manager} task {kind} {index} of --strategy={strategy}, whose "
+                "tasks but the chief are tfdp.servers: an interactive session cannot become "
+                "one; run a script (python script.py in every task) or --strategy=multi_worker")
+        logger.info("%s: %s %d becomes tfdp.server", manager, kind, index)
         sys.stdout.flush()
+        sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, "-m", "tfdp.server",
                                   *server_flags(train_args)])

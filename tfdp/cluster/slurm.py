@@ -6,9 +6,9 @@ rank on its node), ``SLURM_STEP_NODELIST`` and ``SLURM_STEP_TASKS_PER_NODE`` (``
 From those, as TensorFlow's own ``SlurmClusterResolver`` reads them, every task computes the
 same list of task addresses:
 
-* nodes: the node list expanded by ``scontrol show hostnames``, each node's address its
-  ``NodeAddr`` (``scontrol show node``: the address Slurm itself reaches the node at, which
-  resolves wherever ``slurmd`` does);
+* nodes: the node list expanded by each task itself (``tfdp.cluster.slurm_nodes``: Slurm's
+  controller is never asked), each node reached by its name resolved where the job runs, or on
+  the network the user names (``TFDP_NODE_HOST``, ``TFDP_NETWORK``);
 * tasks on nodes: Slurm's default block distribution (tasks 0..k-1 on the first node, ...), or
   cyclic under ``--distribution=cyclic``;
 * ports: ``TFDP_PORT`` (then each task's is it plus the task's rank on its node), else the
@@ -23,7 +23,7 @@ Placement is checked, not only computed: each task's node and rank on it, as tfd
 distribution, must be the ``SLURM_NODEID`` and ``SLURM_LOCALID`` Slurm gave it, else one line
 (a wrong address would hang until ``--collective_timeout``).
 
-Every variable read is checked before Slurm's controller is asked or anything waits on it
+Every variable read is checked before anything waits on it
 (``tfdp.cluster.env_values``): one line names a variable missing, malformed or out of range.
 
 Who is who (``tf_config.roles``): task 0 is the chief; under ``multi_worker`` every task is a
@@ -37,11 +37,10 @@ stopped.
 import hashlib
 import os
 import re
-import subprocess
 from typing import Optional
 
 from tfdp import path_registry
-from tfdp.cluster import env_values, tf_config
+from tfdp.cluster import env_values, slurm_nodes, tf_config
 from tfdp.errors import UserError
 
 # Ports derived when neither TFDP_PORT nor Slurm gives them: within PORTS, below Linux's
@@ -101,28 +100,14 @@ def task_nodes(counts: list, distribution: str = "block") -> list:
                     "block or cyclic task distribution; give srun --distribution=block")
 
 
-def scontrol(*args: str) -> str:
-    try:
-        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise UserError("a Slurm job step, but no scontrol command to read its nodes: run "
-                        "where Slurm's client commands are on PATH") from None
-    if done.returncode != 0:
-        raise UserError(f"scontrol {' '.join(args)} failed: {done.stderr.strip()}")
-    return done.stdout
-
-
-def node_addresses(nodelist: str) -> list:
-    """Each node of ``nodelist`` (Slurm's compressed form), by the address Slurm reaches it."""
-    names = scontrol("show", "hostnames", nodelist).split()
-    addresses = dict(re.findall(r"NodeName=(\S+).*?NodeAddr=(\S+)",
-                                scontrol("-o", "show", "node", ",".join(names))))
-    return [addresses.get(name, name) for name in names]
+def node_hosts(environ) -> list:
+    """The host of each node of the step, in Slurm's order (``tfdp.cluster.slurm_nodes``)."""
+    return slurm_nodes.hosts(slurm_nodes.expand(environ["SLURM_STEP_NODELIST"]), environ)
 
 
 def task_addresses(environ, tasks: int, rank: int = None) -> list:
     """``host:port`` of every task of the step of ``tasks`` tasks, in rank order (the same list
-    on every task). Slurm's variables are checked before its controller is asked; task
+    on every task). Slurm's variables are checked before a name is resolved; task
     ``rank``'s placement against Slurm's own, where given."""
     counts = expand_counts(environ["SLURM_STEP_TASKS_PER_NODE"])
     if sum(counts) != tasks:
@@ -132,7 +117,7 @@ def task_addresses(environ, tasks: int, rank: int = None) -> list:
     if rank is not None:
         check_placement(environ, placed, rank)
     ports = step_ports(environ, max(counts))
-    nodes = node_addresses(environ["SLURM_STEP_NODELIST"])
+    nodes = node_hosts(environ)
     if len(nodes) != len(counts):
         raise UserError(f"SLURM_STEP_NODELIST names {len(nodes)} node(s), "
                         f"SLURM_STEP_TASKS_PER_NODE {len(counts)}")

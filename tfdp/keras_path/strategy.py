@@ -75,7 +75,7 @@ KEYS_PER_STRATEGY = 100000
 
 def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
     task = tf_config.task()
-    if not tf.config.list_physical_devices("GPU") and num_gpus != 1:
+    if not devices.use_gpus(num_gpus) and num_gpus != 1:
         raise UserError(f"--num_gpus={num_gpus} with --strategy=multi_worker on a machine "
                         "without GPUs: MultiWorkerMirroredStrategy runs one replica per CPU "
                         "worker; use --num_gpus=1 and more workers")
