@@ -1,8 +1,9 @@
 """tfdp under a real Slurm (``slurm_cluster``: Debian's slurmctld, a slurmd per emulated host,
 munge): ``srun`` with no hand-written ``TF_CONFIG`` trains the model two local processes train,
 on ``multi_worker`` and on the from-scratch path; under docs/clusters.md's batch script,
-``scancel --signal=TERM`` mid-epoch saves, the job requeues itself and resumes mid-epoch; a
-node lost with its task ends the job in one line."""
+``scancel --signal=TERM`` mid-epoch saves, the job requeues itself and resumes mid-epoch, and
+stops requeueing after ``max_requeues``; a node lost with its task ends the job in one line;
+node lists expand as ``scontrol`` writes them; ``tfdp.run`` in a script joins the step."""
 
 import json
 import os
@@ -173,9 +174,7 @@ def test_scancel_term_mid_epoch_saves_and_the_requeued_job_resumes_mid_epoch(slu
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip()
     output = tmp_path / "job.out"
-    # The run folder is named by the job: the requeued job's is the same.
-    folder = slurm.wait_for(lambda: next(iter((tmp_path / "runs").glob(f"*-slurm-{job}")), None)
-                            if (tmp_path / "runs").exists() else None, 120, "the run folder")
+    folder = tmp_path / "runs" / "tfdp"  # The script's --workdir: the requeued job's too.
     slurm.wait_for(lambda: output.exists() and "epoch 1/2: loss" in output.read_text(), 180,
                    "the first epoch's line in job.out")
     time.sleep(0.5 + np.random.default_rng().random())  # Somewhere in epoch 2's 120 steps.
@@ -202,6 +201,28 @@ def test_scancel_term_mid_epoch_saves_and_the_requeued_job_resumes_mid_epoch(slu
     assert [e["epoch"] for e in epochs] == [1, 2]
     assert text.count("exported ") == 1 and os.listdir(tmp_path / "saved_models" / "lenet") == [
         "1"], text[-3000:]
+
+
+def test_the_batch_script_requeues_at_most_max_requeues_times(slurm, tmp_path):
+    """docs/clusters.md's script around a step that is preempted every time (its tasks exit 75
+    at once): requeued while SLURM_RESTART_COUNT is under max_requeues (1 here), then it ends,
+    saying why and how to go on."""
+    script = batch_script("").replace("max_requeues=3", "max_requeues=1")
+    line = re.search(r"^srun .*$", script, re.M)[0]
+    (tmp_path / "preempted.sbatch").write_text(script.replace(line, "srun bash -c 'exit 75'"))
+    submitted = slurm.run("sbatch", "--parsable", f"--chdir={tmp_path}",
+                          f"--output={tmp_path}/job.out", str(tmp_path / "preempted.sbatch"),
+                          env=_env())
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    output = tmp_path / "job.out"
+    ended = slurm.wait_for(lambda: slurm.job(job).get("JobState") in ("FAILED", "COMPLETED")
+                           and slurm.job(job), 120, "the job to end")
+    text = output.read_text()
+    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("FAILED", "75:0", "1"), (
+        ended, text)
+    assert text.count("tfdp job: preempted after 1 requeue(s), max_requeues=1: not requeued; "
+                      "its state is saved: sbatch this script again to go on") == 1, text
 
 
 def test_a_node_lost_with_its_task_ends_the_job_in_one_line(slurm, tmp_path, data_dir):
