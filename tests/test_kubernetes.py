@@ -1,8 +1,10 @@
-"""tfdp on Kubernetes, with no cluster here: docs/kubernetes/tfdp-job.yaml checked against
-Kubernetes' own object schema (the ``kubernetes`` client's models: every field known and of its
-type), and two pods run as a Kubernetes Indexed Job runs them: each on an emulated host of its
-own, with a pod's environment and hostnames (``<job>-<index>.<service>`` resolving there),
-preempted by SIGTERM within the manifest's grace period, replaced, resumed."""
+"""tfdp on Kubernetes, with no cluster here: docs/kubernetes/'s manifests checked against
+Kubernetes' own object schemas (the ``kubernetes`` client's models: every field known and of its
+type) and JobSet's (its CRD's schema, vendored in tests/schemas), and two pods of the JobSet run
+as its controller runs them: each on an emulated host of its own, with a pod's environment and
+hostnames (``<jobset>-<job>-0-<index>.<service>`` resolving there); one pod killed hard, then
+the group restarted; one preempted by SIGTERM within the grace period, then the group restarted;
+each time resumed from the backup, the model exported once."""
 
 import copy
 import json
@@ -21,40 +23,73 @@ from conftest import REPO
 from processes import child_env
 from tfdp.errors import PREEMPTED_EXIT_CODE
 
-MANIFEST = os.path.join(REPO, "docs", "kubernetes", "tfdp-job.yaml")
+FOLDER = os.path.join(REPO, "docs", "kubernetes")
+JOBSET_SCHEMA = os.path.join(REPO, "tests", "schemas", "jobset-v1alpha2.json")
 
 
-def _objects():
-    with open(MANIFEST) as f:
+def _objects(name: str) -> dict:
+    with open(os.path.join(FOLDER, name)) as f:
         return {o["kind"]: o for o in yaml.safe_load_all(f)}
 
 
-def _round_trip(obj: dict) -> dict:
+def _round_trip(obj: dict, kind: str = None) -> dict:
     """``obj`` read into the Kubernetes client's model of its kind and written back: unknown
     fields are dropped, wrong types and missing required fields raise."""
     from kubernetes import client
 
     api = client.ApiClient()
-    model = api.deserialize(json.dumps(obj), f"V1{obj['kind']}", "application/json")
+    model = api.deserialize(json.dumps(obj), f"V1{kind or obj['kind']}", "application/json")
     return api.sanitize_for_serialization(model)
 
 
-def test_the_manifest_is_kubernetes_objects_and_agrees_with_itself():
-    objects = _objects()
-    for obj in objects.values():
+def _jobset_checked(jobset: dict) -> dict:
+    """``jobset`` as the API server keeps it: validated against JobSet's schema (types, enums,
+    required fields), fields the schema does not know dropped (as the server prunes them), and
+    each replicated job's template through the client's JobTemplateSpec."""
+    import jsonschema
+
+    with open(JOBSET_SCHEMA) as f:
+        schema = json.load(f)
+    jsonschema.validate(jobset, schema)
+
+    def known(value, node):
+        if isinstance(value, dict) and "properties" in node:
+            return {k: known(v, node["properties"][k]) for k, v in value.items()
+                    if k in node["properties"]}
+        if isinstance(value, list) and "items" in node:
+            return [known(v, node["items"]) for v in value]
+        return value
+    kept = known({k: v for k, v in jobset.items() if k not in ("apiVersion", "kind",
+                                                                 "metadata")}, schema)
+    for job in kept.get("spec", {}).get("replicatedJobs", []):
+        job["template"] = _round_trip(job["template"], "JobTemplateSpec")
+    return {**{k: jobset[k] for k in ("apiVersion", "kind", "metadata")}, **kept}
+
+
+def _pod_env(pod_spec: dict) -> dict:
+    return {e["name"]: e["value"] for e in pod_spec["containers"][0]["env"]}
+
+
+def test_the_manifests_are_kubernetes_objects_and_agree_with_themselves():
+    job_file, runs = _objects("tfdp-job.yaml"), _objects("tfdp-runs.yaml")
+    for obj in [*job_file.values(), *runs.values()]:
         assert _round_trip(obj) == obj, obj["kind"]
-    job, service = objects["Job"], objects["Service"]
+    claim = runs["PersistentVolumeClaim"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # Every pod, on any node.
+    job, service = job_file["Job"], job_file["Service"]
     pod = job["spec"]["template"]["spec"]
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = _pod_env(pod)
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == int(env["TFDP_NUM_TASKS"])
     assert service["metadata"]["name"] == pod["subdomain"] == env["TFDP_SERVICE"]
     assert service["spec"]["clusterIP"] == "None"  # Headless: a name per pod.
+    assert service["spec"]["publishNotReadyAddresses"] is True  # Named before it is ready.
     assert service["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
     assert pod["containers"][0]["ports"][0]["containerPort"] == int(env.get("TFDP_PORT", 2222))
     codes = [r["onExitCodes"]["values"] for r in job["spec"]["podFailurePolicy"]["rules"]
              if "onExitCodes" in r]
     assert codes == [[PREEMPTED_EXIT_CODE]]
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     # The check can fail: a misspelt field, or a wrong type.
     misspelt = copy.deepcopy(job)
     misspelt["spec"]["template"]["spec"]["subdomian"] = pod["subdomain"]
@@ -65,63 +100,146 @@ def test_the_manifest_is_kubernetes_objects_and_agrees_with_itself():
         _round_trip(wrong)
 
 
+def test_the_jobset_restarts_the_whole_group_and_agrees_with_itself():
+    import jsonschema
+
+    jobset = _objects("tfdp-jobset.yaml")["JobSet"]
+    assert _jobset_checked(jobset) == jobset
+    spec = jobset["spec"]
+    [workers] = spec["replicatedJobs"]
+    job = workers["template"]["spec"]
+    pod = job["template"]["spec"]
+    env = _pod_env(pod)
+    assert workers["replicas"] == 1 and job["completionMode"] == "Indexed"
+    assert job["completions"] == job["parallelism"] == int(env["TFDP_NUM_TASKS"])
+    # JobSet's headless Service and the pods' subdomain are named after the JobSet.
+    assert env["TFDP_SERVICE"] == jobset["metadata"]["name"] and "subdomain" not in spec["network"]
+    assert spec["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
+    # One pod's failure fails the Job, which restarts every pod; a preemption's does uncounted.
+    assert job["backoffLimit"] == 0 and spec["failurePolicy"]["maxRestarts"] >= 1
+    preempted = [r for r in job["podFailurePolicy"]["rules"] if "onExitCodes" in r]
+    assert preempted == [{"action": "FailJob", "onExitCodes": {
+        "operator": "In", "values": [PREEMPTED_EXIT_CODE]}}]
+    assert [{k: v for k, v in r.items() if k != "name"} for r in spec["failurePolicy"]["rules"]
+            ] == [{"action": "RestartJobSetAndIgnoreMaxRestarts",
+                   "onJobFailureReasons": ["PodFailurePolicy"]}]
+    claim = _objects("tfdp-runs.yaml")["PersistentVolumeClaim"]
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    # The checks can fail: a misspelt field of JobSet's or of the Job's, a value JobSet refuses.
+    for path in (("spec", "network", "enableDNSHostname"),
+                 ("spec", "replicatedJobs", 0, "template", "spec", "completionz")):
+        misspelt = copy.deepcopy(jobset)
+        node = misspelt
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = True
+        assert _jobset_checked(misspelt) != misspelt, path
+    wrong = copy.deepcopy(jobset)
+    wrong["spec"]["failurePolicy"]["rules"][0]["action"] = "RestartEverything"
+    with pytest.raises(jsonschema.ValidationError, match="RestartEverything"):
+        _jobset_checked(wrong)
+
+
 @pytest.mark.cluster
 @pytest.mark.root("network namespaces: a pod's address and hostnames")
-def test_two_pods_derive_their_cluster_train_and_a_sigterm_saves_within_the_grace_period(
+def test_the_jobsets_pods_restart_as_a_group_after_a_crash_and_a_preemption_and_resume(
         tmp_path, data_dir):
+    """JobSet's controller, emulated: one pod killed hard (out of memory, its node lost) fails
+    the Job, and JobSet deletes the other (SIGTERM, the grace period) and starts both again;
+    later one pod deleted (a preemption: both save one common step and exit 75 within the grace
+    period) and both started again. Each group resumes from the backup; pod 0 exports once."""
     from tfdp.launcher import emulated_hosts
 
-    job = _objects()["Job"]
-    name, pod = job["metadata"]["name"], job["spec"]["template"]["spec"]
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
-    count, service = int(env["TFDP_NUM_TASKS"]), env["TFDP_SERVICE"]
+    jobset = _objects("tfdp-jobset.yaml")["JobSet"]
+    [workers] = jobset["spec"]["replicatedJobs"]
+    pod = workers["template"]["spec"]["template"]["spec"]
+    env = _pod_env(pod)
+    count, service, grace = (int(env["TFDP_NUM_TASKS"]), env["TFDP_SERVICE"],
+                             pod["terminationGracePeriodSeconds"])
+    job = f"{jobset['metadata']['name']}-{workers['name']}-0"  # JobSet's name for its Job.
     hosts = emulated_hosts.Hosts(count)
     hosts.create()
     etc = [f"/etc/netns/{n}" for n in hosts.names]
     try:
         # What the cluster's DNS answers in a pod, as `ip netns exec` shows each namespace its
         # own /etc/hosts.
-        names = "".join(f"{hosts.address(i)} {name}-{i}.{service} {name}-{i}\n"
+        names = "".join(f"{hosts.address(i)} {job}-{i}.{service} {job}-{i}\n"
                         for i in range(count))
         for folder in etc:
             os.makedirs(folder)
             with open(f"{folder}/hosts", "w") as f:
                 f.write("127.0.0.1 localhost\n" + names)
-        args = ["--strategy=multi_worker", f"--data_dir={data_dir}", "--epochs=2",
+        # A pod whose peer crashed waits inside a collective for --collective_timeout, then
+        # ends with the lost-contact line (a SIGTERM meanwhile is read only after it): 20 s
+        # here, well within the grace period.
+        args = ["--strategy=multi_worker", f"--data_dir={data_dir}", "--epochs=3",
                 "--steps_per_epoch=100", "--batch_size=64", "--eval_steps=1",
-                f"--workdir={tmp_path / 'runs'}", f"--export_dir={tmp_path / 'saved'}"]
+                "--collective_timeout=20", f"--workdir={tmp_path / 'runs'}",
+                f"--export_dir={tmp_path / 'saved'}"]
+        backups = tmp_path / "runs" / "backup" / "worker-0"  # step-<n>.npz each epoch
 
-        def start_pods():
+        def start_group():
             return [subprocess.Popen(
                 ["ip", "netns", "exec", hosts.names[i], sys.executable, "-m", "tfdp.train",
-                 *args], env=child_env(JOB_COMPLETION_INDEX=str(i), HOSTNAME=f"{name}-{i}",
+                 *args], env=child_env(JOB_COMPLETION_INDEX=str(i), HOSTNAME=f"{job}-{i}",
                                        **env),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
                 for i in range(count)]
 
-        pods = start_pods()
-        backups = tmp_path / "runs" / "backup"
-        deadline = time.time() + 180
-        while not (backups.exists() and os.listdir(backups)) and time.time() < deadline:
-            assert all(p.poll() is None for p in pods), pods[0].communicate()[1][-3000:]
-            time.sleep(0.1)
-        pods[1].send_signal(signal.SIGTERM)  # One pod deleted, as Kubernetes deletes it.
-        sent = time.time()
-        ended = [p.communicate(timeout=pod["terminationGracePeriodSeconds"]) for p in pods]
-        saved = time.time() - sent
-        for p, (out, err) in zip(pods, ended):
-            assert p.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
-        print(f"both pods saved and exited {PREEMPTED_EXIT_CODE} {saved:.1f} s after SIGTERM "
-              f"(grace period {pod['terminationGracePeriodSeconds']} s)")
-        derived = re.search(r"Kubernetes: worker 0 of (\{.*\})$", ended[0][1], re.M)
-        assert derived, ended[0][1][-3000:]
-        assert json.loads(derived[1]) == {"worker": [f"{name}-{i}.{service}:2222"
+        def kept():
+            return set(os.listdir(backups)) if backups.exists() else set()
+
+        def a_new_backup(pods, than=()):
+            """Wait for an epoch's backup the group ``pods`` wrote: one not among ``than``."""
+            deadline = time.time() + 180
+            while time.time() < deadline:
+                assert all(p.poll() is None for p in pods), pods[0].communicate()[1][-3000:]
+                if kept() - set(than):
+                    return
+                time.sleep(0.05)
+            raise AssertionError("no new backup within 180 s")
+
+        def ended(pods, within):
+            """Each pod's output once it exits; past ``within`` seconds, SIGKILL (as Kubernetes
+            at the grace period's end) and fail."""
+            try:
+                return [p.communicate(timeout=within) for p in pods]
+            except subprocess.TimeoutExpired:
+                for p in pods:
+                    p.kill()
+                raise AssertionError(f"a pod outlived {within} s: "
+                                     + pods[0].communicate()[1][-3000:]) from None
+
+        pods = start_group()
+        a_new_backup(pods)
+        pods[1].kill()  # A hard crash: the Job fails; JobSet deletes the group's other pods.
+        pods[0].send_signal(signal.SIGTERM)
+        crashed = ended(pods, grace)
+        assert pods[1].returncode == -signal.SIGKILL and "Traceback" not in crashed[0][1], (
+            crashed[0][1][-3000:])
+        assert re.search(r"^tfdp\.train: error: lost contact with the cluster .*: unreachable "
+                         rf"now: worker 1 \({job}-1\.{service}:2222\); the backup of step \d+ "
+                         "is kept", crashed[0][1], re.M), crashed[0][1][-3000:]
+        derived = re.search(r"Kubernetes: worker 0 of (\{.*\})$", crashed[0][1], re.M)
+        assert derived, crashed[0][1][-3000:]
+        assert json.loads(derived[1]) == {"worker": [f"{job}-{i}.{service}:2222"
                                                      for i in range(count)]}
-        # The Job replaces the pods: the same commands resume and finish; pod 0 exports once.
-        pods = start_pods()
-        ended = [p.communicate(timeout=300) for p in pods]
-        assert [p.returncode for p in pods] == [0, 0], ended[0][1][-3000:]
-        assert "resuming at epoch" in ended[0][1] + ended[0][0]
+
+        before = kept()
+        pods = start_group()  # Restarted as a group: it resumes, then a pod is deleted.
+        a_new_backup(pods, before)
+        pods[1].send_signal(signal.SIGTERM)
+        sent = time.time()
+        preempted = ended(pods, grace)
+        print(f"both pods saved and exited {PREEMPTED_EXIT_CODE} {time.time() - sent:.1f} s "
+              f"after SIGTERM (grace period {grace} s)")
+        assert [p.returncode for p in pods] == [PREEMPTED_EXIT_CODE] * 2, preempted[0][1][-3000:]
+        assert "resuming at epoch" in "".join(preempted[0]), preempted[0][1][-3000:]
+
+        pods = start_group()  # Restarted, uncounted: it resumes and finishes.
+        finished = ended(pods, 300)
+        assert [p.returncode for p in pods] == [0, 0], finished[0][1][-3000:]
+        assert "resuming at epoch" in "".join(finished[0])
         assert os.listdir(tmp_path / "saved") == ["1"]
     finally:
         hosts.remove()

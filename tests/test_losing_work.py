@@ -128,6 +128,29 @@ def test_a_run_folder_belongs_to_one_run_at_a_time(tmp_path, data_dir):
         pass
 
 
+def test_a_run_folder_on_a_volume_without_locks_is_used_with_a_warning(tmp_path, monkeypatch):
+    """A shared volume whose flock fails (ENOLCK: NFS mounted nolock, some Kubernetes volumes)
+    trains as well, warning that nothing refuses a second run; any other error is one line."""
+    import errno
+
+    def no_locks(path, wait=True):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    warned = []
+    monkeypatch.setattr(run_folder, "locked", no_locks)
+    monkeypatch.setattr(run_folder.logger, "warning", lambda line, *args: warned.append(
+        line % args))
+    with run_folder.claim(str(tmp_path / "run")):
+        (tmp_path / "run" / "metrics.json").write_text("{}")
+    assert warned == [f"--workdir={tmp_path / 'run'} is on a file system without locks "
+                               "(No locks available): nothing refuses a second run given the "
+                               "same --workdir while this one runs"]
+    monkeypatch.setattr(run_folder, "locked", lambda path, wait=True: os.open("/", os.O_WRONLY))
+    with pytest.raises(UserError, match=r"is not writable \(Is a directory\)"):
+        with run_folder.claim(str(tmp_path / "other")):
+            pass
+
+
 def manual_config(tmp_path, data_dir, **overrides):
     settings = dict(num_gpus=2, epochs=3, steps_per_epoch=5, eval_steps=1, batch_size=64,
                     data_dir=data_dir, workdir=str(tmp_path / "run"),

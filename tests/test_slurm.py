@@ -106,6 +106,35 @@ def test_the_node_list_expands_as_scontrol_writes_it_out(slurm):
         assert slurm_nodes.expand(nodelist) == listed.stdout.split(), nodelist
 
 
+def test_a_port_taken_on_a_node_and_a_distribution_tfdp_cannot_read_are_one_line(slurm,
+                                                                                tmp_path):
+    """Under the real Slurm: a task whose port something on its node already holds stops with
+    the line naming it and the remedy; a step placed by ``--distribution=plane`` stops every
+    task with the line naming the distributions tfdp reads, before TensorFlow starts."""
+    port = 23456
+    holder = subprocess.Popen(
+        ["ip", "netns", "exec", slurm.hosts.names[1], sys.executable, "-c",
+         f"import socket, time; s = socket.socket(); s.bind(('', {port})); s.listen(); "
+         "print('held', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        taken = slurm.run("srun", "-N2", "-n2", "--kill-on-bad-exit=1", *TRAIN,
+                          "--strategy=multi_worker", env=dict(_env(), TFDP_PORT=str(port)),
+                          cwd=tmp_path, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert taken.returncode != 0
+    assert (f"tfdp.train: error: port {port} of Slurm task 0 (node1:{port}) is already in use "
+            "on this node: give the step other ports: TFDP_PORT=") in taken.stderr, taken.stderr
+    plane = slurm.run("srun", "-N2", "-n3", "--distribution=plane=2", *TRAIN,
+                      "--strategy=multi_worker", env=_env(), cwd=tmp_path, timeout=120)
+    lines = [line for line in plane.stderr.splitlines() if line.startswith("tfdp.train")]
+    assert plane.returncode == 1 and len(lines) == 3 and set(lines) == {
+        "tfdp.train: error: SLURM_DISTRIBUTION=plane: tfdp builds its cluster for Slurm's block "
+        "or cyclic task distribution; give srun --distribution=block"}, plane.stderr
+
+
 def batch_script(train_flags: str) -> str:
     """docs/clusters.md's batch script, as a user copies it: tfdp from this venv, and
     ``train_flags`` after the script's own (the last value of a flag wins)."""

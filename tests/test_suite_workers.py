@@ -4,6 +4,7 @@ silently (https://github.com/pytest-dev/pytest-xdist/issues/1386; setup.cfg boun
 below it): this runs the installed pytest and pytest-xdist on two groups and asks where each
 test ran."""
 
+import os
 import re
 import subprocess
 import sys
@@ -28,7 +29,9 @@ def test_each_xdist_group_runs_on_one_worker(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup",
                              "-v", "-p", "no:cacheprovider", f"--rootdir={tmp_path}",
                              str(tmp_path / "test_grouped.py")],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            # Only this run's options: not the suite's own (a plugin it loads).
+                            env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ran = re.findall(r"^\[(gw\d)\] .*PASSED .*::test_(first|second)\[\d\]", result.stdout, re.M)
     assert len(ran) == 8, result.stdout[-3000:]

@@ -9,6 +9,7 @@ refused in one line instead of colliding with the first or silently resuming fro
 
 import contextlib
 import dataclasses
+import errno
 import os
 import time
 
@@ -17,9 +18,12 @@ from tfdp.cluster import tf_config
 from tfdp.config import RUN_STAMP_ENV, Config
 from tfdp.errors import UserError
 from tfdp.files import locked, read_start, unlock
+from tfdp.logs import logger
 from tfdp import model_spec
 
 _HELD = {}  # path -> fd, for the claims of this process
+# What flock raises on a file system that keeps no locks.
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
 @contextlib.contextmanager
@@ -36,16 +40,25 @@ def claim(run_dir: str, worker_index: int = 0):
         raise UserError(f"--workdir={run_dir} is in use by another run (pid {holder}): wait for "
                         "it to end, or give this run its own --workdir") from None
     except OSError as e:
-        raise UserError(f"--workdir={run_dir} is not writable ({e.strerror or e}): give a "
-                        "--workdir you can write to") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _HELD[path] = fd
+        if e.errno not in NO_LOCKS:
+            raise UserError(f"--workdir={run_dir} is not writable ({e.strerror or e}): give a "
+                            "--workdir you can write to") from None
+        # A shared volume without file locks (NFS mounted nolock, some CSI drivers): the run
+        # trains as well; only a second run given this folder would not be refused.
+        logger.warning("--workdir=%s is on a file system without locks (%s): nothing refuses "
+                       "a second run given the same --workdir while this one runs", run_dir,
+                       e.strerror or e)
+        fd = None
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _HELD[path] = fd
     try:
         yield
     finally:
         _HELD.pop(path, None)
-        unlock(path, fd)
+        if fd is not None:
+            unlock(path, fd)
         if made:
             with contextlib.suppress(OSError):  # Not empty: the run wrote to it.
                 os.rmdir(run_dir)
