@@ -145,6 +145,8 @@ def test_a_job_run_outside_its_steps_says_it_trains_alone_in_one_line():
     assert slurm.outside_steps(job).startswith(
         "in Slurm job 7 (2 task(s) on node[1-2])'s salloc shell, not on its nodes: this process "
         "trains alone here, on the submitting host; run it on the job's tasks with srun")
+    assert slurm.outside_steps(batch, "python <your script>").endswith(  # tfdp.run's form.
+        "run it on the job's tasks with srun python <your script>")
     alone = {**batch, "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1"}
     assert slurm.outside_steps(alone) is None  # One process is what that job asked for.
     assert slurm.outside_steps({**batch, "SLURM_STEP_ID": "0", "SLURM_NTASKS": "1"}) is None

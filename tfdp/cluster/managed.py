@@ -47,7 +47,8 @@ def join(config, train_args: list, caller: str = "tfdp.train") -> None:
     strategy = config.strategy
     found = described(strategy, config.num_ps)
     if not found:
-        forgotten = slurm.outside_steps()
+        forgotten = slurm.outside_steps(command="python -m tfdp.train ..." if caller ==
+                                        "tfdp.train" else "python <your script>")
         if forgotten:
             logger.warning(forgotten)
         return

@@ -181,10 +181,11 @@ def _host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def outside_steps(environ=None) -> Optional[str]:
+def outside_steps(environ=None, command: str = "python -m tfdp.train ...") -> Optional[str]:
     """One line when this process runs in a Slurm job but in none of its job steps, where it
     would train alone without a word: an ``salloc`` shell (on the submitting host, not the
-    job's nodes) or a batch script of a job of several tasks or nodes. None otherwise."""
+    job's nodes) or a batch script of a job of several tasks or nodes; ``command`` is what to
+    run with srun. None otherwise."""
     env = os.environ if environ is None else environ
     job = env.get("SLURM_JOB_ID")
     if not job or env.get("SLURM_STEP_ID"):
@@ -194,12 +195,12 @@ def outside_steps(environ=None) -> Optional[str]:
     job_is = f"Slurm job {job} ({tasks} task(s) on {nodes})"
     if not env.get("SLURMD_NODENAME"):
         return (f"in {job_is}'s salloc shell, not on its nodes: this process trains alone here, "
-                "on the submitting host; run it on the job's tasks with srun python -m "
-                "tfdp.train ... (srun -n 1 for one process on one of its nodes)")
+                f"on the submitting host; run it on the job's tasks with srun {command} "
+                "(srun -n 1 for one process on one of its nodes)")
     if tasks.strip() not in ("", "1") or env.get("SLURM_JOB_NUM_NODES", "1") != "1":
         return (f"in {job_is}'s batch script, not in a step of its tasks: this process trains "
                 f"alone on {env['SLURMD_NODENAME']}; run it on the job's tasks with srun "
-                "python -m tfdp.train ...")
+                f"{command}")
     return None
 
 
