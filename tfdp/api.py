@@ -44,7 +44,8 @@ def run(**flags):
     config = Config(**flags)
     logs.configure(config.verbose)
     # In a task of Slurm or Kubernetes: the cluster joined as tfdp.train joins it.
-    managed.join(config, [f"--{k}={v}" for k, v in flags.items()], caller="tfdp.run")
+    managed.join(config, [f"--{k}={v}" for k, v in flags.items() if v is not None],
+                 caller="tfdp.run")
     logs.import_tensorflow()
     from tfdp import training_run
 
