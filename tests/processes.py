@@ -4,6 +4,7 @@ slowed then stopped by real signals, an emulated host's link cut."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,21 @@ import time
 import pytest
 
 from conftest import REPO
+
+
+def name_hosts(hosts, names: str) -> None:
+    """Every emulated host (``tfdp.launcher.emulated_hosts.Hosts``) resolves ``names`` (lines
+    of /etc/hosts) as a cluster's DNS would: ``ip netns exec`` puts /etc/netns/<namespace>/hosts
+    in place of /etc/hosts. ``unname_hosts`` removes them."""
+    for name in hosts.names:
+        os.makedirs(f"/etc/netns/{name}", exist_ok=True)
+        with open(f"/etc/netns/{name}/hosts", "w") as f:
+            f.write("127.0.0.1 localhost\n" + names)
+
+
+def unname_hosts(hosts) -> None:
+    for name in hosts.names:
+        shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
 
 
 # TensorFlow's C++ log threshold left to tfdp, as in a user's shell (tfdp counts an empty value

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from processes import name_hosts, unname_hosts
 from tfdp.launcher import emulated_hosts
 
 COMMANDS = ("slurmctld", "slurmd", "srun", "sbatch", "scancel", "scontrol", "sinfo", "munged")
@@ -59,7 +60,9 @@ class SlurmCluster:
         self.env = dict(os.environ, SLURM_CONF=self.conf)
         self.hosts.create()
         try:
-            self._name_hosts()
+            # Each node's name resolves on every host, as a cluster's names do on its nodes.
+            name_hosts(self.hosts, "".join(f"{self.hosts.address(n)} node{n}\n"
+                                           for n in range(1, NODES + 1)))
             self._munge()
             self._configure()
             self.daemons.append(self._spawn(0, "slurmctld", "-D", "-i"))
@@ -75,15 +78,6 @@ class SlurmCluster:
             self.stop()
             raise
         return self
-
-    def _name_hosts(self):
-        """Each node's name resolves on every host, as a cluster's names do on its nodes:
-        ``ip netns exec`` puts ``/etc/netns/<namespace>/hosts`` in place of ``/etc/hosts``."""
-        names = "".join(f"{self.hosts.address(n)} node{n}\n" for n in range(1, NODES + 1))
-        for name in self.hosts.names:
-            os.makedirs(f"/etc/netns/{name}", exist_ok=True)
-            with open(f"/etc/netns/{name}/hosts", "w") as f:
-                f.write(f"127.0.0.1 localhost\n{names}")
 
     def _munge(self):
         key = os.path.join(self.folder, "munge.key")
@@ -188,8 +182,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         if self.daemons:
             self.run("scancel", "--full", "--signal=KILL", "--user=root", timeout=30)
         self.hosts.remove()  # Kills what still runs on the hosts: daemons, steps, tasks.
-        for name in self.hosts.names:
-            shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+        unname_hosts(self.hosts)
         for daemon in self.daemons:
             daemon.wait(timeout=30)
         self.daemons = []

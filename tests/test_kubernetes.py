@@ -10,7 +10,6 @@ import copy
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from processes import child_env
+from processes import child_env, name_hosts, unname_hosts
 from tfdp.errors import PREEMPTED_EXIT_CODE
 
 FOLDER = os.path.join(REPO, "docs", "kubernetes")
@@ -159,16 +158,10 @@ def test_the_jobsets_pods_restart_as_a_group_after_a_crash_and_a_preemption_and_
     job = f"{jobset['metadata']['name']}-{workers['name']}-0"  # JobSet's name for its Job.
     hosts = emulated_hosts.Hosts(count)
     hosts.create()
-    etc = [f"/etc/netns/{n}" for n in hosts.names]
     try:
-        # What the cluster's DNS answers in a pod, as `ip netns exec` shows each namespace its
-        # own /etc/hosts.
-        names = "".join(f"{hosts.address(i)} {job}-{i}.{service} {job}-{i}\n"
-                        for i in range(count))
-        for folder in etc:
-            os.makedirs(folder)
-            with open(f"{folder}/hosts", "w") as f:
-                f.write("127.0.0.1 localhost\n" + names)
+        # What the cluster's DNS answers in a pod.
+        name_hosts(hosts, "".join(f"{hosts.address(i)} {job}-{i}.{service} {job}-{i}\n"
+                                  for i in range(count)))
         # A pod whose peer crashed waits inside a collective for --collective_timeout, then
         # ends with the lost-contact line (a SIGTERM meanwhile is read only after it): 20 s
         # here, well within the grace period.
@@ -243,5 +236,4 @@ def test_the_jobsets_pods_restart_as_a_group_after_a_crash_and_a_preemption_and_
         assert os.listdir(tmp_path / "saved") == ["1"]
     finally:
         hosts.remove()
-        for folder in etc:
-            shutil.rmtree(folder, ignore_errors=True)
+        unname_hosts(hosts)
