@@ -140,8 +140,8 @@ def task_pid(launcher: int, kind: str, index: int) -> int:
 
 
 def slow_then_stop(run, folder, kind: str, index: int, epochs: int = 1) -> tuple:
-    """Task ``kind`` ``index`` of a launched ``run`` stopped 30 of every 40 ms (real SIGSTOP and
-    SIGCONT from outside: a host with a quarter of a CPU) through ``epochs`` epochs from the
+    """Task ``kind`` ``index`` of a launched ``run`` stopped 45 of every 50 ms (real SIGSTOP and
+    SIGCONT from outside: a host with a tenth of a CPU) through ``epochs`` epochs from the
     second (from its first backup to ``epochs`` backups later), then stopped for good: hung,
     alive, never answering. The run's (stdout, stderr) once it has ended."""
     from tfdp.training.backups import Backups
@@ -155,7 +155,7 @@ def slow_then_stop(run, folder, kind: str, index: int, epochs: int = 1) -> tuple
             except AssertionError:
                 time.sleep(0.1)
         # From the first epoch's end, not before: its steps and evaluation are compiled then.
-        # A compilation at a quarter of a CPU, on a machine that another test may load too,
+        # A compilation at a tenth of a CPU, on a machine that another test may load too,
         # can outlast the run's --collective_timeout: a stall, not a straggler.
         backups = Backups(str(folder / "run"), 0, {})
         while not backups.steps() and run.poll() is None and time.time() < deadline + 120:
@@ -165,9 +165,9 @@ def slow_then_stop(run, folder, kind: str, index: int, epochs: int = 1) -> tuple
                and time.time() < deadline + 240):
             try:
                 os.kill(task, signal.SIGSTOP)
-                time.sleep(0.030)
+                time.sleep(0.045)
                 os.kill(task, signal.SIGCONT)
-                time.sleep(0.010)
+                time.sleep(0.005)
                 seen.add(max(backups.steps(), default=0))
             except ProcessLookupError:  # Gone before its backup: the run's lines say why.
                 return run.communicate(timeout=120)
