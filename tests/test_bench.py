@@ -9,7 +9,10 @@ import pytest
 from processes import AS_FROM_A_SHELL, left_behind, run_module
 from tfdp import logs
 from tfdp.bench import host_allreduce as host_bench
+from tfdp.bench import references
 from tfdp.bench import time_to_accuracy as tta
+from tfdp.config import Config
+from tfdp.recipes import RECIPES
 
 
 @pytest.mark.slow
@@ -234,7 +237,7 @@ def test_time_to_accuracy_runs_every_seed_as_a_process_and_scores_as_mlperf(tmp_
     # Two seeds: MLPerf's dropping of the fastest and the slowest of 3 or more is checked
     # in-process (test_mlperf_scores_drop_the_fastest_and_slowest_run_and_need_every_run_to_reach).
     result = run_module("tfdp.bench", "--time_to_accuracy=0.2", "--runs=2",
-                        "--tta_configs=manual:2:fast:e=2:eval_flip=false,beginner:1:e=2",
+                        "--tta_configs=manual:2:fast:e=2:eval_flip=false,keras_tuned:1:e=2",
                         "--tta_steps=6",
                         "--tta_eval_examples=1024", f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}", env=AS_FROM_A_SHELL)
@@ -243,8 +246,11 @@ def test_time_to_accuracy_runs_every_seed_as_a_process_and_scores_as_mlperf(tmp_
                 if logs.STARTUP_BANNERS.match(line)], result.stderr[-3000:]
     report = json.loads((tmp_path / "time_to_accuracy.json").read_text())
     rows = {r["name"]: r for r in report["rows"]}
-    assert list(rows) == ["manual:2:fast:e=2:eval_flip=false", "beginner:1:e=2"]
-    for row in rows.values():
+    assert list(rows) == ["manual:2:fast:e=2:eval_flip=false", "keras_tuned:1:e=2"]
+    batches = {"manual:2:fast:e=2:eval_flip=false": RECIPES["fast"]["batch_size"],
+               "keras_tuned:1:e=2": references.BATCH["tuned"]}
+    ceilings = report["matmul_gflops"]
+    for name, row in rows.items():
         assert [run["seed"] for run in row["runs"]] == [1, 2]
         for run in row["runs"]:
             clock, accuracy = zip(*run["curve"])
@@ -252,24 +258,69 @@ def test_time_to_accuracy_runs_every_seed_as_a_process_and_scores_as_mlperf(tmp_
             first = next((i for i, a in enumerate(accuracy) if a >= 0.2), None)
             assert run["epochs"] == (None if first is None else first + 1)
             assert run["seconds"] == (None if first is None else clock[first])
+            # The examples trained to the target: the --tta_steps=6 steps of each epoch.
+            assert run["examples"] == (None if first is None else
+                                       run["epochs"] * 6 * batches[name]), run
+            assert run["examples_per_sec"] > 0
         assert row["score_s"] == tta.mlperf_mean([run["seconds"] for run in row["runs"]])
+        if row["examples"]:  # The arithmetic floor: at the ceiling of the run's precision.
+            assert row["floor_s"] == pytest.approx(
+                row["examples"] * row["flops_per_example"] / (ceilings[row["precision"]] * 1e9))
+            assert row["flops_per_example"] == pytest.approx(13.5e6, rel=0.01)  # LeNet's.
+        if row["score_s"]:
+            assert row["of_floor"] == pytest.approx(row["score_s"] / row["floor_s"])
     assert any(run["seconds"] for row in rows.values() for run in row["runs"])
     curves = [tuple(run["curve"]) for run in rows["manual:2:fast:e=2:eval_flip=false"]["runs"]]
     assert len({tuple(a for _, a in c) for c in curves}) > 1  # Seeds differ.
     table = (tmp_path / "time_to_accuracy.md").read_text()
     assert table.count("\n| manual:2:fast:e=2:eval_flip=false | fast | ") == 1
-    assert "| beginner:1:e=2 | - |" in table
+    assert "| keras_tuned:1:e=2 | - |" in table
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 1000
+
+
+def test_the_table_holds_the_fast_step_against_the_textbook_step_of_its_path():
+    def row(name, recipe, rate, path="manual", flags=None):
+        return {"name": name, "path": path, "devices": 2 if path == "manual" else 1,
+                "recipe": recipe, "train_flags": flags or {}, "target": 0.9, "runs": [{}],
+                "reached": 0, "score_s": None, "min_s": None, "median_epochs": None,
+                "examples": None, "examples_per_sec": rate, "startup_s": 1.0}
+
+    rows = [row("manual:2:fast", "fast", 9000.0), row("manual:2:textbook:e=2", "textbook", 10000.0),
+            row("manual:2:fast:batch_size=64", "fast", 1.0, flags={"batch_size": "64"}),
+            row("keras_tuned:1", "-", 5000.0, path="keras_tuned")]
+    assert tta.step_pairs(rows) == [(rows[0], rows[1])]
+    assert ("The fast step on manual:2: 0.90x the textbook step's examples/s (9000 against "
+            "10000" in tta.format_rows(rows))
+
+
+def test_the_keras_references_build_as_written():
+    """Both scripts' models compile as a user's would (their runs: the bench's test above)."""
+    import keras
+
+    for reference, one_hot in (("beginner", False), ("tuned", True)):
+        net, labels_one_hot = references.compiled(reference, steps=100)
+        assert labels_one_hot == one_hot
+        assert net.count_params() > 0
+    tuned = references.compiled("tuned", steps=100)[0]
+    assert isinstance(tuned.optimizer, keras.optimizers.SGD) and tuned.optimizer.nesterov
+    rate = references.one_cycle(100)  # 0.04, up to 0.4 at a quarter, down to 0.
+    assert [round(float(rate(step)), 4) for step in (0, 25, 100)] == [0.04, 0.4, 0.0]
 
 
 def test_a_configuration_passes_any_other_train_flag_for_an_ablation():
     config = tta.parse("mirrored:2:fast:e=4:label_smoothing=0:batch_size=256")
-    settings = SimpleNamespace(data_dir=None, manual_dir=None, tta_steps=None, tta_epochs=3,
+    settings = SimpleNamespace(data_dir=None, manual_dir=None, tta_steps=None,
                                tta_eval_examples=1024)
     command = tta.command(config, "/w", 0.9, 2, settings)
     assert command[command.index("-m") + 1] == "tfdp.train"
     assert {"--strategy=mirrored", "--recipe=fast", "--epochs=4", "--label_smoothing=0",
             "--batch_size=256", "--eval_steps=4"} <= set(command), command
+    # Without e=N, the run is the recipe's whole configuration, its length too: what
+    # `python -m tfdp.train --recipe=fast` trains.
+    command = tta.command(tta.parse("manual:2:fast"), "/w", 0.9, 2, settings)
+    assert not [arg for arg in command if arg.startswith("--epochs")], command
+    assert Config(recipe="fast").epochs == RECIPES["fast"]["epochs"]
+    assert Config().epochs == 10
 
 
 def test_mlperf_scores_drop_the_fastest_and_slowest_run_and_need_every_run_to_reach():
@@ -280,7 +331,7 @@ def test_mlperf_scores_drop_the_fastest_and_slowest_run_and_need_every_run_to_re
 
 @pytest.mark.parametrize("flags, message", [
     (["--time_to_accuracy=1.5"], "--time_to_accuracy must be a fraction in (0, 1], got 1.5"),
-    (["--time_to_accuracy=0.9", "--tta_configs=beginner:2"], "runs on 1 device"),
+    (["--time_to_accuracy=0.9", "--tta_configs=beginner:2"], "run on 1 device"),
     (["--time_to_accuracy=0.9", "--tta_configs=manual:2:fastest"], "unknown option 'fastest'"),
     (["--time_to_accuracy=0.9", "--runs=0"], "--runs must be a positive integer, got 0"),
     (["--time_to_accuracy=0.9", "--tta_configs=manual:2:seed=3"], "sets --seed itself"),

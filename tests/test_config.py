@@ -48,6 +48,9 @@ from tfdp.plan import global_batch_size, peak_lr
     ({"strategy": "parameter_server", "model": "lenet_bn"}, "--model=lenet_bn: its servers' store"),
     ({"strategy": "parameter_server", "momentum": 0.9}, "--momentum=0.9: asynchronous SGD"),
     ({"recipe": "fast", "init": "/nonexistent.npz"}, "--init=/nonexistent.npz is neither"),
+    ({"strategy": "mirrored", "jit_compile": True}, "--jit_compile: under tf.distribute"),
+    ({"strategy": "multi_worker", "jit_compile": True}, "--jit_compile: under tf.distribute"),
+    ({"strategy": "parameter_server", "jit_compile": True}, "--jit_compile: each worker's step"),
 ])
 def test_bad_values_are_refused(kwargs, words):
     with pytest.raises(UserError, match=re.escape(words)) as e:

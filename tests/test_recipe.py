@@ -13,7 +13,7 @@ import tensorflow as tf
 from same_model import update_difference
 from tfdp import data, training_run
 from tfdp.config import Config
-from tfdp.models import lenet
+from tfdp.models import lenet, lenet_batch_norm
 from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.loss import cross_entropy
 from tfdp.models.sgd import SGD
@@ -23,9 +23,9 @@ from tfdp.training.backups import Backups
 
 def test_the_recipe_fills_only_the_flags_left_unset():
     fast = Config(recipe="fast")
-    assert (fast.model, fast.batch_size, fast.momentum, fast.nesterov, fast.schedule,
-            fast.augment, fast.eval_flip, fast.initializer) == (
-        "lenet_bn", 512, 0.9, True, "one_cycle", "flip", True, "glorot")
+    assert (fast.model, fast.batch_size, fast.lr, fast.momentum, fast.nesterov, fast.schedule,
+            fast.augment, fast.eval_flip, fast.initializer, fast.ema, fast.epochs) == (
+        "lenet_bn", 256, 0.8, 0.9, True, "one_cycle", "flip", True, "glorot", 0.95, 2)
     assert Config(recipe="fast", model="lenet", lr=0.1).model == "lenet"
     assert Config(recipe="fast", per_replica_batch_size=64).batch_size is None
     textbook = Config()
@@ -58,8 +58,10 @@ def test_label_smoothing_is_keras_categorical_cross_entropy_of_the_one_hot_label
 
 
 def test_the_fused_batch_norm_computes_what_the_moments_path_computes(monkeypatch):
-    """float32 training normalizes in FusedBatchNormV3; float64 (every equivalence test) in
-    the moments path. Both give the same logits, gradients and batch statistics."""
+    """float32 training normalizes the first layer folded into its convolution, the others in
+    FusedBatchNormV3 (or the moments where oneDNN's kernel is the slower); float64 (every
+    equivalence test) in the moments path. Both give the same logits, gradients and batch
+    statistics."""
     rng = np.random.default_rng(2)
     params = {name: tf.Variable(value) for name, value in
               lenet.init_params(3, init="glorot", batch_norm=True).items()}
@@ -75,13 +77,17 @@ def test_the_fused_batch_norm_computes_what_the_moments_path_computes(monkeypatc
         return logits, grads, [t for pair in stats for t in pair]
 
     fused = train_pass()
-    monkeypatch.setattr(lenet, "_fused_batch_norm", lenet._moments_batch_norm)
+    monkeypatch.setattr(lenet_batch_norm, "fused", lambda compute: False)
     moments = train_pass()
     np.testing.assert_allclose(fused[0], moments[0], rtol=1e-4, atol=1e-5)
     for mine, theirs in zip(fused[1] + fused[2], moments[1] + moments[2]):
         np.testing.assert_allclose(mine, theirs, rtol=1e-3, atol=1e-5)
     # The dense layer's 64 examples: a variance off by Bessel's 64/63 would fail above.
     assert len(fused[2]) == 6 and fused[2][5].shape == (128,)
+    # So the first pass took every route: layer 1 folded, layer 2's 50 channels the moments,
+    # the dense layer's 128 the fused kernel.
+    assert [params[f"W{i}"].shape[-1] % lenet_batch_norm.FUSED_CHANNELS for i in (2, 3)] == [
+        2, 0]
 
 
 def test_the_from_scratch_averages_are_keras_use_ema():

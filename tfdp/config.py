@@ -41,8 +41,9 @@ class Config:
     recipe: str = _flag(
         "textbook", "A named set of the choices below, each of which a flag given explicitly "
         "overrides: textbook (the chapter's: lenet, plain SGD at a constant rate, batch 256) "
-        "or fast (the time-to-accuracy recipe: lenet_bn, Nesterov momentum, one-cycle rate, "
-        "label smoothing, flips, batch 512; docs/time-to-accuracy.md).")
+        "or fast (the time-to-accuracy recipe: lenet_bn, Nesterov momentum, a one-cycle rate "
+        "up to 0.8 over 2 epochs, label smoothing, flips, weight averaging, batch 256; "
+        "docs/time-to-accuracy.md).")
     model: Optional[str] = _flag(
         None, "lenet (the textbook's LeNet), lenet_bn (LeNet with batch normalization after "
         "each convolution and the hidden dense layer), resnet18 (its ResNet-18 variant), or "
@@ -101,7 +102,9 @@ class Config:
         "warmup.")
     warmup_epochs: float = _flag(
         1.0, "Length of the --scale_lr warmup in epochs (fractions allowed; 0 for none).")
-    epochs: int = _flag(10, "Training epochs.")
+    epochs: Optional[int] = _flag(
+        None, "Training epochs (a one-cycle schedule spans them). Default: the recipe's "
+        "(textbook 10, fast 2).")
     target_accuracy: Optional[float] = _flag(
         None, "Stop at the first evaluation whose test accuracy reaches this (0 to 1), export "
         "that model, and say how long it took, timed as MLPerf times it: loading the data, "
@@ -165,6 +168,10 @@ class Config:
         "of benchmarks (accuracy is then meaningless).")
     eager: bool = _flag(False,
                         "Run the training step eagerly instead of compiled (slow; for teaching).")
+    jit_compile: bool = _flag(
+        False, "Compile each replica's forward and backward pass with XLA (the from-scratch "
+        "paths) or Keras' step (fit's jit_compile) instead of TensorFlow's kernels alone; on CPU "
+        "it was slower on every path (docs/time-to-accuracy.md#xla).")
     sync_batch_norm: bool = _flag(
         False, "resnet18: batch-norm statistics over the global batch, across replicas.")
     data_dir: Optional[str] = _flag(None,

@@ -26,13 +26,16 @@ def parse_config(text: str) -> dict:
     own = path_registry.get(parts[0]).own_flags if parts[0] != STOCK else {}
     config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
               "allreduce": own["allreduce"].off[0] if "allreduce" in own else "-",
-              "eager": False, "spe": 1, "precision": "float32", "intra": None, "inter": None}
+              "eager": False, "jit": False, "spe": 1, "precision": "float32", "intra": None,
+              "inter": None}
     for option in parts[2:]:
         name, _, value = option.partition("=")
         if option in ("add_n", "sharded", "ring"):
             config["allreduce"] = option
         elif option == "eager":
             config["eager"] = True
+        elif option == "jit":
+            config["jit"] = True
         elif option in ("bf16", "bfloat16"):
             config["precision"] = "bfloat16"
         elif name in ("spe", "intra", "inter") and value.isdigit() and int(value) > 0:
@@ -64,6 +67,7 @@ def train_command(config: dict, workdir: str, settings) -> list:
     args += [f"--manual_dir={settings.manual_dir}"] * bool(settings.manual_dir)
     args += ["--synthetic_data"] * (settings.data == "synthetic")
     args += ["--eager"] * config["eager"]
+    args += ["--jit_compile"] * config["jit"]
     args += [f"--precision={config['precision']}"]
     if config["allreduce"] != "-":
         args.append(f"--allreduce={config['allreduce']}")
@@ -104,12 +108,21 @@ def run_once(config: dict, settings) -> list:
 
 def training_flops_per_example(model_name: str) -> float:
     """Forward multiply-adds of conv and dense layers x 2 FLOPs, x 3 for forward + backward
-    (``model_name``: a built-in or your model's spec, on Fashion-MNIST's images)."""
-    import keras
-
+    (``model_name``: a built-in or your model's spec, or a Keras reference's, ``beginner`` or
+    ``tuned`` (``tfdp.bench.references``), on Fashion-MNIST's images)."""
+    from tfdp.bench import references
     from tfdp.models import catalog
 
-    model = catalog.build(model_name, (28, 28, 1), 10)
+    builders = {"beginner": references.beginner_model, "tuned": references.tuned_model}
+    if model_name in builders:
+        return keras_training_flops(builders[model_name]())
+    return keras_training_flops(catalog.build(model_name, (28, 28, 1), 10))
+
+
+def keras_training_flops(model) -> float:
+    """``training_flops_per_example`` of a built Keras ``model``."""
+    import keras
+
     forward = 0
     for layer in model.layers:
         if isinstance(layer, keras.layers.Conv2D):

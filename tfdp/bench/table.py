@@ -17,10 +17,11 @@ over all of them alike. Throughput comes from the per-epoch timings the run itse
 A configuration is ``path:devices[:option...]``; path is manual, mirrored, multi_worker,
 plain (Keras fit, no strategy, tfdp's input pipeline) or stock (Keras fit on numpy arrays,
 default threads: ``tfdp.bench.stock``); options are an allreduce (add_n, sharded, ring),
-``eager``, ``spe=N`` (steps per execution, Keras paths), ``bf16`` (``--precision=bfloat16``)
-and ``intra=N`` / ``inter=N`` (TensorFlow's thread pools, through ``TF_NUM_INTRAOP_THREADS`` and
-``TF_NUM_INTEROP_THREADS``; default: tfdp's share of the cores per device). The tuned Keras
-``fit`` of LeNet on one device, to hold tfdp's paths against (measured in docs/benchmarks.md)::
+``eager``, ``jit`` (``--jit_compile``: XLA; manual and plain), ``spe=N`` (steps per execution,
+Keras paths), ``bf16`` (``--precision=bfloat16``) and ``intra=N`` / ``inter=N`` (TensorFlow's
+thread pools, through ``TF_NUM_INTRAOP_THREADS`` and ``TF_NUM_INTEROP_THREADS``; default:
+tfdp's share of the cores per device). The tuned Keras ``fit`` of LeNet on one device, to hold
+tfdp's paths against (measured in docs/benchmarks.md)::
 
   python -m tfdp.bench --configs=manual:2,manual:2:bf16,plain:1:spe=16,plain:1:bf16:spe=16,...
 
@@ -89,8 +90,6 @@ flags.DEFINE_list("tta_configs", TTA_CONFIGS,
                   "--time_to_accuracy: path:devices[:recipe][:e=epochs][:flag=value...] entries "
                   "(flag: any other tfdp.train flag, e.g. manual:2:fast:momentum=0).")
 flags.DEFINE_integer("runs", 5, "--time_to_accuracy: runs (seeds 1..runs) per configuration.")
-flags.DEFINE_integer("tta_epochs", 3, "--time_to_accuracy: epochs of each tfdp.train run (the "
-                     "one-cycle schedule's length; a run stops at the target).")
 flags.DEFINE_integer("tta_steps", None, "--time_to_accuracy: cap on steps per epoch (tests).")
 flags.DEFINE_integer("tta_eval_examples", None, "--time_to_accuracy: cap on test examples "
                      "(tests; MLPerf evaluates the whole test set, the default).")
@@ -235,12 +234,14 @@ def main_time_to_accuracy():
         sys.exit(f"tfdp.bench: error: {e}")
     logs.configure(False)
     logs.import_tensorflow()  # The ceiling is measured here: its start-up banners hidden.
+    from tfdp.bench.configs import training_flops_per_example
     from tfdp.devices import matmul_gflops
 
-    ceiling = matmul_gflops("float32")
-    table = tta.format_rows(rows, ceiling)
+    ceilings = {dtype: matmul_gflops(dtype) for dtype in ("float32", "bfloat16")}
+    tta.floors(rows, ceilings, training_flops_per_example)
+    table = tta.format_rows(rows, ceilings)
     base = os.path.join(FLAGS.workdir, "time_to_accuracy")
-    _write(base, {"matmul_gflops": ceiling, "rows": rows}, table)
+    _write(base, {"matmul_gflops": ceilings, "rows": rows}, table)
     tta.plot(rows, base + ".png")
     print(table)
     print(f"\nwritten in {FLAGS.workdir}: time_to_accuracy.md, .json, .png")

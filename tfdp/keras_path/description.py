@@ -16,6 +16,15 @@ UNDER_DISTRIBUTE = {
 }
 
 
+def check_distributed(config) -> None:
+    if config.jit_compile:
+        raise UserError(
+            "--jit_compile: under tf.distribute, Keras' step reads every replica's variables "
+            "from one XLA computation, which XLA cannot place "
+            "(https://www.tensorflow.org/xla/known_issues#tfvariable_on_a_different_device); "
+            "--strategy=manual compiles each replica's pass, --strategy=plain Keras' step")
+
+
 def check_plain(config) -> None:
     if config.num_gpus != 1:
         raise UserError(f"--strategy=plain trains on one device without tf.distribute; for "
@@ -27,6 +36,7 @@ register(Path(
     summary="Keras fit under MirroredStrategy",
     trainer=TRAINER,
     refuses=UNDER_DISTRIBUTE,
+    check=check_distributed,
 ))
 register(Path(
     name="multi_worker",
@@ -35,6 +45,7 @@ register(Path(
     cluster=WORKERS,
     scales_by="workers",
     refuses=UNDER_DISTRIBUTE,
+    check=check_distributed,
 ))
 register(Path(
     name="plain",

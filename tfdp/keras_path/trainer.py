@@ -125,7 +125,8 @@ class KerasFitPath(TrainingPath):
                               use_ema=bool(config.ema), ema_momentum=config.ema or 0.99),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"], run_eagerly=config.eager,
-                          steps_per_execution=config.steps_per_execution)
+                          steps_per_execution=config.steps_per_execution,
+                          jit_compile=config.jit_compile)
             model.optimizer.build(model.trainable_variables)
             if state is not None:  # A backup's, or a test's weights.
                 restore_state(model, state)

@@ -56,6 +56,7 @@ class StepSettings:
     averaging: Averaging = Averaging()
     eager: bool = False
     eval_flip: bool = False
+    jit_compile: bool = False
 
     @classmethod
     def of(cls, config) -> "StepSettings":
@@ -64,7 +65,7 @@ class StepSettings:
                    config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None,
                    config.accumulate_steps, config.bucket_kb, config.overlap == "auto",
                    SGD.of(config), config.label_smoothing, Averaging(config.ema), config.eager,
-                   config.eval_flip)
+                   config.eval_flip, config.jit_compile)
 
 
 def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),
@@ -127,8 +128,7 @@ def replica_gradients(replicas: Replicas, shards: list, global_batch,
         with on_replica(replicas.devices, d):
             loss, right, started, *g = _unless_empty(
                 y, _stamped(lambda: _accumulated_gradients(model, params, x, y, global_batch,
-                                                           settings.accumulate,
-                                                           settings.smoothing)),
+                                                           settings)),
                 _stamped(lambda: _no_gradients(model, params)))
             g, stats = g[:trained], g[trained:]
             ready = stamp_after(tf.math.is_finite(loss), g, params[model.trainable[-1]])
@@ -212,15 +212,21 @@ def _no_gradients(model, params: dict) -> list:
             *[tf.identity(params[name]) for name in model.statistics]]
 
 
-def _accumulated_gradients(model, params: dict, x, y, global_batch, accumulate: int,
-                           smoothing: float = 0.0):
-    """One device's shard in ``accumulate`` micro-batches, one after the other (each starts
-    once the previous one's gradients exist, so only one micro-batch's activations live at a
-    time): (summed loss share, correct, summed gradients, the last micro-batch's statistics:
-    a model whose statistics are batch normalization's is not accumulated,
-    ``tfdp.manual.trainer``)."""
+def _accumulated_gradients(model, params: dict, x, y, global_batch, settings: StepSettings):
+    """One device's shard in ``settings.accumulate`` micro-batches, one after the other (each
+    starts once the previous one's gradients exist, so only one micro-batch's activations live
+    at a time): (summed loss share, correct, summed gradients, the last micro-batch's
+    statistics: a model whose statistics are batch normalization's is not accumulated,
+    ``tfdp.manual.trainer``). Each micro-batch's pass is one XLA computation under
+    ``settings.jit_compile``."""
+    def shard_gradients(x, y, global_batch):
+        return _shard_gradients(model, params, x, y, global_batch, settings.smoothing)
+
+    if settings.jit_compile:
+        shard_gradients = tf.function(shard_gradients, jit_compile=True, autograph=False)
+    accumulate = settings.accumulate
     if accumulate == 1:
-        return _shard_gradients(model, params, x, y, global_batch, smoothing)
+        return shard_gradients(x, y, global_batch)
     sizes = tf.stack(shard_sizes(tf.shape(y)[0], accumulate))
     summed = 2 + len(model.trainable)
     total = None
@@ -228,8 +234,7 @@ def _accumulated_gradients(model, params: dict, x, y, global_batch, accumulate: 
                                 tf.split(y, sizes, num=accumulate)):
         with tf.control_dependencies(total or []):
             micro_x = tf.identity(micro_x)
-        part = _unless_empty(micro_y, lambda: _shard_gradients(model, params, micro_x, micro_y,
-                                                               global_batch, smoothing),
+        part = _unless_empty(micro_y, lambda: shard_gradients(micro_x, micro_y, global_batch),
                              lambda: _no_gradients(model, params))
         total = part if total is None else (
             [a + b for a, b in zip(total[:summed], part[:summed])] + part[summed:])

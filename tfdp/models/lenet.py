@@ -23,6 +23,8 @@ import tensorflow as tf
 
 from tfdp.data import to_float
 from tfdp.errors import UserError
+from tfdp.models import lenet_batch_norm as batch_norm
+from tfdp.models.lenet_batch_norm import BN_EPSILON, BN_MOMENTUM
 
 PARAM_SHAPES = {
     "W1": (3, 3, 1, 20), "b1": (20,),
@@ -39,9 +41,6 @@ BN_PARAM_SHAPES = {
     "W4": (128, 10), "b4": (10,),
 }
 STATISTICS = ("mm1", "mv1", "mm2", "mv2", "mm3", "mv3")
-# Running statistics that follow the model within an epoch: at Keras' default momentum (0.99) a
-# fast run's evaluations lagged its training by epochs (docs/time-to-accuracy.md).
-BN_MOMENTUM, BN_EPSILON = 0.9, 1e-3
 
 
 FASHION_MNIST = ((28, 28, 1), 10)
@@ -147,55 +146,16 @@ def apply(params: dict, images: tf.Tensor, batch_stats: list = None) -> tf.Tenso
     def layer(h, i):
         if f"g{i}" not in params:
             return tf.nn.relu(h + params[f"b{i}"])
-        return tf.nn.relu(_batch_norm(h, params, i, batch_stats))
+        return tf.nn.relu(batch_norm.normalized(h, params, i, batch_stats))
 
-    h = tf.nn.avg_pool2d(layer(tf.nn.conv2d(images, params["W1"], 1, "VALID"), 1), 2, 2, "VALID")
+    if batch_stats is not None and "g1" in params and batch_norm.fused(images.dtype):
+        h = tf.nn.relu(batch_norm.normalized_first_convolution(images, params, batch_stats))
+    else:
+        h = layer(tf.nn.conv2d(images, params["W1"], 1, "VALID"), 1)
+    h = tf.nn.avg_pool2d(h, 2, 2, "VALID")
     h = tf.nn.avg_pool2d(layer(tf.nn.conv2d(h, params["W2"], 1, "VALID"), 2), 2, 2, "VALID")
     h = layer(tf.matmul(tf.reshape(h, [-1, params["W3"].shape[0]]), params["W3"]), 3)
     return tf.matmul(h, params["W4"]) + params["b4"]
-
-
-def _batch_norm(h, params: dict, i: int, batch_stats: list = None):
-    """Keras' BatchNormalization of layer ``i``, computed in at least float32 as Keras does;
-    training's in one fused kernel where there is one (float32)."""
-    compute = h.dtype
-    wide = tf.float64 if compute == tf.float64 else tf.float32
-    h = tf.cast(h, wide)
-    if batch_stats is not None and wide == tf.float32:
-        return tf.cast(_fused_batch_norm(h, params, i, batch_stats), compute)
-    return tf.cast(_moments_batch_norm(h, params, i, batch_stats), compute)
-
-
-def _moments_batch_norm(h, params: dict, i: int, batch_stats: list = None):
-    """Batch normalization as Keras writes it: the running statistics, or the batch's own
-    moments (appended to ``batch_stats``)."""
-    if batch_stats is None:
-        mean, variance = params[f"mm{i}"], params[f"mv{i}"]
-    else:
-        mean, variance = tf.nn.moments(h, list(range(len(h.shape) - 1)))
-        batch_stats.append((mean, variance))
-    wide = h.dtype
-    return tf.nn.batch_normalization(h, tf.cast(mean, wide), tf.cast(variance, wide),
-                                     tf.cast(params[f"be{i}"], wide),
-                                     tf.cast(params[f"g{i}"], wide), BN_EPSILON)
-
-
-def _fused_batch_norm(h, params: dict, i: int, batch_stats: list):
-    """Training's batch normalization of float32 ``h`` in one kernel (``FusedBatchNormV3``):
-    ``_moments_batch_norm``'s value, in fewer passes over the activations (the moments path
-    stays for float64, which the kernel does not take)."""
-    shape = tf.shape(h)
-    flat = len(h.shape) == 2
-    if flat:  # The fused kernel takes NHWC only: a dense layer's [n, c] as [n, 1, 1, c].
-        h = h[:, tf.newaxis, tf.newaxis, :]
-    out, mean, variance = tf.compat.v1.nn.fused_batch_norm(
-        h, tf.cast(params[f"g{i}"], tf.float32), tf.cast(params[f"be{i}"], tf.float32),
-        epsilon=BN_EPSILON, is_training=True)
-    # The kernel's variance is Bessel-corrected (n - 1); Keras moves its statistics by the
-    # batch's own (n), as the moments path does.
-    n = tf.cast(tf.size(h) // tf.shape(h)[-1], tf.float32)
-    batch_stats.append((mean, variance * tf.maximum(n - 1, 0.0) / n))
-    return tf.reshape(out, shape) if flat else out
 
 
 def logits(params: dict, images, compute=None, batch_stats: list = None) -> tf.Tensor:

@@ -73,7 +73,7 @@ class Reporter:
         the record (the parameter servers' staleness), ``note`` their words on the line."""
         record = {"epoch": epoch + 1, "loss": float(loss), "train_acc": float(train_acc),
                   "test_loss": float(test_loss), "test_acc": float(test_acc),
-                  "seconds": float(seconds),
+                  "seconds": float(seconds), "examples": int(examples),
                   "examples_per_sec": examples / seconds if seconds > 0 else 0.0}
         if resumed_at:
             record["resumed_at_step"] = resumed_at
