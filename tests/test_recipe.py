@@ -25,7 +25,7 @@ def test_the_recipe_fills_only_the_flags_left_unset():
     fast = Config(recipe="fast")
     assert (fast.model, fast.batch_size, fast.lr, fast.momentum, fast.nesterov, fast.schedule,
             fast.augment, fast.eval_flip, fast.initializer, fast.ema, fast.epochs) == (
-        "lenet_bn", 256, 0.8, 0.9, True, "one_cycle", "flip", True, "glorot", 0.95, 2)
+        "lenet_bn", 256, 0.8, 0.9, True, "one_cycle", "flip", True, "glorot", 0.95, 3)
     assert Config(recipe="fast", model="lenet", lr=0.1).model == "lenet"
     assert Config(recipe="fast", per_replica_batch_size=64).batch_size is None
     textbook = Config()

@@ -42,7 +42,7 @@ class Config:
         "textbook", "A named set of the choices below, each of which a flag given explicitly "
         "overrides: textbook (the chapter's: lenet, plain SGD at a constant rate, batch 256) "
         "or fast (the time-to-accuracy recipe: lenet_bn, Nesterov momentum, a one-cycle rate "
-        "up to 0.8 over 2 epochs, label smoothing, flips, weight averaging, batch 256; "
+        "up to 0.8 over 3 epochs, label smoothing, flips, weight averaging, batch 256; "
         "docs/time-to-accuracy.md).")
     model: Optional[str] = _flag(
         None, "lenet (the textbook's LeNet), lenet_bn (LeNet with batch normalization after "
@@ -104,7 +104,7 @@ class Config:
         1.0, "Length of the --scale_lr warmup in epochs (fractions allowed; 0 for none).")
     epochs: Optional[int] = _flag(
         None, "Training epochs (a one-cycle schedule spans them). Default: the recipe's "
-        "(textbook 10, fast 2).")
+        "(textbook 10, fast 3).")
     target_accuracy: Optional[float] = _flag(
         None, "Stop at the first evaluation whose test accuracy reaches this (0 to 1), export "
         "that model, and say how long it took, timed as MLPerf times it: loading the data, "

@@ -28,7 +28,7 @@ RECIPES = {
     "fast": {"model": "lenet_bn", "batch_size": 256, "lr": 0.8, "init": "glorot",
              "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4, "schedule": "one_cycle",
              "label_smoothing": 0.1, "augment": "flip", "eval_flip": True,
-             "precision": "auto", "ema": 0.95, "epochs": 2},
+             "precision": "auto", "ema": 0.95, "epochs": 3},
 }
 
 def choices(recipe: str, strategy: str) -> dict:
