@@ -50,7 +50,8 @@ from tfdp.plan import global_batch_size, peak_lr
     ({"recipe": "fast", "init": "/nonexistent.npz"}, "--init=/nonexistent.npz is neither"),
     ({"strategy": "mirrored", "jit_compile": True}, "--jit_compile: under tf.distribute"),
     ({"strategy": "multi_worker", "jit_compile": True}, "--jit_compile: under tf.distribute"),
-    ({"strategy": "parameter_server", "jit_compile": True}, "--jit_compile: each worker's step"),
+    ({"strategy": "parameter_server", "jit_compile": True},
+     "--jit_compile: the coordinator schedules"),
 ])
 def test_bad_values_are_refused(kwargs, words):
     with pytest.raises(UserError, match=re.escape(words)) as e:

@@ -25,11 +25,10 @@ def check(config) -> None:
         raise UserError("--eager: the coordinator of --strategy=parameter_server schedules "
                         "compiled steps only")
     if config.jit_compile:
-        raise UserError("--jit_compile: each worker's step reads its variables from the "
-                        "parameter servers, which one XLA computation on the worker cannot "
-                        "(https://www.tensorflow.org/xla/known_issues"
-                        "#tfvariable_on_a_different_device); --strategy=manual compiles each "
-                        "replica's pass")
+        raise UserError("--jit_compile: the coordinator schedules each step on a worker as a "
+                        "remote function, which TensorFlow does not run as an XLA computation "
+                        "(\"KernelAndDeviceOp does not support EagerFunctionParams\"); "
+                        "--strategy=manual compiles each replica's pass")
     if config.accumulate_steps > 1:
         raise UserError(f"--accumulate_steps={config.accumulate_steps} saves the allreduces "
                         "of synchronous training; parameter servers take each worker's "
