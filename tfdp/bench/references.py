@@ -30,7 +30,7 @@ BATCH = {"beginner": 128, "tuned": 512}
 
 
 def define_flags() -> None:
-    """The command line's flags, defined when run as a program only: the models above are
+    """The command line's flags, defined when run as a program only: the models below are
     imported by the bench too (its FLOPs per example), whose own flags share these names."""
     flags.DEFINE_enum("reference", "beginner", ["beginner", "tuned"], "Which script.")
     flags.DEFINE_string("workdir", None, "Where metrics.json goes.", required=True)
