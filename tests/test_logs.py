@@ -31,6 +31,39 @@ def test_tensorflow_still_prints_startup_banners_past_its_log_level():
     assert any(BANNER in l for l in banners), result.stderr[-2000:]
 
 
+def test_keras_still_imports_matplotlib_as_it_starts():
+    """The upstream behaviour tfdp.matplotlib_deferred works around (Keras' visualization
+    modules import matplotlib at module level). When this fails, importing TensorFlow no longer
+    imports matplotlib: delete tfdp/matplotlib_deferred.py, its call in tfdp/logs.py and the
+    test below."""
+    result = run_python("import sys, tensorflow; print('matplotlib.pyplot' in sys.modules)")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True"]
+
+
+DEFERRED_CHECK = r"""
+import sys
+from tfdp import logs
+
+logs.import_tensorflow()
+print("imported with TensorFlow:", "matplotlib" in sys.modules)
+import keras, numpy as np
+
+keras.visualization.plot_image_gallery(np.zeros((2, 8, 8, 3)), path=sys.argv[1])
+print("imported to plot:", "matplotlib.pyplot" in sys.modules)
+"""
+
+
+def test_tfdp_imports_matplotlib_when_something_draws_and_keras_still_plots(tmp_path):
+    gallery = tmp_path / "gallery.png"
+    result = subprocess.run([sys.executable, "-c", DEFERRED_CHECK, str(gallery)],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["imported with TensorFlow: False",
+                                          "imported to plot: True"], result.stdout
+    assert gallery.stat().st_size > 100
+
+
 FILTER_CHECK = r"""
 import os, traceback
 from absl import logging as absl_logging

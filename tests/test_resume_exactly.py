@@ -46,8 +46,12 @@ PATHS = {
 }
 # The run never interrupted that a path's resumed run must equal, where it is another path's:
 # two multi_worker workers train exactly mirrored's model on two devices (measured: the same
-# logits), which trains in the test process instead of a launched cluster.
+# logits), which trains in the test process instead of a launched cluster. The cases that share
+# a reference run on one worker (xdist_group), which trains it once.
 REFERENCE = {"multi_worker": "mirrored"}
+SHARING = {case for pair in REFERENCE.items() for case in pair}
+CASES = [pytest.param(case, marks=pytest.mark.xdist_group("resume_reference"))
+         if case in SHARING else case for case in PATHS]
 
 
 class Started:
@@ -118,7 +122,7 @@ def never_interrupted(tmp_path_factory, data_dir):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("strategy", list(PATHS))
+@pytest.mark.parametrize("strategy", CASES)
 def test_preempted_at_a_random_step_and_resumed_equals_never_interrupted(
         tmp_path, data_dir, test_split, never_interrupted, strategy):
     chosen = random.Random()

@@ -119,11 +119,15 @@ def import_tensorflow():
 
     While TensorFlow starts, fd 2 goes to a temporary file; afterwards every line that is not one
     of ``STARTUP_BANNERS`` is written back to stderr, in order, whether the import succeeded or
-    raised. With ``--verbose`` nothing is captured.
+    raised. With ``--verbose`` nothing is captured. Keras' matplotlib is imported at its first
+    use (``tfdp.matplotlib_deferred``).
     """
+    from tfdp import matplotlib_deferred
+
     started = "tensorflow" in sys.modules
     with contextlib.nullcontext() if verbose() or started else _stderr_filtered(STARTUP_BANNERS):
-        import tensorflow as tf
+        with matplotlib_deferred.deferred():
+            import tensorflow as tf
 
         tf.config.list_physical_devices()  # The CUDA probe logs here, on first use.
     return tf

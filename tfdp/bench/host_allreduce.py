@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 
+from tfdp import charts
 from tfdp.errors import UserError
 from tfdp.launcher import emulated_hosts
 from tfdp.launcher.children import prepare_child
@@ -271,14 +272,11 @@ def format_rows(rows: list) -> str:
 def plot(rows: list, path: str) -> None:
     """Time against k per algorithm, at the largest size on the slowest link: Fig. 12.7.3's
     question, measured (solid) against predicted (dashed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     size = max(r["bytes"] for r in rows)
     rate = min(r["link_bits_per_s"] for r in rows)
     chosen = [r for r in rows if r["bytes"] == size and r["link_bits_per_s"] == rate]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = charts.figure(7, 4.5)
+    ax = fig.subplots()
     for i, algorithm in enumerate(dict.fromkeys(r["algorithm"] for r in chosen)):
         mine = sorted((r for r in chosen if r["algorithm"] == algorithm),
                       key=lambda r: r["workers"])
@@ -296,4 +294,3 @@ def plot(rows: list, path: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

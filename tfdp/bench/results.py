@@ -3,6 +3,8 @@ machine's ceilings, as Markdown and as a chart."""
 
 import statistics
 
+from tfdp import charts
+
 EPOCH_EXAMPLES = 60000
 
 
@@ -87,11 +89,8 @@ def format_allreduce(result) -> str:
 
 
 def plot(rows, path, settings):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+    fig = charts.figure(7, 0.5 * len(rows) + 1.5)
+    ax = fig.subplots()
     names = [r["name"] for r in rows]
     ax.barh(names, [r["examples_per_sec"] for r in rows],
             xerr=[[r["examples_per_sec"] - r["min"] for r in rows],
@@ -101,4 +100,3 @@ def plot(rows, path, settings):
     ax.set_title(f"{settings.model}, batch {settings.batch_size}, {settings.data} data")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-from tfdp import path_registry
+from tfdp import charts, path_registry
 from tfdp.bench.configs import path_command
 from tfdp.config import Config
 from tfdp.errors import UserError
@@ -239,12 +239,8 @@ def _number(value) -> str:
 
 def plot(rows: list, path: str) -> None:
     """Test accuracy against seconds on the clock, every run of every configuration."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig = charts.figure(8, 5)
+    ax = fig.subplots()
     for i, r in enumerate(rows):
         color = f"C{i % 10}"
         for j, run in enumerate(r["runs"]):
@@ -260,4 +256,3 @@ def plot(rows: list, path: str) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -2,6 +2,7 @@
 tfdp, every worker's lanes against time, coloured by class, with the step boundaries and each
 step's communication share."""
 
+from tfdp import charts
 from tfdp.trace.timeline import CLASSES, lane_order
 
 COLOURS = {"input": "#8c8c8c", "forward": "#4c72b0", "backward": "#dd8452",
@@ -27,16 +28,13 @@ def communication_share(part: dict) -> dict:
 
 def draw(parts: list, path: str) -> None:
     """``timeline.png``: every worker's lanes against time, coloured by class."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     origin = min((e["start_ns"] for part in parts for e in part["events"]), default=0)
     rows = [(part["worker"], lane) for part in parts
             for lane in sorted({e["lane"] for e in part["events"]}, key=lane_order)]
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.45 * len(rows)))
+    fig = charts.figure(12, 1.0 + 0.45 * len(rows))
+    ax = fig.subplots()
     for y, (worker, lane) in enumerate(rows):
         part = next(p for p in parts if p["worker"] == worker)
         for kind in ("other", "host wait", *CLASSES[:-1]):  # Long, enclosing spans first.
@@ -61,4 +59,3 @@ def draw(parts: list, path: str) -> None:
               loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=7, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

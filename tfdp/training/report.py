@@ -13,7 +13,7 @@ import time
 
 import tensorflow as tf
 
-from tfdp import files
+from tfdp import charts, files
 from tfdp.config import LIVE_PROGRESS_ENV
 from tfdp.logs import logger
 
@@ -129,14 +129,11 @@ class Reporter:
                              lambda f: json.dump(payload, f, indent=1))
 
     def _plot(self):
-        import matplotlib.pyplot as plt
-
         fig = history_figure(self.records, self.config["epochs"],
                              f"{self.config['model']}, {self.config['strategy']}, "
                              f"{len(self.devices)} device(s)")
         files.write_atomic(os.path.join(self.workdir, PLOT_FILE),
                              lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
-        plt.close(fig)
 
 
 class Progress:
@@ -174,16 +171,20 @@ class Progress:
             self._width = 0
 
 
-def history_figure(records: list, epochs: int, title: str):
-    """Train and test accuracy and loss against epochs, as a matplotlib figure."""
-    import matplotlib
-    if "ipykernel" not in sys.modules:
-        matplotlib.use("Agg")  # No display needed; a notebook keeps its own backend.
-    import matplotlib.pyplot as plt
+def history_figure(records: list, epochs: int, title: str, shown: bool = False):
+    """Train and test accuracy and loss against epochs, as a matplotlib figure: ``shown``, one
+    of pyplot's (a notebook draws it inline), else a figure of its own, which a file needs and
+    which spares the process importing pyplot."""
     from matplotlib.ticker import MaxNLocator
 
+    if shown:
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=(8, 3.5))
+    else:
+        fig = charts.figure(8, 3.5)
+    acc_ax, loss_ax = fig.subplots(1, 2)
     epoch_numbers = [r["epoch"] for r in records]
-    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(8, 3.5))
     for ax, pairs, name in ((acc_ax, (("train_acc", "train"), ("test_acc", "test")), "accuracy"),
                             (loss_ax, (("loss", "train"), ("test_loss", "test")), "loss")):
         for key, label in pairs:

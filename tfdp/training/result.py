@@ -29,4 +29,5 @@ class Result:
         from tfdp.training import report
 
         return report.history_figure(self.history, self.plan.epochs,
-                                     f"{self.plan.strategy}, {len(self.devices)} device(s)")
+                                     f"{self.plan.strategy}, {len(self.devices)} device(s)",
+                                     shown=True)
