@@ -42,6 +42,7 @@ from tfdp.plan import global_batch_size, peak_lr
     ({"label_smoothing": -0.1}, "--label_smoothing must be in [0, 1)"),
     ({"weight_decay": math.nan}, "--weight_decay must be in [0, 1)"),
     ({"schedule": "cosine"}, "--schedule=cosine is not one of: constant, one_cycle"),
+    ({"one_cycle_rise": 1.0}, "--one_cycle_rise must be in (0, 1), got 1.0"),
     ({"augment": "crop"}, "--augment=crop is not one of: none, flip"),
     ({"recipe": "fast", "sync_batch_norm": True}, "--sync_batch_norm is the Keras paths'"),
     ({"recipe": "fast", "accumulate_steps": 2}, "--accumulate_steps=2 with lenet_bn"),

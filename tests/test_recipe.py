@@ -17,15 +17,20 @@ from tfdp.models import lenet, lenet_batch_norm
 from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.loss import cross_entropy
 from tfdp.models.sgd import SGD
-from tfdp.plan import one_cycle
+from tfdp.plan import make_plan, one_cycle
 from tfdp.training.backups import Backups
 
 
 def test_the_recipe_fills_only_the_flags_left_unset():
     fast = Config(recipe="fast")
     assert (fast.model, fast.batch_size, fast.lr, fast.momentum, fast.nesterov, fast.schedule,
-            fast.augment, fast.eval_flip, fast.initializer, fast.ema, fast.epochs) == (
-        "lenet_bn", 256, 0.8, 0.9, True, "one_cycle", "flip", True, "glorot", 0.95, 3)
+            fast.one_cycle_rise, fast.augment, fast.eval_flip, fast.initializer, fast.ema,
+            fast.epochs) == ("lenet_bn", 128, 0.5, 0.9, True, "one_cycle", 0.15, "flip", True,
+                             "glorot", 0.975, 2)
+    # The plan's rate peaks at the recipe's share of the run's steps.
+    plan = make_plan(fast, 2, 60000, 10000)
+    rates = [plan.learning_rate(step) for step in range(plan.total_steps + 1)]
+    assert rates.index(max(rates)) == round(0.15 * 2 * 469) and max(rates) == 0.5
     assert Config(recipe="fast", model="lenet", lr=0.1).model == "lenet"
     assert Config(recipe="fast", per_replica_batch_size=64).batch_size is None
     textbook = Config()
@@ -38,12 +43,13 @@ def test_the_recipe_fills_only_the_flags_left_unset():
 
 
 def test_one_cycle_rises_to_the_peak_then_falls_to_zero_alike_in_python_and_tensors():
-    rates = [one_cycle(step, 0.4, 20) for step in range(21)]
+    rates = [one_cycle(step, 0.4, 20, 0.25) for step in range(21)]
     assert rates[0] == pytest.approx(0.04) and rates[5] == pytest.approx(0.4)
     assert rates[20] == 0 and max(rates) == rates[5]
     assert all(a < b for a, b in zip(rates[:5], rates[1:6]))
     assert all(a > b for a, b in zip(rates[5:20], rates[6:21]))
-    tensors = [float(one_cycle(tf.constant(step, tf.int64), 0.4, 20)) for step in range(21)]
+    tensors = [float(one_cycle(tf.constant(step, tf.int64), 0.4, 20, 0.25))
+               for step in range(21)]
     np.testing.assert_allclose(tensors, rates, rtol=1e-6)
 
 

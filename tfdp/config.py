@@ -42,7 +42,7 @@ class Config:
         "textbook", "A named set of the choices below, each of which a flag given explicitly "
         "overrides: textbook (the chapter's: lenet, plain SGD at a constant rate, batch 256) "
         "or fast (the time-to-accuracy recipe: lenet_bn, Nesterov momentum, a one-cycle rate "
-        "up to 0.8 over 3 epochs, label smoothing, flips, weight averaging, batch 256; "
+        "up to 0.5 over 2 epochs, label smoothing, flips, weight averaging, batch 128; "
         "docs/time-to-accuracy.md).")
     model: Optional[str] = _flag(
         None, "lenet (the textbook's LeNet), lenet_bn (LeNet with batch normalization after "
@@ -80,8 +80,11 @@ class Config:
         "shrinks by lr x this. Default: the recipe's (textbook 0).")
     schedule: Optional[str] = _flag(
         None, "constant (the --scale_lr warmup, if any, then --lr) or one_cycle (from lr/10 "
-        "up to --lr over the first quarter of the run's steps, then down to 0 at its last "
-        "step; the run's length is --epochs). Default: the recipe's.")
+        "up to --lr over the first --one_cycle_rise of the run's steps, then down to 0 at its "
+        "last step; the run's length is --epochs). Default: the recipe's.")
+    one_cycle_rise: Optional[float] = _flag(
+        None, "The share of the run's steps over which one_cycle's rate rises to --lr, in (0, "
+        "1). Default: the recipe's (fast 0.15, textbook 0.25).")
     label_smoothing: Optional[float] = _flag(
         None, "Label smoothing in [0, 1): the training loss's target puts this much of its "
         "mass evenly on all classes. Default: the recipe's.")
@@ -104,7 +107,7 @@ class Config:
         1.0, "Length of the --scale_lr warmup in epochs (fractions allowed; 0 for none).")
     epochs: Optional[int] = _flag(
         None, "Training epochs (a one-cycle schedule spans them). Default: the recipe's "
-        "(textbook 10, fast 3).")
+        "(textbook 10, fast 2).")
     target_accuracy: Optional[float] = _flag(
         None, "Stop at the first evaluation whose test accuracy reaches this (0 to 1), export "
         "that model, and say how long it took, timed as MLPerf times it: loading the data, "

@@ -117,6 +117,8 @@ def recipe(config) -> None:
         value = getattr(config, name)
         if not 0 <= value < 1:
             raise UserError(f"--{name} must be in [0, 1), got {value}")
+    if not 0 < config.one_cycle_rise < 1:
+        raise UserError(f"--one_cycle_rise must be in (0, 1), got {config.one_cycle_rise}")
     if config.nesterov and not config.momentum:
         raise UserError("--nesterov needs --momentum > 0 (Nesterov's is a kind of momentum)")
     if not (math.isfinite(config.weight_decay) and 0 <= config.weight_decay < 1):

@@ -14,9 +14,9 @@ k-fold too, but reach it gradually, because a large rate on a fresh model diverg
 formula serves the from-scratch loop (Python numbers) and Keras (tensors).
 
 One-cycle (``--schedule=one_cycle``, Smith and Topin 2017, the triangular schedule of the
-CIFAR-10 speedruns): from a tenth of the peak up to the peak over the first ``ONE_CYCLE_RISE``
-of the run's steps, then linearly down to 0 at its last step; the run's length is ``--epochs``
-(a run stopped early by ``--target_accuracy`` stops partway down).
+CIFAR-10 speedruns): from a tenth of the peak up to the peak over the first
+``--one_cycle_rise`` of the run's steps, then linearly down to 0 at its last step; the run's
+length is ``--epochs`` (a run stopped early by ``--target_accuracy`` stops partway down).
 """
 
 import dataclasses
@@ -24,9 +24,6 @@ from typing import Optional
 
 from tfdp.config import DEFAULT_BATCH_SIZE
 from tfdp.errors import UserError
-
-ONE_CYCLE_RISE = 0.25  # The share of the run's steps over which one-cycle's rate rises.
-
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -42,6 +39,7 @@ class Plan:
     peak_lr: float
     warmup_steps: int
     schedule: str              # constant (with the warmup above) or one_cycle
+    one_cycle_rise: float      # one_cycle: the share of total_steps over which the rate rises
     total_steps: int           # the run's steps: epochs x steps_per_epoch
     train_examples: int        # in the training split
     eval_examples: int         # test examples each evaluation covers
@@ -53,7 +51,7 @@ class Plan:
     def learning_rate(self, step: int) -> float:
         """The learning rate of global step ``step`` (``learning_rate``)."""
         if self.schedule == "one_cycle":
-            return one_cycle(step, self.peak_lr, self.total_steps)
+            return one_cycle(step, self.peak_lr, self.total_steps, self.one_cycle_rise)
         return learning_rate(step, self.base_lr, self.peak_lr, self.warmup_steps)
 
     @property
@@ -70,7 +68,8 @@ class Plan:
               f"{self.base_lr:g}" if self.warmup_steps else f"lr {self.peak_lr:g}")
         if self.schedule == "one_cycle":
             lr = (f"one-cycle lr {self.peak_lr / 10:g} up to {self.peak_lr:g} at step "
-                  f"{one_cycle_peak(self.total_steps)}, down to 0 at step {self.total_steps}")
+                  f"{one_cycle_peak(self.total_steps, self.one_cycle_rise)}, down to 0 at step "
+                  f"{self.total_steps}")
         accumulated = (f", accumulated from {self.accumulate_steps} micro-batches of "
                        f"{self.micro_batch} (steps below are updates)"
                        if self.accumulate_steps > 1 else "")
@@ -128,7 +127,8 @@ def make_plan(config, replicas: int, train_examples: int, test_examples: int) ->
         epochs=config.epochs, base_lr=config.lr, peak_lr=peak_lr(config, replicas),
         warmup_steps=(warmup_steps(config.warmup_epochs, steps)
                       if config.scale_lr and config.schedule == "constant" else 0),
-        schedule=config.schedule, total_steps=steps * config.epochs,
+        schedule=config.schedule, one_cycle_rise=config.one_cycle_rise,
+        total_steps=steps * config.epochs,
         train_examples=train_examples,
         eval_examples=eval_examples(test_examples, micro, config.eval_steps),
         test_examples=test_examples, eval_steps=config.eval_steps, init=config.initializer,
@@ -177,15 +177,15 @@ def learning_rate(step, base_lr: float, peak_lr: float, warmup: int):
     return base_lr + (peak_lr - base_lr) * fraction
 
 
-def one_cycle_peak(total: int) -> int:
-    """The step at which one-cycle's rate peaks (at least 1)."""
-    return max(1, int(round(ONE_CYCLE_RISE * total)))
+def one_cycle_peak(total: int, rise: float) -> int:
+    """The step at which one-cycle's rate peaks: the share ``rise`` of ``total`` (at least 1)."""
+    return max(1, int(round(rise * total)))
 
 
-def one_cycle(step, peak_lr: float, total: int):
+def one_cycle(step, peak_lr: float, total: int, rise: float):
     """One-cycle's rate at ``step`` (a Python int, or a tensor): from ``peak_lr / 10`` up to
-    ``peak_lr`` at ``one_cycle_peak(total)``, then down to 0 at step ``total``."""
-    rise, low = one_cycle_peak(total), peak_lr / 10
+    ``peak_lr`` at ``one_cycle_peak(total, rise)``, then down to 0 at step ``total``."""
+    rise, low = one_cycle_peak(total, rise), peak_lr / 10
     fall = max(1, total - rise)
     if isinstance(step, int):
         if step < rise:

@@ -24,11 +24,11 @@ RECIPES = {
     "textbook": {"model": "lenet", "batch_size": 256, "lr": 0.2, "momentum": 0.0,
                  "nesterov": False, "weight_decay": 0.0, "schedule": "constant",
                  "label_smoothing": 0.0, "augment": "none", "eval_flip": False,
-                 "precision": "float32", "ema": 0.0, "epochs": 10},
-    "fast": {"model": "lenet_bn", "batch_size": 256, "lr": 0.8, "init": "glorot",
+                 "precision": "float32", "ema": 0.0, "epochs": 10, "one_cycle_rise": 0.25},
+    "fast": {"model": "lenet_bn", "batch_size": 128, "lr": 0.5, "init": "glorot",
              "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4, "schedule": "one_cycle",
-             "label_smoothing": 0.1, "augment": "flip", "eval_flip": True,
-             "precision": "auto", "ema": 0.95, "epochs": 3},
+             "one_cycle_rise": 0.15, "label_smoothing": 0.1, "augment": "flip",
+             "eval_flip": True, "precision": "auto", "ema": 0.975, "epochs": 2},
 }
 
 def choices(recipe: str, strategy: str) -> dict:
