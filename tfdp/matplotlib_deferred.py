@@ -17,10 +17,8 @@ that Keras still imports matplotlib without this (so it is still needed) and tha
 import contextlib
 import importlib
 import importlib.util
-import os
 import sys
 
-DISABLE_ENV = "TFDP_DISABLE_MATPLOTLIB_DEFERRED"  # For the test that checks it is still needed.
 # Keras' module-level names bound to matplotlib, and what each names.
 _KERAS_NAMES = (("keras.src.visualization.plot_image_gallery", "plt", "matplotlib.pyplot"),
                 ("keras.src.visualization.plot_bounding_box_gallery", "patches",
@@ -30,8 +28,7 @@ _KERAS_NAMES = (("keras.src.visualization.plot_image_gallery", "plt", "matplotli
 @contextlib.contextmanager
 def deferred():
     """Import TensorFlow inside this block: matplotlib is imported at its first use instead."""
-    if ("matplotlib" in sys.modules or os.environ.get(DISABLE_ENV)
-            or importlib.util.find_spec("matplotlib") is None):
+    if "matplotlib" in sys.modules or importlib.util.find_spec("matplotlib") is None:
         yield
         return
     sys.modules["matplotlib"] = None  # ``import matplotlib...`` raises ImportError.

@@ -25,6 +25,7 @@ from typing import Optional
 from tfdp.config import DEFAULT_BATCH_SIZE
 from tfdp.errors import UserError
 
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     strategy: str
@@ -177,15 +178,15 @@ def learning_rate(step, base_lr: float, peak_lr: float, warmup: int):
     return base_lr + (peak_lr - base_lr) * fraction
 
 
-def one_cycle_peak(total: int, rise: float) -> int:
-    """The step at which one-cycle's rate peaks: the share ``rise`` of ``total`` (at least 1)."""
-    return max(1, int(round(rise * total)))
+def one_cycle_peak(total: int, share: float) -> int:
+    """The step at which one-cycle's rate peaks: ``share`` of ``total`` (at least 1)."""
+    return max(1, int(round(share * total)))
 
 
-def one_cycle(step, peak_lr: float, total: int, rise: float):
+def one_cycle(step, peak_lr: float, total: int, share: float):
     """One-cycle's rate at ``step`` (a Python int, or a tensor): from ``peak_lr / 10`` up to
-    ``peak_lr`` at ``one_cycle_peak(total, rise)``, then down to 0 at step ``total``."""
-    rise, low = one_cycle_peak(total, rise), peak_lr / 10
+    ``peak_lr`` at ``one_cycle_peak(total, share)``, then down to 0 at step ``total``."""
+    rise, low = one_cycle_peak(total, share), peak_lr / 10
     fall = max(1, total - rise)
     if isinstance(step, int):
         if step < rise:
