@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO
 from processes import child_env, launch
 from slurm_cluster import SlurmCluster, missing
+from tfdp.config import LIVE_PROGRESS_ENV
 
 # One worker runs them all (xdist_group): the module's Slurm is started once.
 pytestmark = [pytest.mark.cluster, pytest.mark.root("a slurmd per network namespace"),
@@ -198,15 +199,21 @@ def test_scancel_term_mid_epoch_saves_and_the_requeued_job_resumes_mid_epoch(slu
     script = tmp_path / "train.sbatch"
     script.write_text(batch_script(f"--recipe=textbook --data_dir={data_dir} --epochs=2 "
                                    "--steps_per_epoch=120 --batch_size=64 --eval_steps=1"))
+    # The chief's progress line in job.out says which step it is at (as in a terminal).
     submitted = slurm.run("sbatch", "--parsable", f"--chdir={tmp_path}",
-                          f"--output={tmp_path}/job.out", str(script), env=_env())
+                          f"--output={tmp_path}/job.out", str(script),
+                          env=dict(_env(), **{LIVE_PROGRESS_ENV: "1"}))
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip()
     output = tmp_path / "job.out"
     folder = tmp_path / "runs" / "tfdp"  # The script's --workdir: the requeued job's too.
-    slurm.wait_for(lambda: output.exists() and "epoch 1/2: loss" in output.read_text(), 180,
-                   "the first epoch's line in job.out")
-    time.sleep(0.5 + np.random.default_rng().random())  # Somewhere in epoch 2's 120 steps.
+    # Somewhere in epoch 2's first third, seen in its progress line: a second after epoch 1's
+    # line was once still at its end on a loaded machine (the state saved was step 120's).
+    chosen = int(np.random.default_rng().integers(3, 40))
+    progress = re.compile(r"epoch 2/2 +(\d+)/120 ")
+    slurm.wait_for(lambda: output.exists() and any(
+        int(k) >= chosen for k in progress.findall(output.read_text())), 180,
+        f"epoch 2's step {chosen} in job.out")
     assert slurm.run("scancel", "--signal=TERM", job).returncode == 0
     # Requeued, it passes through states of its own (the run that ended, then REQUEUED) before
     # it is pending again.
