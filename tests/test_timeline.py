@@ -2,6 +2,7 @@
 backward and communication events in every traced step, as trace-event JSON, a PNG, and the
 profiler's own data, which xprof's converter reads in a process that never imports tfdp."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -101,6 +102,75 @@ def test_servers_record_long_enough_for_the_traced_steps_at_the_pace_seen():
         assert tracer.room(done) == (5 if done == 0 else 2 if done == 3 else 1)
     assert tracer.paced[1] == 3 and tracer._seconds_per_step(5) is not None
     assert Tracer((2, 3), "/nowhere")._seconds_per_step(1) is None
+
+
+class _EpochOver(Exception):
+    pass
+
+
+class _StepsFinishingLater:
+    """Steps issued at once and finished one after another, ``seconds`` each, later (as
+    parameter-server steps are: scheduled, then run by the workers); evaluating ends the test."""
+    window, sync_every = 4, 1
+
+    def __init__(self, seconds):
+        self.seconds, self.finished = seconds, {}
+
+    def batches(self, first_epoch, offset):
+        return iter(range(1 << 20))
+
+    def issue(self, batches, first_step, count):
+        return first_step + 1
+
+    def collect(self, step):
+        import tensorflow as tf
+
+        tf.reduce_sum(tf.ones([8]))  # An op for the traced steps' timeline.
+        time.sleep(self.seconds)
+        self.finished[step] = time.monotonic()
+        return [(1.0, 1, 1)]
+
+    def evaluate(self):
+        raise _EpochOver
+
+    def state(self):
+        return None
+
+    def epoch_figures(self):
+        return {}, ""
+
+
+class _Recording:
+    """The servers' capture, seen from the loop: when it started and for how long."""
+    servers = [("worker 0", "127.0.0.1:1")]
+
+    def start(self, milliseconds):
+        self.started, self.milliseconds = time.monotonic(), milliseconds
+
+    def finish(self):
+        return []
+
+
+def test_servers_record_until_the_last_traced_step_even_when_steps_finish_after_issue(tmp_path):
+    from types import SimpleNamespace
+
+    from tfdp.training import loop
+
+    tracer = Tracer((3, 4), str(tmp_path), servers=[("worker 0", "127.0.0.1:1")])
+    tracer.servers = recording = _Recording()
+    steps = _StepsFinishingLater(seconds=0.6)
+    progress = SimpleNamespace(update=lambda *_: None)
+    watch = SimpleNamespace(requested=False, reached=lambda step: None,
+                            training=lambda step: contextlib.nullcontext())
+    run = SimpleNamespace(trained=False, first_step=0, first_epoch=0, offset=0, stall=None,
+                          plan=SimpleNamespace(epochs=1, steps_per_epoch=6), tracer=tracer,
+                          reporter=SimpleNamespace(progress=lambda *_: progress), watch=watch)
+    with pytest.raises(_EpochOver):
+        loop.train(run, steps)
+    # Issuing took no time; the servers record the traced steps' finishing, and more.
+    assert steps.finished[4] - recording.started <= recording.milliseconds / 1000, (
+        steps.finished, recording.started, recording.milliseconds)
+    assert steps.finished[2] < recording.started  # Untraced steps finish before it starts.
 
 
 def test_arrivals_name_a_replica_only_when_it_is_consistently_and_clearly_late(tmp_path):

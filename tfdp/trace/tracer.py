@@ -42,8 +42,9 @@ class Tracer:
                                         *([f"worker-{worker}"] if workers > 1 else []))
         self.started = self.finished = False
         self.servers = ServerCapture(servers, os.path.join(run_dir, "tensorboard"))
-        # (time, steps done) at the second room(), once the first call has compiled the step:
-        # the steps' pace from there, for how long the servers record.
+        # (time, steps issued) at the second room(), once the first call has compiled the step.
+        # The loop finishes the steps in flight before the first traced one, so the time since,
+        # over the steps issued since, is their pace (never less): how long the servers record.
         self.paced, self.rooms = None, 0
 
     @property
@@ -73,10 +74,11 @@ class Tracer:
         import tensorflow as tf
 
         if not self.started:
+            # The servers record for a fixed time, which starts once this process records.
+            tf.profiler.experimental.start(self.capture_dir)
             if self.servers.servers:
                 self.servers.start(duration_ms(self._seconds_per_step(step - 1),
                                                self.last - self.first + 1))
-            tf.profiler.experimental.start(self.capture_dir)
             self.started = True
         with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
             yield

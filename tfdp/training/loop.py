@@ -117,13 +117,15 @@ class _Loop:
             count = min(self.steps.sync_every, plan.steps_per_epoch - i,
                         run.tracer.room(self.issued))
             step = self.issued + 1
+            traced = run.tracer.covers(step)
+            if traced:  # A traced step runs alone: the steps in flight finish first, untraced.
+                self._drain(running)
             with run.tracer.step(step):  # A traced step is collected inside its marker.
                 pending = self._watched(self.issued, count, self.steps.issue, batches,
                                         self.issued, count)
                 self.in_flight.append((pending, i, count))
                 self.issued += count
                 i += count
-                traced = run.tracer.covers(step)
                 while self.in_flight and (traced or len(self.in_flight) >= self.steps.window):
                     self._collect(running)
         self._drain(running)
