@@ -12,6 +12,7 @@ from tfdp.bench import host_allreduce as host_bench
 from tfdp.bench import references
 from tfdp.bench import time_to_accuracy as tta
 from tfdp.config import Config
+from tfdp.errors import UserError
 from tfdp.recipes import RECIPES
 
 
@@ -200,6 +201,8 @@ def test_the_step_split_across_hosts_is_the_allreduce_and_server_arithmetic(monk
     (["--hosts", "--allreduce", "--configs=", "--pieces=0"],
      "--pieces must be a positive integer, got 0"),
     (["--configs=stock:1:bf16"], "--configs entry 'stock:1:bf16': stock is Keras' defaults"),
+    (["--configs=mirrored:2:jit"], "mirrored:2:jit: --jit_compile: under tf.distribute"),
+    (["--configs=manual:2", "--epochs=1"], "--epochs=1: the first epoch is warm-up"),
     (["--hosts", "--configs=multi_worker:2:acc=2"], "--configs entry 'multi_worker:2:acc=2': "
                                                     "with --hosts, expected manual:k"),
     (["--configs=", "--cadence", "--cadence_configs=loop:1"],
@@ -336,12 +339,33 @@ def test_mlperf_scores_drop_the_fastest_and_slowest_run_and_need_every_run_to_re
     (["--time_to_accuracy=0.9", "--runs=0"], "--runs must be a positive integer, got 0"),
     (["--time_to_accuracy=0.9", "--tta_configs=manual:2:seed=3"], "sets --seed itself"),
     (["--time_to_accuracy=0.9", "--tta_configs=beginner:1:lr=1"], "unknown option 'lr=1'"),
+    (["--time_to_accuracy=0.9", "--tta_configs=plain:2"], "plain:2: --strategy=plain trains on "
+                                                          "one device"),
 ])
 def test_time_to_accuracy_refuses_bad_flags_in_one_line(tmp_path, flags, message):
     result = run_module("tfdp.bench", *flags, f"--workdir={tmp_path}")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert lines[0].startswith("tfdp.bench: error: ") and message in lines[0]
+
+
+def test_every_configuration_is_checked_as_tfdp_train_would_before_any_run():
+    from tfdp.bench.configs import check_command, parse_config, train_command
+
+    settings = SimpleNamespace(model="lenet", batch_size=64, epochs=2, steps=3, data="real",
+                               data_dir=None, manual_dir=None, tta_steps=None,
+                               tta_eval_examples=None)
+    for name in ("stock:1", "plain:1:jit", "manual:2:ring:jit", "multi_worker:2:bf16"):
+        check_command(name, train_command(parse_config(name), "/w", settings))
+    for name in tta.DEFAULT_CONFIGS.split(","):
+        check_command(name, tta.command(tta.parse(name), "/w", 0.9, 1, settings))
+    for name, refusal in (("parameter_server:2:jit", "--jit_compile: the coordinator"),
+                          ("multi_worker:2:jit", "--jit_compile: under tf.distribute")):
+        with pytest.raises(UserError, match=f"^{name}: {refusal}"):
+            check_command(name, train_command(parse_config(name), "/w", settings))
+    with pytest.raises(UserError, match="^manual:2:batch_size=x: .*batch_size"):
+        check_command("manual:2:batch_size=x", tta.command(
+            tta.parse("manual:2:batch_size=x"), "/w", 0.9, 1, settings))
 
 
 def test_the_bench_trains_your_model_on_every_configuration_stock_fit_included(tmp_path):

@@ -78,6 +78,16 @@ def config_from_flags(flag_values=FLAGS) -> Config:
                      for field in dataclasses.fields(Config)})
 
 
+def config_from_args(args: list) -> Config:
+    """The validated ``Config`` that ``tfdp.train`` would run with the arguments ``args``
+    (its one-line ``UserError``, or ``absl.flags.Error`` for a flag it does not know), parsed
+    apart from absl's global flags: the benchmark checks its commands before running any."""
+    values = flags.FlagValues()
+    define_flags(values)
+    values(["tfdp.train", *args])
+    return config_from_flags(values)
+
+
 def markdown() -> str:
     """docs/flags.md: every flag of ``tfdp.train`` (and keyword of ``tfdp.run``), its default
     and its help, from ``Config``."""

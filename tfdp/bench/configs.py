@@ -8,7 +8,11 @@ import subprocess
 import sys
 import tempfile
 
+from absl import flags
+
 from tfdp import path_registry
+from tfdp.errors import UserError
+from tfdp.flags import config_from_args
 
 STOCK = "stock"  # Keras' own defaults (tfdp.bench.stock), beside tfdp.train's paths.
 
@@ -84,6 +88,19 @@ def path_command(strategy: str, count: int, args: list) -> list:
                 f"--strategy={strategy}", "--num_gpus=1", *args]
     return [sys.executable, "-m", "tfdp.train", f"--strategy={strategy}", f"--num_gpus={count}",
             *args]
+
+
+def check_command(name: str, command: list) -> None:
+    """Before any run starts: ``tfdp.train``'s own one-line refusal of the arguments of
+    ``command`` (a ``path_command``), as a ``UserError`` naming the configuration ``name``."""
+    module = next((m for m in ("tfdp.train", "tfdp.launch") if m in command), None)
+    if module is None:
+        return  # Keras' own scripts (stock, the references) take only the bench's flags.
+    args = command[command.index("--" if module == "tfdp.launch" else module) + 1:]
+    try:
+        config_from_args(args)
+    except (UserError, flags.Error) as e:
+        raise UserError(f"{name}: {e}") from None
 
 
 def run_once(config: dict, settings) -> list:

@@ -38,10 +38,12 @@ import sys
 from absl import app, flags
 
 from tfdp import model_spec
-from tfdp.bench.configs import parse_config, run_once, training_flops_per_example
+from tfdp.bench.configs import (check_command, parse_config, run_once, train_command,
+                                training_flops_per_example)
 from tfdp.bench.host_allreduce import PIECES
 from tfdp.bench.time_to_accuracy import DEFAULT_CONFIGS as TTA_CONFIGS
 from tfdp.bench.results import format_allreduce, format_table, plot, summarise
+from tfdp.errors import UserError
 from tfdp.flags import help_parser
 
 # With --hosts, unless given: shorter runs than on one machine (a 10 Mbit/s link makes a step
@@ -109,6 +111,11 @@ def main(argv):
     try:
         configs = [parse_config(c) for c in FLAGS.configs if c.strip()]
         model_spec.check_spec(FLAGS.model)
+        if FLAGS.epochs < 2:
+            raise UserError(f"--epochs={FLAGS.epochs}: the first epoch is warm-up and not "
+                            "timed; give at least 2")
+        for config in configs:
+            check_command(config["name"], train_command(config, FLAGS.workdir, FLAGS))
     except ValueError as e:  # tfdp's UserError is one.
         sys.exit(f"tfdp.bench: error: {e}")
     os.makedirs(FLAGS.workdir, exist_ok=True)
@@ -161,7 +168,6 @@ def main_hosts():
     training_hosts.md and .json) and, with ``--allreduce``, the allreduce across them
     (``tfdp.bench.host_allreduce``: allreduce_hosts.md, .json and .png), in --workdir."""
     from tfdp.bench import host_allreduce, host_training
-    from tfdp.errors import UserError
 
     def setting(name):
         return getattr(FLAGS, name) if FLAGS[name].present else HOSTS_DEFAULTS[name]
@@ -216,7 +222,6 @@ def main_time_to_accuracy():
     time_to_accuracy.md, .json and .png in --workdir."""
     from tfdp import logs
     from tfdp.bench import time_to_accuracy as tta
-    from tfdp.errors import UserError
 
     target = FLAGS.time_to_accuracy
     try:
@@ -227,6 +232,8 @@ def main_time_to_accuracy():
         configs = [tta.parse(c) for c in FLAGS.tta_configs if c.strip()]
         if not configs:
             raise UserError("--tta_configs is empty: give at least one path:devices entry")
+        for config in configs:
+            check_command(config["name"], tta.command(config, FLAGS.workdir, target, 1, FLAGS))
         os.makedirs(FLAGS.workdir, exist_ok=True)
         rows = tta.measure(configs, target, FLAGS.runs, FLAGS,
                            say=lambda line: print(f"tfdp.bench: {line}", flush=True))
@@ -250,7 +257,6 @@ def main_time_to_accuracy():
 def _cadence() -> str:
     """``--cadence``: ``tfdp.bench.cadence``'s table, written as cadence.md and .json."""
     from tfdp.bench import cadence
-    from tfdp.errors import UserError
 
     try:
         configs = [cadence.parse(c) for c in
