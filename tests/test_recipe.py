@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from same_model import update_difference
-from tfdp import data, training_run
+from tfdp import data, recipes, training_run
 from tfdp.config import Config
 from tfdp.models import lenet, lenet_batch_norm
 from tfdp.models.averaging import Averaging, averaged
@@ -40,6 +40,15 @@ def test_the_recipe_fills_only_the_flags_left_unset():
     # On parameter servers the recipe keeps what asynchronous SGD can take.
     served = Config(recipe="fast", strategy="parameter_server")
     assert (served.model, served.momentum, served.label_smoothing) == ("lenet", 0.0, 0.1)
+    # Under tf.distribute it runs 3 epochs; the textbook recipe is the same on every path.
+    assert [Config(recipe="fast", strategy=s, num_gpus=2).epochs
+            for s in ("manual", "mirrored")] == [2, 3]
+    assert Config(recipe="fast", strategy="multi_worker").epochs == 3
+    assert Config(recipe="fast", strategy="mirrored", num_gpus=2, epochs=2).epochs == 2
+    assert Config(strategy="mirrored", num_gpus=2).epochs == 10
+    assert recipes.changed("fast", "mirrored") == ["epochs=2 to 3"]
+    assert recipes.changed("fast", "parameter_server")[0] == "model=lenet_bn to lenet"
+    assert recipes.changed("textbook", "parameter_server") == []
 
 
 def test_one_cycle_rises_to_the_peak_then_falls_to_zero_alike_in_python_and_tensors():

@@ -58,8 +58,9 @@ class Path:
     refuses: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Config properties' values where its flag is unset: "init", "sync_every".
     defaults: Mapping[str, object] = dataclasses.field(default_factory=dict)
-    # The recipe choices this path cannot take, and what it takes instead, and why (one line).
-    recipe_overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    # The recipe choices this path takes other values of, by recipe ({recipe: {choice: value}}),
+    # and why (one line).
+    recipe_overrides: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
     recipe_note: str = ""
     check: Optional[Callable] = None   # check(config): its own refusals, UserError
 

@@ -34,11 +34,12 @@ RECIPES = {
 def choices(recipe: str, strategy: str) -> dict:
     """The values ``recipe`` gives the flags left unset, on ``strategy`` (whose path may take
     others instead: ``tfdp.path_registry.Path.recipe_overrides``)."""
-    return {**RECIPES[recipe], **path_registry.get(strategy).recipe_overrides}
+    return {**RECIPES[recipe], **path_registry.get(strategy).recipe_overrides.get(recipe, {})}
 
 
-def dropped(recipe: str, strategy: str) -> list:
-    """The recipe's choices ``strategy`` leaves out, as ``flag=value`` (for one log line)."""
-    overrides = path_registry.get(strategy).recipe_overrides
-    return [f"{name}={RECIPES[recipe][name]}" for name, value in overrides.items()
+def changed(recipe: str, strategy: str) -> list:
+    """The recipe's choices ``strategy`` takes other values of, as ``flag=value to other``
+    (for one log line)."""
+    overrides = path_registry.get(strategy).recipe_overrides.get(recipe, {})
+    return [f"{name}={RECIPES[recipe][name]} to {value}" for name, value in overrides.items()
             if RECIPES[recipe].get(name) != value]

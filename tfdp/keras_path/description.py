@@ -16,6 +16,12 @@ UNDER_DISTRIBUTE = {
 }
 
 
+# Under tf.distribute (mirrored; multi_worker's workers train mirrored's model) the fast recipe
+# reached 0.90 in 2 epochs in only some seeds, in 3 in every one (docs/time-to-accuracy.md).
+LONGER_FAST = {"fast": {"epochs": 3}}
+LONGER_FAST_NOTE = "under tf.distribute it reaches 0.90 in every seed in 3"
+
+
 def check_distributed(config) -> None:
     if config.jit_compile:
         raise UserError(
@@ -36,6 +42,8 @@ register(Path(
     summary="Keras fit under MirroredStrategy",
     trainer=TRAINER,
     refuses=UNDER_DISTRIBUTE,
+    recipe_overrides=LONGER_FAST,
+    recipe_note=LONGER_FAST_NOTE,
     check=check_distributed,
 ))
 register(Path(
@@ -45,6 +53,8 @@ register(Path(
     cluster=WORKERS,
     scales_by="workers",
     refuses=UNDER_DISTRIBUTE,
+    recipe_overrides=LONGER_FAST,
+    recipe_note=LONGER_FAST_NOTE,
     check=check_distributed,
 ))
 register(Path(

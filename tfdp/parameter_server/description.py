@@ -59,7 +59,8 @@ register(Path(
     defaults={"init": "textbook"},
     # Momentum: each worker's update lands on parameters other workers moved since it read
     # them; batch normalization's running statistics: the store holds parameters only.
-    recipe_overrides={"model": "lenet", "momentum": 0.0, "nesterov": False, "ema": 0.0},
+    recipe_overrides={"fast": {"model": "lenet", "momentum": 0.0, "nesterov": False,
+                               "ema": 0.0}},
     recipe_note="asynchronous SGD cannot take them",
     check=check,
 ))

@@ -143,10 +143,10 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
         examples = len(train_split.labels), len(test_split.labels)
     plan = make_plan(config, path.replicas, *examples)
     logger.info("%s", plan.describe(path.engine))
-    left_out = recipes.dropped(config.recipe, config.strategy)
-    if left_out:
-        logger.info("--recipe=%s on --strategy=%s leaves out %s: %s (docs/time-to-accuracy.md)",
-                    config.recipe, config.strategy, ", ".join(left_out),
+    changed = recipes.changed(config.recipe, config.strategy)
+    if changed:
+        logger.info("--recipe=%s on --strategy=%s changes %s: %s (docs/time-to-accuracy.md)",
+                    config.recipe, config.strategy, ", ".join(changed),
                     path_registry.get(config.strategy).recipe_note)
     if "bfloat16" in (config.precision, config.allreduce_dtype):
         speed = bfloat16_speed()
