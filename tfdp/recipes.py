@@ -15,7 +15,8 @@ time to accuracy is measured with (``tfdp.bench --time_to_accuracy``).
 A flag given explicitly wins over its recipe's value; what the run used is in ``metrics.json``
 (``config``). Choices a path cannot take are refused in one line (``tfdp.config_checks``), and
 a path may take other values of some choices instead (``fast`` on the parameter-server path
-keeps only what asynchronous SGD can take): it says which (``tfdp.path_registry``).
+keeps only what asynchronous SGD can take; under tf.distribute it is 3 epochs long): it says
+which (``tfdp.path_registry``).
 """
 
 from tfdp import path_registry
