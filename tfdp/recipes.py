@@ -38,9 +38,10 @@ def choices(recipe: str, strategy: str) -> dict:
     return {**RECIPES[recipe], **path_registry.get(strategy).recipe_overrides.get(recipe, {})}
 
 
-def changed(recipe: str, strategy: str) -> list:
-    """The recipe's choices ``strategy`` takes other values of, as ``flag=value to other``
-    (for one log line)."""
-    overrides = path_registry.get(strategy).recipe_overrides.get(recipe, {})
-    return [f"{name}={RECIPES[recipe][name]} to {value}" for name, value in overrides.items()
-            if RECIPES[recipe].get(name) != value]
+def changed(config) -> list:
+    """The choices of ``config``'s recipe that its path changed in ``config`` (a flag given
+    explicitly is the user's, not the path's), as ``flag=value to other``, for one log line."""
+    recipe = RECIPES[config.recipe]
+    overrides = path_registry.get(config.strategy).recipe_overrides.get(config.recipe, {})
+    return [f"{name}={recipe[name]} to {value}" for name, value in overrides.items()
+            if recipe.get(name) != value == getattr(config, name)]

@@ -143,7 +143,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
         examples = len(train_split.labels), len(test_split.labels)
     plan = make_plan(config, path.replicas, *examples)
     logger.info("%s", plan.describe(path.engine))
-    changed = recipes.changed(config.recipe, config.strategy)
+    changed = recipes.changed(config)
     if changed:
         logger.info("--recipe=%s on --strategy=%s changes %s: %s (docs/time-to-accuracy.md)",
                     config.recipe, config.strategy, ", ".join(changed),
