@@ -28,10 +28,17 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# The suite's measurements (bfloat16's speed, made under the suite's own load) go to a cache of
-# its own, inherited by every process it starts, never into the user's ~/.cache.
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tfdp-test-cache-")
-atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
+# Each test process has a folder of its own, inherited by every process it starts and removed
+# when it ends: the temporary files (TFDS leaves an empty folder for each builder of a dataset not
+# yet prepared; a process a test kills leaves TensorFlow's autograph files) and the suite's
+# measurements (bfloat16's speed, made under the suite's own load: never into ~/.cache).
+# pytest's own tmp_path folders stay where they were, kept for a failure's post-mortem.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+_OWN = tempfile.mkdtemp(prefix="tfdp-test-")
+atexit.register(shutil.rmtree, _OWN, ignore_errors=True)
+os.environ["TMPDIR"] = tempfile.tempdir = os.path.join(_OWN, "tmp")
+os.environ["XDG_CACHE_HOME"] = os.path.join(_OWN, "cache")
+os.makedirs(os.environ["TMPDIR"])
 
 import pytest  # noqa: E402
 

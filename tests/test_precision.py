@@ -104,7 +104,9 @@ def test_short_names_are_accepted():
 def test_bfloat16_speed_is_measured_once_per_machine_and_a_damaged_cache_measured_again(
         tmp_path, caplog):
     speed = devices.bfloat16_speed(str(tmp_path))
-    assert 0.05 < speed < 20
+    # A ratio, not a speed target: AMX's bfloat16 tiles beside float32's vector units, under the
+    # suite's load, measured more than 20x; a broken measurement gives 0, inf or nan.
+    assert 0.05 < speed < 100
     cache, = tmp_path.glob("bfloat16-speed-*.json")
     kept = json.loads(cache.read_text())
     cache.write_text(json.dumps(dict(kept, ratio=0.54)))  # Another machine's figure, this key.
@@ -112,7 +114,7 @@ def test_bfloat16_speed_is_measured_once_per_machine_and_a_damaged_cache_measure
     cache.write_text(json.dumps(dict(kept, machine="another machine", ratio=0.54)))
     assert devices.bfloat16_speed(str(tmp_path)) != 0.54  # Another machine's: measured.
     cache.write_text('{"machine": ')  # Damaged.
-    assert 0.05 < devices.bfloat16_speed(str(tmp_path)) < 20
+    assert 0.05 < devices.bfloat16_speed(str(tmp_path)) < 100
     assert "measuring bfloat16's speed again" in caplog.text
     assert json.loads(cache.read_text())["machine"] == kept["machine"]
 

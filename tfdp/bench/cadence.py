@@ -137,15 +137,15 @@ def _measure_one(config: dict, steps: int, epochs: int, data_dir, manual_dir) ->
     from tfdp.devices import configure_devices
 
     devices = configure_devices(DEVICES)
-    workdir = tempfile.mkdtemp(prefix="tfdp-bench-cadence-")
-    settings = Config(num_gpus=DEVICES, batch_size=config["batch"], epochs=epochs,
-                      steps_per_epoch=steps, eval_steps=1, init="glorot", workdir=workdir,
-                      sync_every=config["sync"], accumulate_steps=config["acc"],
-                      data_dir=data_dir, manual_dir=manual_dir)
     train, test = data.load_splits(datasets.prepare(data_dir=data_dir, manual_dir=manual_dir))
-    if config["mode"] == "loop":
-        return _loop(settings, train, test)
-    return _bare(settings, devices, train, asynchronous=config["mode"] == "ahead")
+    with tempfile.TemporaryDirectory(prefix="tfdp-bench-cadence-") as workdir:
+        settings = Config(num_gpus=DEVICES, batch_size=config["batch"], epochs=epochs,
+                          steps_per_epoch=steps, eval_steps=1, init="glorot", workdir=workdir,
+                          sync_every=config["sync"], accumulate_steps=config["acc"],
+                          data_dir=data_dir, manual_dir=manual_dir)
+        if config["mode"] == "loop":
+            return _loop(settings, train, test)
+        return _bare(settings, devices, train, asynchronous=config["mode"] == "ahead")
 
 
 def _loop(config, train, test) -> dict:
