@@ -198,8 +198,8 @@ def train_command(data_dir, folder, *flags):
             f"--workdir={folder / 'run'}", f"--export_dir={folder / 'export'}", *flags]
 
 
-def run_train(command):
-    return subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=REPO,
+def run_train(command, cwd=REPO):
+    return subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=cwd,
                           timeout=300)
 
 

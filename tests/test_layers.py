@@ -106,7 +106,7 @@ def test_the_launcher_runs_without_tensorflow():
         assert not {n for n in named if n.split(".")[0] in ("tensorflow", "keras")}, module
         # Nor through tfdp: only modules that import no TensorFlow themselves.
         for target in imports(path, known):
-            assert unit(target) in ("launcher", "errors", "config", "config_checks",
+            assert unit(target) in ("launcher", "errors", "config", "config_checks", "flags",
                                     "export_formats", "files", "logs", "path_registry"), (
                 module, target)
 
@@ -151,6 +151,8 @@ def defined(module_path: str) -> set:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                names |= set(ast.literal_eval(node.value))  # Imported when first asked for.
     return names
 
 
@@ -189,3 +191,17 @@ def test_the_design_page_names_only_what_exists():
     missing = sorted(r for r in references if not resolve(r, known))
     assert len(references) > 20, references
     assert not missing, f"docs/design.md names what does not exist: {missing}"
+
+
+def test_the_package_imports_its_modules_when_first_asked_for():
+    """``python -m tfdp.train`` imports the package before the command's first line, which holds
+    a signal until the command can end in one line: the package itself imports only its
+    errors, and ``tfdp.run`` is there when asked for."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tfdp; print(sorted(m for m in sys.modules if m.startswith('tfdp'))); "
+            "tfdp.run; print('tfdp.api' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, check=True)
+    assert done.stdout.split("\n")[:2] == ["['tfdp', 'tfdp.errors']", "True"], done.stdout

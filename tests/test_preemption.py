@@ -7,13 +7,15 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import ROOT
-from processes import children, launch, run_train, tf_config_of, train_command, wait_for
+from conftest import REPO, ROOT
+from processes import (child_env, children, launch, run_train, tf_config_of, train_command,
+                       wait_for)
 from terminal import Terminal
 from tfdp.errors import PREEMPTED_EXIT_CODE, Preempted
 from tfdp.training import preemption
@@ -220,13 +222,14 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
     """A real pseudo-terminal: Ctrl-C there signals the terminal's foreground process group,
     the launcher's; the workers, in sessions of their own, are asked by the launcher, and all
     saved is a preemption (75). A second Ctrl-C, typed while they finish a step (a large
-    batch: seconds here), stops them at once (130)."""
+    batch: seconds here), stops them at once (130), naming the run folder the workers chose."""
     batch = 8192 if times == 2 else 64
+    workdir = [f"--workdir={tmp_path / 'run'}"] if times == 1 else []  # Else the default one.
     run = Terminal(
         [sys.executable, "-m", "tfdp.launch", "--num_workers=2", "--", "--strategy=multi_worker",
          "--epochs=3", "--steps_per_epoch=100", f"--batch_size={batch}", "--eval_steps=1",
-         f"--data_dir={data_dir}", f"--workdir={tmp_path / 'run'}",
-         f"--export_dir={tmp_path / 'export'}"])
+         f"--data_dir={data_dir}", *workdir, f"--export_dir={tmp_path / 'export'}"],
+        cwd=tmp_path)
     backups = Backups(str(tmp_path / "run"), 0, {})
     if times == 2:  # Into the first epoch's long steps.
         run.wait_for(lambda t: "\r[0] epoch 1/3 " in t.text, 240, "training")
@@ -241,9 +244,11 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
     assert "tfdp.launch: interrupted; asking the workers to save and stop" in text
     if times == 2:
         assert returncode == 130, text[-3000:]
+        folder, = os.listdir(tmp_path / "runs")
         assert text.rstrip().splitlines()[-1] == (
             "tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest backup "
-            "are lost; run the same command again to resume from it")
+            f"are lost; run the same command again with --workdir=runs/{folder} to resume "
+            "from it")
         assert "did not stop; killing it" not in text
         return
     assert returncode == PREEMPTED_EXIT_CODE, text[-3000:]
@@ -252,6 +257,22 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
     assert "Traceback" not in text
 
 # --- Ctrl-C in a terminal -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum, by", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_a_signal_while_the_command_imports_its_modules_ends_it_in_its_one_line(signum, by):
+    """``python -m tfdp.train`` as ``-m`` runs it, the signal sent the moment the command starts
+    to import its modules (on a loaded machine a Ctrl-C typed in its first seconds landed there
+    and came out of the import machinery as a traceback): held, then the one line, exit 75."""
+    code = ("import os, runpy, sys; from tfdp.training import preemption; "
+            "hold = preemption.hold_until_main; "
+            f"preemption.hold_until_main = lambda: (hold(), os.kill(os.getpid(), {int(signum)})); "
+            "sys.argv = ['tfdp.train']; runpy.run_module('tfdp.train', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=child_env(), cwd=REPO, timeout=120)
+    assert done.returncode == PREEMPTED_EXIT_CODE, done.stderr[-3000:]
+    assert done.stderr.strip() == (f"tfdp.train: preempted ({by}) at step 0: nothing new to "
+                                   "save; run the same command again to resume")
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy, moment", [  # The start and a second Ctrl-C: every path's.
@@ -266,6 +287,8 @@ def test_ctrl_c_in_a_terminal_saves_like_sigterm_and_a_second_stops_at_once(
     command = train_command(data_dir, tmp_path, f"--strategy={strategy}", "--num_gpus=2",
                             "--epochs=1", "--steps_per_epoch=400", f"--batch_size={batch}",
                             "--eval_steps=1")
+    if strategy == "manual" and moment != "starting":  # The default run folder, new each run.
+        command = [arg for arg in command if not arg.startswith("--workdir=")]
     if moment == "starting":
         # Python's start, TensorFlow's import, TFDS' import, the data, the replicas: whatever
         # was running, one line. (TFDS' __init__ swallows any Exception: a Ctrl-C there once
@@ -276,13 +299,13 @@ def test_ctrl_c_in_a_terminal_saves_like_sigterm_and_a_second_stops_at_once(
             run.type(b"\x03")
             returncode = run.finish(60)
             assert "Traceback" not in run.text and "KeyboardInterrupt" not in run.text, run.text
-            endings = re.findall(r"(?m)^tfdp\.train: .*", run.text)
+            endings = re.findall(r"(?m)^tfdp\.train: [^\r\n]*", run.text)
             assert len(endings) == 1 and re.match(
                 r"tfdp\.train: preempted \(Ctrl-C\) at step (0: nothing new to save|\d+: state of "
                 r"step \d+ saved in )", endings[0]), (delay, run.text[-3000:])
             assert returncode == PREEMPTED_EXIT_CODE, (delay, run.text[-3000:])
         return
-    run = Terminal(command)
+    run = Terminal(command, cwd=tmp_path)
     run.wait_for(lambda t: re.search(r"\repoch 1/1 +\d+/\d+ ", t.text), 120, "training")
     run.type(b"\x03")
     if moment == "twice":
@@ -291,20 +314,26 @@ def test_ctrl_c_in_a_terminal_saves_like_sigterm_and_a_second_stops_at_once(
     returncode = run.finish(60)
     text = run.text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
-    endings = re.findall(r"(?m)^tfdp\.train: .*", text)
+    endings = re.findall(r"(?m)^tfdp\.train: [^\r\n]*", text)
     assert len(endings) == 1, text[-3000:]
+    # How to resume: the same command, given the run's folder if a default chose it.
+    folder = "run" if strategy == "mirrored" else os.path.join("runs", *os.listdir(
+        tmp_path / "runs"))
+    again = "again" if strategy == "mirrored" else f"again with --workdir={folder}"
     if moment == "twice":
         assert returncode == 130, text[-3000:]
-        assert endings[0].startswith("tfdp.train: stopped at once (a second Ctrl-C): the steps "
-                                     "since the newest backup are lost"), endings
+        assert endings[0] == ("tfdp.train: stopped at once (a second Ctrl-C): the steps since "
+                              f"the newest backup are lost; run the same command {again} to "
+                              "resume from it"), endings
         assert not os.path.exists(tmp_path / "export" / "1")
         return
     assert returncode == PREEMPTED_EXIT_CODE, text[-3000:]
     step = int(re.match(r"tfdp\.train: preempted \(Ctrl-C\) at step (\d+): state of step \d+ "
-                        r"saved in \S+; run the same command again to resume", endings[0])[1])
+                        rf"saved in \S+; run the same command {again} to resume",
+                        endings[0])[1])
     assert 0 < step < 400
-    assert Backups(str(tmp_path / "run"), 0, {}).steps() == [step]
-    resumed = run_train(command)
+    assert Backups(str(tmp_path / folder), 0, {}).steps() == [step]
+    resumed = run_train(command + [f"--workdir={folder}"] * (strategy == "manual"), tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming at epoch 1/1, step {step}/400 (global step {step})" in resumed.stdout
     assert "exported " in resumed.stdout

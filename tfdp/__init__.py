@@ -14,10 +14,23 @@ what it is in ``tfdp.path_registry``:
 * ``tfdp.parameter_server``: asynchronous SGD on parameter servers.
 """
 
-from tfdp.api import configure_devices, run
+import importlib
+
 from tfdp.errors import Diverged, Finished, Preempted, UserError
-from tfdp.training.result import Result
 
 __version__ = "0.1.0"
 __all__ = ["run", "configure_devices", "Result", "UserError", "Diverged", "Preempted",
            "Finished"]
+# Imported when first asked for: ``python -m tfdp.train`` imports this package before its own
+# first line, and a Ctrl-C while it imported more came out as a traceback.
+_LATER = {"run": "tfdp.api", "configure_devices": "tfdp.api", "Result": "tfdp.training.result"}
+
+
+def __getattr__(name):
+    if name in _LATER:
+        return getattr(importlib.import_module(_LATER[name]), name)
+    raise AttributeError(f"module 'tfdp' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

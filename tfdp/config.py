@@ -246,6 +246,12 @@ class Config:
     def export_root(self) -> str:
         return self.export_dir or os.path.join("saved_models", model_spec.name_of(self.model))
 
+    def default_run_dir(self, stamp: str) -> str:
+        """The run folder when ``--workdir`` gives none, stamped ``stamp`` (the start's time,
+        or the stamp every worker of a launched or managed cluster shares)."""
+        model = model_spec.name_of(self.model)
+        return os.path.join("runs", f"{self.strategy}-{model}-{self.num_gpus}dev-{stamp}")
+
     @property
     def run_dir(self) -> str:
         if self.workdir is None:

@@ -4,9 +4,37 @@ Entry points catch them and print their message on one line with a non-zero exit
 traceback; anything else that escapes is a bug and keeps its traceback.
 """
 
+import contextlib
+
 # ``python -m tfdp.train`` exits with this when it was preempted (SIGTERM) and saved its state:
 # "temporary failure, run again" (sysexits.h EX_TEMPFAIL). The same command resumes.
 PREEMPTED_EXIT_CODE = 75
+
+SAME_COMMAND = "run the same command again"
+# What the lines that say how to resume say to run: the innermost run's (``naming_the_run``).
+_RERUN = [SAME_COMMAND]
+
+
+def rerun() -> str:
+    """How to run the run under way again so that it resumes, for the lines that say so."""
+    return _RERUN[-1]
+
+
+def rerun_in(run_dir: str = None) -> str:
+    """How to resume a run whose folder a default chose, ``run_dir`` (None: ``--workdir`` gave
+    it, and the same command finds it): the default is new for every run, so the same command
+    alone would train again from the start."""
+    return f"{SAME_COMMAND} with --workdir={run_dir}" if run_dir else SAME_COMMAND
+
+
+@contextlib.contextmanager
+def naming_the_run(run_dir: str = None):
+    """While a run runs, ``rerun()`` says ``rerun_in(run_dir)``."""
+    _RERUN.append(rerun_in(run_dir))
+    try:
+        yield
+    finally:
+        _RERUN.pop()
 
 
 class UserError(ValueError):
@@ -53,8 +81,7 @@ class Preempted(BaseException):
     def __init__(self, step: int, saved: str = None, by: str = None):
         by = by or "SIGTERM"
         where = f"state of step {step} saved in {saved}" if saved else "nothing new to save"
-        super().__init__(f"preempted ({by}) at step {step}: {where}; run the same command "
-                         "again to resume")
+        super().__init__(f"preempted ({by}) at step {step}: {where}; {rerun()} to resume")
         self.step, self.saved, self.by = step, saved, by
 
 
@@ -63,4 +90,4 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self):
         super().__init__("stopped at once (a second Ctrl-C): the steps since the newest backup "
-                         "are lost; run the same command again to resume from it")
+                         f"are lost; {rerun()} to resume from it")

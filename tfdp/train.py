@@ -8,13 +8,17 @@
 
 import sys
 
-from absl import app
-
-from tfdp import flags, logs
-from tfdp.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Finished, Interrupted,
-                         Preempted, UserError)
-from tfdp.cluster import managed
 from tfdp.training import preemption
+
+if __name__ == "__main__":  # A signal while the modules below import waits for main.
+    preemption.hold_until_main()
+
+from absl import app  # noqa: E402
+
+from tfdp import flags, logs  # noqa: E402
+from tfdp.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Finished,  # noqa: E402
+                         Interrupted, Preempted, UserError)
+from tfdp.cluster import managed  # noqa: E402
 
 
 def main(argv):

@@ -14,7 +14,7 @@ import re
 import socket
 import time
 
-from tfdp import path_registry
+from tfdp import errors, path_registry
 from tfdp.errors import UserError
 
 MAX_PORT = 65535
@@ -229,7 +229,7 @@ def lost_contact(error_name: str, peers: list, error_text: str, kept_steps: list
 def _resume(kept_steps: list) -> str:
     return (
         (f"; the backup of step {kept_steps[-1]} is kept" if kept_steps else "")
-        + ": run the same command again to resume once every worker is reachable")
+        + f": {errors.rerun()} to resume once every worker is reachable")
 
 
 def did_not_start(seconds: float, peers: list, start: str = "every worker",

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from tfdp import path_registry
+from tfdp import errors, flags, path_registry
 from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
 from tfdp.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, UserError
 from tfdp.launcher import emulated_hosts, isolation, supervise
@@ -197,8 +197,10 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
                 say(f"tfdp.launch: {line}")
             emulated.remove()
         if supervise.second_ctrl_c():
+            folder = (None if _train_flag(train_args, "workdir") is not None  # Else the default.
+                      else flags.config_from_args(train_args).default_run_dir(stamp))
             say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
-                "backup are lost; run the same command again to resume from it")
+                f"backup are lost; {errors.rerun_in(folder)} to resume from it")
 
 
 def _roles(specs: list) -> list:

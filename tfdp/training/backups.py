@@ -29,7 +29,7 @@ import zipfile
 
 import numpy as np
 
-from tfdp import files
+from tfdp import errors, files
 from tfdp.errors import UserError
 from tfdp.logs import logger
 from tfdp.training.state import TrainingState
@@ -85,7 +85,7 @@ class Backups:
             raise UserError(
                 f"cannot write the backup of step {step} in {self.folder} ({_reason(e)})"
                 + (f"; the backup of step {kept[-1]} is kept" if kept else "")
-                + ": make room and run the same command again") from None
+                + f": make room and {errors.rerun()}") from None
         for old in self.steps()[:-KEEP]:
             os.remove(self.path(old))
         return path

@@ -145,6 +145,17 @@ class Watch:
         raise self.preempted(step, backups.save(step, state()) if new else None)
 
 
+_HELD = []  # Signals that came while a command line imported its modules (``hold_until_main``).
+
+
+def hold_until_main() -> None:
+    """A command line's first call: a SIGTERM or Ctrl-C while its modules import is held (raised
+    there, it came out of the import machinery as a traceback) until ``preempt_outside_runs``
+    takes the signals and ends the command at once, in its one line."""
+    for signum in SIGNALS:
+        signal.signal(signum, lambda signum, frame: _HELD.append(signum))
+
+
 _FINISHED = threading.Event()  # A run of this process has exported (``Watch.finished``).
 # A run of this process has stopped for a signal, its state saved (``Watch.preempted``).
 _STOPPED = threading.Event()
@@ -174,6 +185,8 @@ def preempt_outside_runs():
     _STOPPED.clear()
     previous = {signum: signal.signal(signum, outside_runs) for signum in SIGNALS}
     try:
+        if _HELD:
+            raise Preempted(0, by=NAMES[_HELD[0]])
         yield
     except ImportError as e:
         # A signal while a native module initializes (TensorFlow's import): pybind11 turns the

@@ -19,7 +19,6 @@ from tfdp.config import RUN_STAMP_ENV, Config
 from tfdp.errors import UserError
 from tfdp.files import locked, read_start, unlock
 from tfdp.logs import logger
-from tfdp import model_spec
 
 _HELD = {}  # path -> fd, for the claims of this process
 # What flock raises on a file system that keeps no locks.
@@ -77,9 +76,7 @@ def with_run_dir(config: Config) -> Config:
         raise UserError(f"--strategy={config.strategy} with several workers needs --workdir: "
                         "every worker must use the same run folder (tfdp.launch chooses one for "
                         "you)")
-    model = model_spec.name_of(config.model)
-    base = os.path.join("runs", f"{config.strategy}-{model}-{config.num_gpus}dev-"
-                                f"{stamp or time.strftime('%Y%m%d-%H%M%S')}")
+    base = config.default_run_dir(stamp or time.strftime("%Y%m%d-%H%M%S"))
     path, n = base, 1
     while stamp is None and os.path.exists(path):  # Two runs started in the same second.
         n += 1

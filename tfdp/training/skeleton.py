@@ -14,7 +14,7 @@ resumes, states the plan, trains, exports and returns the ``Result``::
 import dataclasses
 from typing import Optional
 
-from tfdp import logs, path_registry, recipes
+from tfdp import errors, logs, path_registry, recipes
 from tfdp.cluster import tf_config
 from tfdp.config import Config
 from tfdp.errors import Finished, UserError
@@ -72,11 +72,13 @@ def run(config: Config, path_type, start_weights=None, splits=None,
     newest backup every worker has intact."""
     from tfdp.cluster.stall import PEER_LOST
 
+    given = config.workdir
     config = run_folder.with_run_dir(config)
     # Where every task trains a replica, each keeps its own backups.
     every_task_trains = path_registry.get(config.strategy).cluster == path_registry.WORKERS
     worker = tf_config.task().worker_index if every_task_trains else 0
-    with run_folder.claim(config.run_dir, worker):
+    with run_folder.claim(config.run_dir, worker), \
+            errors.naming_the_run(None if given else config.run_dir):
         done = report.exported(config.run_dir)
         if done:
             raise Finished(config.run_dir, done)
@@ -202,7 +204,7 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
         reason = _reason(e)
         kept = f"the trained weights are kept in {backups.folder}; " if backups else ""
         raise UserError(f"cannot write the export under {run.config.export_root} ({reason}): "
-                        f"{kept}make room and run the same command again to export") from None
+                        f"{kept}make room and {errors.rerun()} to export") from None
     run.watch.finished()
     run.reporter.record_export(version)
     if version:
