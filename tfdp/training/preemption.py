@@ -188,17 +188,30 @@ def preempt_outside_runs():
         if _HELD:
             raise Preempted(0, by=NAMES[_HELD[0]])
         yield
-    except ImportError as e:
-        # A signal while a native module initializes (TensorFlow's import): pybind11 turns the
-        # handler's exception into "ImportError: initialization failed", its cause. Seen from a
-        # real terminal's Ctrl-C at start-up (tests/test_preemption.py).
-        if isinstance(e.__cause__, Preempted):
-            raise e.__cause__ from None
+    except Exception as e:
+        # A signal while modules import (TensorFlow's): the handler's exception comes out as
+        # what the import made of it, pybind11's "ImportError: initialization failed" or the
+        # import lock's SystemError and then a half-initialized module's AttributeError. Seen
+        # from a real terminal's Ctrl-C at start-up (tests/test_preemption.py).
+        preempted = _preemption_behind(e)
+        if preempted:
+            raise preempted from None
         raise
     finally:
         for signum, handler in previous.items():
             settled = _FINISHED.is_set() or (_STOPPED.is_set() and signum == signal.SIGTERM)
             signal.signal(signum, signal.SIG_IGN if settled else handler)
+
+
+def _preemption_behind(error: BaseException):
+    """The ``Preempted`` in ``error``'s chain of causes and contexts, or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Preempted):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 @contextlib.contextmanager
