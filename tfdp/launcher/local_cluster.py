@@ -1,7 +1,6 @@
 """A local cluster for ``python -m tfdp.launch``: its processes, their ``TF_CONFIG``, cores and
-hosts, and the run from start to end (``tfdp.launch`` has the command line and the whole
-story; ``tfdp.launcher.supervise`` the watch over the processes, ``tfdp.launcher.output`` their
-lines)."""
+hosts, and the run from start to end (``tfdp.launch``: the command line and the whole story;
+``tfdp.launcher.supervise``: the watch over the processes; ``.output``: their lines)."""
 
 import dataclasses
 import functools
@@ -197,8 +196,9 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
                 say(f"tfdp.launch: {line}")
             emulated.remove()
         if supervise.second_ctrl_c():
-            folder = (None if _train_flag(train_args, "workdir") is not None  # Else the default.
-                      else flags.config_from_args(train_args).default_run_dir(stamp))
+            folder = (None if _train_flag(train_args, "workdir") is not None else  # worker_env's:
+                      flags.config_from_args(train_args).default_run_dir(
+                          os.environ.get(RUN_STAMP_ENV, stamp)))
             say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
                 f"backup are lost; {errors.rerun_in(folder)} to resume from it")
 
