@@ -196,9 +196,9 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
                 say(f"tfdp.launch: {line}")
             emulated.remove()
         if supervise.second_ctrl_c():
-            folder = (None if _train_flag(train_args, "workdir") is not None else  # worker_env's:
-                      flags.config_from_args(train_args).default_run_dir(
-                          os.environ.get(RUN_STAMP_ENV, stamp)))
+            config = flags.config_from_args(train_args)
+            folder = None if config.workdir else config.default_run_dir(
+                os.environ.get(RUN_STAMP_ENV, stamp))  # The stamp worker_env gave the workers.
             say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
                 f"backup are lost; {errors.rerun_in(folder)} to resume from it")
 
