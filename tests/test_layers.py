@@ -13,7 +13,7 @@ PACKAGE = os.path.join(REPO, "tfdp")
 # Bottom to top; a unit may import its own layer's units and those of the layers below.
 LAYERS = [
     {"errors", "logs", "files", "charts", "matplotlib_deferred"},  # the ground floor
-    {"model_spec", "dataset_spec", "path_registry", "config_checks", "export_formats", "config",
+    {"model_spec", "dataset_spec", "optimizer_spec", "path_registry", "config_checks", "export_formats", "config",
      "flags", "plan", "recipes"},
     {"fashion_mnist", "tfds_source", "array_cache", "image_folder", "array_source", "datasets",
      "data", "devices", "models"},                               # data, devices, models

@@ -16,7 +16,7 @@ from tfdp.config import Config
 from tfdp.models import lenet, lenet_batch_norm
 from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.loss import cross_entropy
-from tfdp.models.sgd import SGD
+from tfdp.models.optimizers import Optimizer
 from tfdp.plan import make_plan, one_cycle
 from tfdp.training.backups import Backups
 
@@ -114,9 +114,9 @@ def test_the_from_scratch_averages_are_keras_use_ema():
     rng = np.random.default_rng(3)
     start = rng.normal(size=(3, 4))
     mine, theirs = tf.Variable(start), keras.Variable(start)
-    averaging, sgd = Averaging(0.8), SGD(0.9)
+    averaging, sgd = Averaging(0.8), Optimizer(momentum=0.9)
     average, started = averaging.averages({"w": mine})["w"], tf.Variable(False)
-    velocity = sgd.velocities({"w": mine})["w"]
+    velocity = sgd.slots({"w": mine})["w"]
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_momentum=0.8)
     optimizer.build([theirs])
     for _ in range(4):
@@ -130,24 +130,6 @@ def test_the_from_scratch_averages_are_keras_use_ema():
                                rtol=1e-12)
     assert not np.allclose(average.numpy(), mine.numpy())
     assert averaged({"w": mine, "s": 1}, {"w": average})["w"] is average
-
-
-@pytest.mark.parametrize("momentum, nesterov, decay", [(0.0, False, 0.0), (0.9, False, 0.0),
-                                                       (0.9, True, 5e-4), (0.0, False, 1e-2)])
-def test_the_from_scratch_update_is_keras_sgd(momentum, nesterov, decay):
-    rng = np.random.default_rng(1)
-    start = rng.normal(size=(3, 4))
-    mine, theirs = tf.Variable(start), keras.Variable(start)
-    sgd = SGD(momentum, nesterov, decay)
-    velocities = sgd.velocities({"w": mine})
-    optimizer = keras.optimizers.SGD(0.1, momentum=momentum, nesterov=nesterov,
-                                     weight_decay=decay or None)
-    for _ in range(4):
-        grad = rng.normal(size=(3, 4))
-        sgd.update(mine, tf.constant(grad), 0.1, velocities.get("w"))
-        optimizer.apply_gradients([(tf.constant(grad), theirs)])
-    np.testing.assert_allclose(mine.numpy(), keras.ops.convert_to_numpy(theirs), rtol=1e-12)
-    assert not np.allclose(mine.numpy(), start)
 
 
 def test_flips_depend_on_seed_epoch_and_example_only_and_reach_every_path(train_split):
@@ -229,7 +211,7 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
     monkeypatch.undo()
     state = Backups(common["workdir"], 0, {}).load(5)
     # The 17 weights, and the 11 trained ones' velocities and averages.
-    assert [len(state.weights), len(state.velocities), len(state.averages)] == [17, 11, 11]
+    assert [len(state.weights), len(state.slots), len(state.averages)] == [17, 11, 11]
     resumed = training_run.train(Config(**common))
     for x, y in zip(full.weights, resumed.weights):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)

@@ -9,6 +9,7 @@ import os
 from typing import Optional
 
 from tfdp import config_checks, export_formats, model_spec, path_registry, recipes
+from tfdp import optimizer_spec as optimizers
 from tfdp.config_checks import parse_steps
 
 # Short names accepted for --precision (the issue tracker and other libraries use them).
@@ -68,16 +69,30 @@ class Config:
         f"{DEFAULT_BATCH_SIZE}).")
     per_replica_batch_size: Optional[int] = _flag(
         None, "Minibatch per replica instead of --batch_size: global = this x replicas.")
+    optimizer: Optional[str] = _flag(None, optimizers.help_text)
     lr: Optional[float] = _flag(
-        None, "SGD learning rate (for the global batch as given; the peak of a one-cycle "
-        "schedule). Default: the recipe's (textbook 0.2).")
+        None, "Learning rate (for the global batch as given; the peak of a one-cycle "
+        "schedule). Default: the recipe's for its optimizer (textbook: sgd at 0.2), else "
+        "Keras' (0.001).")
     momentum: Optional[float] = _flag(
-        None, "SGD momentum in [0, 1), Keras' formula (0: plain SGD). Default: the recipe's.")
+        None, "sgd and rmsprop: momentum in [0, 1), Keras' formula (0: none). Default: the "
+        "recipe's for sgd, else 0.")
     nesterov: Optional[bool] = _flag(
-        None, "Nesterov momentum (needs --momentum > 0). Default: the recipe's.")
+        None, "sgd: Nesterov momentum (needs --momentum > 0). Default: the recipe's.")
+    beta_1: Optional[float] = _flag(
+        None, "adam, adamw, lion: the first moment's decay rate (Keras' default 0.9).")
+    beta_2: Optional[float] = _flag(
+        None, "adam, adamw: the second moment's decay rate (Keras' 0.999); lion: the "
+        "momentum's (Keras' 0.99).")
+    rho: Optional[float] = _flag(
+        None, "rmsprop: the squared gradients' decay rate (Keras' default 0.9).")
+    epsilon: Optional[float] = _flag(
+        None, "adam, adamw, rmsprop: the small constant added for numerical stability "
+        "(Keras' default 1e-7).")
     weight_decay: Optional[float] = _flag(
         None, "Decoupled weight decay, Keras' formula: each step every trainable variable "
-        "shrinks by lr x this. Default: the recipe's (textbook 0).")
+        "shrinks by lr x this. Default: the recipe's for its optimizer (textbook 0), else "
+        "Keras' (adamw 0.004, the others 0).")
     schedule: Optional[str] = _flag(
         None, "constant (the --scale_lr warmup, if any, then --lr) or one_cycle (from lr/10 "
         "up to --lr over the first --one_cycle_rise of the run's steps, then down to 0 at its "
@@ -211,7 +226,10 @@ class Config:
             if getattr(self, name) in PRECISION_ALIASES:
                 object.__setattr__(self, name, PRECISION_ALIASES[getattr(self, name)])
         config_checks.choice("recipe", self.recipe, tuple(recipes.RECIPES))
-        for name, value in recipes.choices(self.recipe, self.strategy).items():
+        if self.optimizer is not None:
+            config_checks.choice("optimizer", self.optimizer, tuple(optimizers.OPTIMIZERS))
+        for name, value in recipes.choices(self.recipe, self.strategy,
+                                           self.optimizer).items():
             if getattr(self, name) is None and not (
                     name == "batch_size" and self.per_replica_batch_size is not None):
                 object.__setattr__(self, name, value)

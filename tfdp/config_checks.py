@@ -12,6 +12,7 @@ import typing
 
 from tfdp import dataset_spec, model_spec, path_registry
 from tfdp.errors import UserError
+from tfdp import optimizer_spec as optimizers
 
 ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
@@ -81,6 +82,12 @@ def common(config) -> None:
     if config.init not in (None, "glorot") and config.model not in model_spec.LENETS:
         raise UserError(f"--init={config.init} starts LeNet; --model={config.model} starts "
                         "from its layers' own initializers (glorot), under --seed")
+    if config.sync_batch_norm and config.model not in model_spec.OWN_BATCH_NORM:
+        raise UserError(f"--sync_batch_norm synchronizes tfdp's own batch normalization "
+                        f"({', '.join(model_spec.OWN_BATCH_NORM)}); --model={config.model} "
+                        + ("has none" if not model_spec.is_own(config.model) else
+                           "is yours: give its layers keras.layers.BatchNormalization("
+                           "synchronized=True)"))
     for name in ("num_gpus", "epochs", "ps_shards", "num_ps"):
         positive(name, getattr(config, name))
     if config.batch_size is not None and config.per_replica_batch_size is not None:
@@ -123,6 +130,26 @@ def recipe(config) -> None:
         raise UserError("--nesterov needs --momentum > 0 (Nesterov's is a kind of momentum)")
     if not (math.isfinite(config.weight_decay) and 0 <= config.weight_decay < 1):
         raise UserError(f"--weight_decay must be in [0, 1), got {config.weight_decay}")
+    optimizer(config)
+
+
+def optimizer(config) -> None:
+    """``--optimizer`` and the hyperparameters it takes (``tfdp.models.optimizers``): one it
+    does not take, set, is refused rather than ignored."""
+    name = config.optimizer
+    choice("optimizer", name, tuple(optimizers.OPTIMIZERS))
+    for flag in optimizers.HYPERPARAMETERS:
+        value = getattr(config, flag)
+        if value not in (None, 0, False) and not optimizers.takes(name, flag):
+            takes = [f"--{f}" for f in optimizers.HYPERPARAMETERS if optimizers.takes(name, f)]
+            raise UserError(f"--{flag}={value} is not a setting of --optimizer={name}"
+                            + (f", which takes {', '.join(takes)}" if takes else ""))
+    for flag in ("beta_1", "beta_2", "rho"):
+        value = getattr(config, flag)
+        if value is not None and not 0 <= value < 1:
+            raise UserError(f"--{flag} must be in [0, 1), got {value}")
+    if config.epsilon is not None and not (math.isfinite(config.epsilon) and config.epsilon > 0):
+        raise UserError(f"--epsilon must be a positive number, got {config.epsilon}")
 
 
 def cadence(config) -> None:

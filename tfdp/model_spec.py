@@ -14,6 +14,7 @@ from tfdp.errors import UserError
 
 LENETS = ("lenet", "lenet_bn")  # The built-ins that start from --init.
 BUILT_IN = (*LENETS, "resnet18")
+OWN_BATCH_NORM = ("lenet_bn", "resnet18")  # The built-ins --sync_batch_norm synchronizes.
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
 # Functions given to tfdp.run that no import reaches (a lambda, a function defined in another
 # function): found by their spec, in this process only.

@@ -20,22 +20,34 @@ which (``tfdp.path_registry``).
 """
 
 from tfdp import path_registry
+from tfdp import optimizer_spec as optimizers
+
+# The recipe's choices that belong to its optimizer.
+OPTIMIZER_CHOICES = ("lr", "momentum", "nesterov", "weight_decay")
 
 RECIPES = {
-    "textbook": {"model": "lenet", "batch_size": 256, "lr": 0.2, "momentum": 0.0,
+    "textbook": {"model": "lenet", "optimizer": "sgd", "batch_size": 256, "lr": 0.2, "momentum": 0.0,
                  "nesterov": False, "weight_decay": 0.0, "schedule": "constant",
                  "label_smoothing": 0.0, "augment": "none", "eval_flip": False,
                  "precision": "float32", "ema": 0.0, "epochs": 10, "one_cycle_rise": 0.25},
-    "fast": {"model": "lenet_bn", "batch_size": 128, "lr": 0.5, "init": "glorot",
+    "fast": {"model": "lenet_bn", "optimizer": "sgd", "batch_size": 128, "lr": 0.5, "init": "glorot",
              "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4, "schedule": "one_cycle",
              "one_cycle_rise": 0.15, "label_smoothing": 0.1, "augment": "flip",
              "eval_flip": True, "precision": "auto", "ema": 0.975, "epochs": 2},
 }
 
-def choices(recipe: str, strategy: str) -> dict:
+def choices(recipe: str, strategy: str, optimizer: str = None) -> dict:
     """The values ``recipe`` gives the flags left unset, on ``strategy`` (whose path may take
-    others instead: ``tfdp.path_registry.Path.recipe_overrides``)."""
-    return {**RECIPES[recipe], **path_registry.get(strategy).recipe_overrides.get(recipe, {})}
+    others instead: ``tfdp.path_registry.Path.recipe_overrides``). An ``optimizer`` other than
+    the recipe's brings its own defaults (Keras': ``tfdp.models.optimizers``) in place of the
+    recipe's learning rate, momentum and weight decay, which were chosen for the recipe's."""
+    chosen = {**RECIPES[recipe], **path_registry.get(strategy).recipe_overrides.get(recipe, {})}
+    if optimizer is None or optimizer == chosen["optimizer"]:
+        return {**optimizers.defaults(chosen["optimizer"]), **chosen}
+    own = optimizers.defaults(optimizer)
+    return {**{k: v for k, v in chosen.items() if k not in OPTIMIZER_CHOICES},
+            "momentum": 0.0, "nesterov": False, "weight_decay": 0.0, **own,
+            "optimizer": optimizer}
 
 
 def changed(config) -> list:

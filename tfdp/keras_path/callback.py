@@ -29,6 +29,8 @@ import tensorflow as tf
 
 from tfdp.keras_path.evaluation import averages_of
 from tfdp.keras_path.train_step import ARRIVALS
+from tfdp.models.optimizers import Optimizer
+from tfdp.models.stateless import state_variables
 from tfdp.trace.arrivals import unfold
 from tfdp.training import divergence
 from tfdp.training.epoch_end import EpochEnd
@@ -39,22 +41,32 @@ CHECK_EVERY = 5  # steps between two checks (under multi_worker: SIGTERM all-red
 
 
 def training_state(model) -> TrainingState:
-    """A compiled ``model``'s training state: its weights, its SGD's velocities (Keras keeps
-    them in the order of the trainable variables) and the averages of ``use_ema``."""
+    """A compiled ``model``'s training state: its weights, its optimizer's slots (each kind
+    in the order of the trainable variables, as ``tfdp.models.optimizers`` lists them), the
+    averages of ``use_ema`` and the seed states."""
     optimizer = model.optimizer
-    return TrainingState(model.get_weights(), _values(getattr(optimizer, "momentums", [])),
-                         _values(averages_of(optimizer)))
+    return TrainingState(model.get_weights(), _values(slots_of(optimizer)),
+                         _values(averages_of(optimizer)), _values(state_variables(model)))
 
 
 def restore_state(model, state: TrainingState) -> None:
     """``state`` into a compiled ``model`` whose optimizer is built (in the strategy's scope).
-    Slots the state has none of (a test's start) keep the optimizer's own start."""
+    Slots and states the state has none of (a test's start) keep the optimizer's and the
+    model's own start."""
     model.set_weights(state.weights)
     optimizer = model.optimizer
-    for variables, values in ((getattr(optimizer, "momentums", []), state.velocities),
-                              (averages_of(optimizer), state.averages)):
+    for variables, values in ((slots_of(optimizer), state.slots),
+                              (averages_of(optimizer), state.averages),
+                              (state_variables(model), state.states)):
         for variable, value in zip(variables, values):
             variable.assign(value)
+
+
+def slots_of(optimizer) -> list:
+    """The slot variables of a built Keras optimizer of ``tfdp.models.optimizers``, in a
+    backup's order."""
+    kinds = Optimizer.of_keras(optimizer).slot_kinds
+    return [v for kind in kinds for v in getattr(optimizer, kind)]
 
 
 def _values(variables) -> list:

@@ -30,6 +30,12 @@ own row scaled by the replica count (float32, folded modulo ``arrivals.PERIOD``,
 reduces every log of a step in one collective of one dtype): the mean over replicas that Keras
 already takes of every log then holds every replica's times, with no collective of their own.
 
+The model's own losses (``model.losses``: regularizers, ``add_loss``) are added as Keras'
+``compute_loss`` adds them, divided by the replica count as Keras scales the whole loss under a
+strategy (and by the micro-batches), so the summed gradients count them once per update, in
+the loss's dtype (Keras' own adds a float64 regularization loss to its float32 loss and fails).
+The training loss reported is the cross-entropy's mean plus them, as ``fit`` reports it.
+
 This overrides ``train_step``, the documented way to change what ``fit`` does in one step; the
 rest of ``fit`` (the loop, callbacks, distribution, the optimizer) is Keras'.
 """
@@ -66,6 +72,7 @@ class GlobalBatchModel(keras.Model):
             with tf.control_dependencies([started]):  # The forward pass starts after it.
                 images = tf.identity(images)
         grads, per_example, logits = None, [], []
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
         for x, y, w, size in zip(*(tf.split(t, tf.stack(sizes), num=k)
                                    for t in (images, labels, weights)), sizes):
             if grads is not None:
@@ -76,6 +83,8 @@ class GlobalBatchModel(keras.Model):
                 out = self(x, training=True)
                 losses = cross_entropy(out, y, self.label_smoothing)
                 loss = tf.reduce_sum(losses * tf.cast(w, losses.dtype))
+                own = self.own_loss(loss.dtype)
+                loss += own / (replicas * k)
             part = tape.gradient(loss, variables)
             grads = part if grads is None else [a + b for a, b in zip(grads, part)]
             per_example.append(losses[:size])
@@ -87,11 +96,27 @@ class GlobalBatchModel(keras.Model):
         # The shard's mean loss weighted by its size: the tracker then holds the global mean.
         shard = tf.cast(real, per_example.dtype)
         self._loss_tracker.update_state(
-            tf.math.divide_no_nan(tf.reduce_sum(per_example), shard), sample_weight=shard)
+            tf.math.divide_no_nan(tf.reduce_sum(per_example), shard) + own,
+            sample_weight=shard)
         logs = self.compute_metrics(images, labels, logits)
         if self.stamp_arrivals:
             logs[ARRIVALS] = _own_row(tf.stack([started, ready]))
         return logs
+
+    def own_loss(self, dtype):
+        """The sum of the model's own losses of its last call (``model.losses``: kernel, bias
+        and activity regularizers, ``add_loss``) in ``dtype``, as Keras' ``compute_loss``
+        adds them (0 where it has none)."""
+        return tf.add_n([tf.zeros([], dtype)] + [tf.cast(l, dtype) for l in self.losses])
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras' ``compute_loss`` with the model's own losses in the compiled loss's dtype:
+        ``fit`` builds its loss state with it once (tfdp's step computes its own loss), and
+        Keras' would add a float64 model's float64 regularization to its float32 loss (the
+        compiled loss follows ``keras.config.floatx()``, float32 outside ``catalog.build``)."""
+        del x, training
+        compiled = self._compile_loss(y, y_pred, sample_weight)
+        return compiled + self.own_loss(compiled.dtype)
 
     def get_metrics_result(self):
         """Keras' metrics, and an empty ``arrival_times``: at an epoch's end ``fit`` reports

@@ -29,6 +29,7 @@ from tfdp.keras_path.strategy import make_distribution
 from tfdp.keras_path.train_step import global_batch_model
 from tfdp.logs import logger
 from tfdp.models import catalog, lenet
+from tfdp.models.optimizers import Optimizer
 from tfdp.models.precision import input_dtype
 from tfdp.plan import steps_per_epoch
 from tfdp.trace.arrivals import Arrivals
@@ -73,17 +74,27 @@ class PlanSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "total_steps": self.plan.total_steps}
 
 
-class RunSGD(keras.optimizers.SGD):
-    """Keras' SGD, whose averages (``use_ema``) take the weights' place when the run is over
-    (``finalize``), not whenever a ``fit`` ends: a run resumed within an epoch fits twice (the
-    rest of that epoch, then the epochs after it), and the second must go on from the live
-    weights, as the run that was never interrupted does."""
+class FinalizedOnce:
+    """A Keras optimizer whose averages (``use_ema``) take the weights' place when the run is
+    over (``finalize``), not whenever a ``fit`` ends: a run resumed within an epoch fits twice
+    (the rest of that epoch, then the epochs after it), and the second must go on from the
+    live weights, as the run that was never interrupted does."""
 
     def finalize_variable_values(self, var_list):
         """Called by ``fit`` as it ends: nothing, the run's training may go on."""
 
     def finalize(self, var_list):
         super().finalize_variable_values(var_list)
+
+
+def run_optimizer(config, plan):
+    """``--optimizer``'s Keras optimizer (``tfdp.models.optimizers``) at the plan's rates,
+    averaging under ``--ema``, its averages finalized once (``FinalizedOnce``)."""
+    optimizer = Optimizer.of(config).keras(PlanSchedule(plan), use_ema=bool(config.ema),
+                                           ema_momentum=config.ema or 0.99)
+    optimizer.__class__ = type(f"Run{type(optimizer).__name__}",
+                               (FinalizedOnce, type(optimizer)), {})
+    return optimizer
 
 
 class KerasFitPath(TrainingPath):
@@ -118,11 +129,7 @@ class KerasFitPath(TrainingPath):
         replicas = self.distribution.replicas
         with strategy.scope():
             model = self.model = build_model(config, self.dataset)
-            model.compile(optimizer=RunSGD(
-                              PlanSchedule(plan), momentum=config.momentum,
-                              nesterov=bool(config.nesterov),
-                              weight_decay=config.weight_decay or None,
-                              use_ema=bool(config.ema), ema_momentum=config.ema or 0.99),
+            model.compile(optimizer=run_optimizer(config, plan),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"], run_eagerly=config.eager,
                           steps_per_execution=config.steps_per_execution,

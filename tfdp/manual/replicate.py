@@ -6,7 +6,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfdp.models.averaging import Averaging, averaged
-from tfdp.models.sgd import SGD
+from tfdp.models.optimizers import Optimizer
 from tfdp.models.stateless import HandWrittenLeNet
 from tfdp.plan import shard_sizes
 
@@ -38,37 +38,42 @@ def split_batch(images: tf.Tensor, labels: tf.Tensor, devices: list) -> list:
 
 @dataclasses.dataclass
 class Replicas:
-    """The model on every device: each replica's parameters (``params[d]``, the textbook's
-    ``get_params``: every variable of the ``model``, ``tfdp.models.stateless``), its SGD
-    velocities and its weight averages, and whether a step has set the averages yet
-    (``averaged``, a bool variable)."""
+    """The model on every device: each replica's variables (``params[d]``, the textbook's
+    ``get_params``: every variable of the ``model``, ``tfdp.models.stateless``: its weights
+    and its seed states), its optimizer's slots (``slots[d]``: {name: slot variables}) and
+    its weight averages, the optimizer's step count (``iterations``, on the first device: the
+    global step, which Adam's bias correction reads), and whether a step has set the averages
+    yet (``averaged``, a bool variable)."""
     model: object
     devices: list
     params: list
-    velocities: list
+    slots: list
     averages: list
     averaged: tf.Variable
+    iterations: tf.Variable
 
     @classmethod
-    def place(cls, params: dict, devices: list, sgd: SGD = SGD(),
-              averaging: Averaging = Averaging(), velocities: list = None,
-              averages: list = None, resumed: bool = False, model=None):
-        """``params`` (numpy, by name) of ``model`` copied onto every device, with ``sgd``'s
-        zero velocities under momentum (or ``velocities``) and ``averaging``'s averages
-        starting at the parameters (or ``averages``); ``resumed``: the averages came with a
-        backup, so the first step does not reset them. The model is LeNet (or lenet_bn) unless
-        given."""
+    def place(cls, params: dict, devices: list, optimizer: Optimizer = Optimizer(),
+              averaging: Averaging = Averaging(), slots: list = None,
+              averages: list = None, first_step: int = 0, model=None):
+        """``params`` (numpy, by name) of ``model`` copied onto every device, with
+        ``optimizer``'s zero slots (or ``slots``) and ``averaging``'s averages starting at the
+        parameters (or ``averages``); ``first_step``: the global step a resumed run starts
+        at (its averages came with the backup, so the first step does not reset them). The
+        model is LeNet (or lenet_bn) unless given."""
         model = model or HandWrittenLeNet.of(params)
         replicas = replicate(params, devices)
-        slots, means = [], []
+        kept, means = [], []
         for device, replica in zip(devices, replicas):
             trained = {name: replica[name] for name in model.trainable}
             with tf.device(device):
-                slots.append(sgd.velocities(trained, velocities))
+                kept.append(optimizer.slots(trained, slots))
                 means.append(averaging.averages(trained, averages))
         with tf.device(devices[0]):
-            averaged_yet = tf.Variable(resumed, trainable=False, name="averaged")
-        return cls(model, devices, replicas, slots, means, averaged_yet)
+            averaged_yet = tf.Variable(first_step > 0, trainable=False, name="averaged")
+            iterations = tf.Variable(first_step, dtype=tf.int64, trainable=False,
+                                     name="iterations")
+        return cls(model, devices, replicas, kept, means, averaged_yet, iterations)
 
     @property
     def dtype(self) -> tf.DType:

@@ -13,13 +13,19 @@ loss is divided by the whole update's batch, the sum is the gradient of the mean
 K micro-batches of B train the model one batch of K x B would, to rounding, with the memory of
 one micro-batch (each waits for the previous one's gradients).
 
-The update is ``tfdp.models.sgd``'s (Keras' SGD: momentum, Nesterov, weight decay), each
-replica's velocities beside its parameters. The model is any ``tfdp.models.stateless`` one: the
-hand-written LeNet, or a Keras model through ``stateless_call``. Batch normalization normalizes
+The update is ``--optimizer``'s, written out (``tfdp.models.optimizers``: Keras' SGD, Adam,
+AdamW, RMSprop, Lion), each replica's slots beside its parameters. The model is any
+``tfdp.models.stateless`` one: the hand-written LeNet, or a Keras model through
+``stateless_call``. The model's own losses (regularizers, ``add_loss``) join each replica's
+loss divided by the replica count (and the micro-batches), as Keras' ``fit`` scales them under
+a strategy, so the summed gradients count them once per update. Batch normalization normalizes
 each replica's shard by the shard's own statistics (as Keras under MirroredStrategy does); its
 running statistics move by the mean of the replicas' moved statistics, weighted by their
 shards' sizes, the same on every replica (as ``ReplicatedBatchNormalization`` moves Keras'),
-so what is evaluated on any replica is what is exported.
+so what is evaluated on any replica is what is exported. Each random layer's seed state
+(Dropout's) is the same on every replica and moves as Keras moves it under
+``MirroredStrategy``: every replica draws from the same seed each step (so equal shards draw
+equal masks), and the seed advances once per step (per micro-batch under accumulation).
 
 The trainer calls the step in windows of several steps (``tfdp.manual.window``).
 """
@@ -35,7 +41,7 @@ from tfdp.manual.feed import Feed, images_feed
 from tfdp.manual.replicate import Replicas
 from tfdp.models.averaging import Averaging
 from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
-from tfdp.models.sgd import SGD
+from tfdp.models.optimizers import Optimizer
 from tfdp.plan import shard_sizes
 from tfdp.trace.arrivals import stamp_after
 
@@ -44,14 +50,14 @@ from tfdp.trace.arrivals import stamp_after
 class StepSettings:
     """What a from-scratch step does, read from the config once (``of``): the allreduce and
     when it runs, the dtype of the gradients' travel (None: the parameters'), micro-batches
-    per update, the update, the loss's label smoothing, the weight averaging, and whether the
+    per update, the optimizer, the loss's label smoothing, the weight averaging, and whether the
     step is compiled. (The passes' dtype is the model's: ``tfdp.models.stateless``.)"""
     allreduce: str = "add_n"
     allreduce_dtype: Optional[str] = None
     accumulate: int = 1
     bucket_kb: Optional[int] = None
     overlap: bool = True
-    sgd: SGD = SGD()
+    optimizer: Optimizer = Optimizer()
     smoothing: float = 0.0
     averaging: Averaging = Averaging()
     eager: bool = False
@@ -64,7 +70,7 @@ class StepSettings:
                    # float32 is the gradients' own dtype (float64 under --precision=float64).
                    config.allreduce_dtype if config.allreduce_dtype == "bfloat16" else None,
                    config.accumulate_steps, config.bucket_kb, config.overlap == "auto",
-                   SGD.of(config), config.label_smoothing, Averaging(config.ema), config.eager,
+                   Optimizer.of(config), config.label_smoothing, Averaging(config.ema), config.eager,
                    config.eval_flip, config.jit_compile)
 
 
@@ -84,7 +90,8 @@ def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),
         with tf.name_scope("input"):
             shards = feed.shards("train", *batch)
         n = tf.cast(tf.shape(batch[-1])[0], dtype)  # Labels, or indices: both one per example.
-        shard_results = replica_gradients(replicas, shards, n, settings)
+        shard_results = replica_gradients(replicas, shards, n, settings,
+                                          len(replicas.devices))
         with tf.name_scope("allreduce"):
             summed = exchange_gradients([r.gradients for r in shard_results], replicas.devices,
                                         settings)
@@ -116,11 +123,12 @@ class ShardResult:
 
 
 def replica_gradients(replicas: Replicas, shards: list, global_batch,
-                      settings: StepSettings = StepSettings()) -> list:
+                      settings: StepSettings = StepSettings(), replicas_in_sync: int = 1) -> list:
     """On each device, its replica's forward and backward pass on its shard, under its own
     tape (in ``settings.accumulate`` micro-batches): one ``ShardResult`` per replica. The loss
-    is summed over the shard and divided by the global batch, so the gradients add up to the
-    mean loss's."""
+    is summed over the shard and divided by the global batch, and the model's own losses
+    divided by ``replicas_in_sync``, so the gradients add up to the mean loss's plus the model's
+    losses once."""
     model, dtype = replicas.model, replicas.dtype
     trained = len(model.trainable)
     results = []
@@ -128,7 +136,7 @@ def replica_gradients(replicas: Replicas, shards: list, global_batch,
         with on_replica(replicas.devices, d):
             loss, right, started, *g = _unless_empty(
                 y, _stamped(lambda: _accumulated_gradients(model, params, x, y, global_batch,
-                                                           settings)),
+                                                           settings, replicas_in_sync)),
                 _stamped(lambda: _no_gradients(model, params)))
             g, stats = g[:trained], g[trained:]
             ready = stamp_after(tf.math.is_finite(loss), g, params[model.trainable[-1]])
@@ -150,18 +158,22 @@ def exchange_gradients(grads: list, devices: list,
 
 def update_replicas(replicas: Replicas, summed: list, statistics: dict, lr,
                     settings: StepSettings = StepSettings()) -> None:
-    """The same update on every replica: SGD with the summed gradients (cast back to the
-    parameters' dtype), the moved running statistics, then the weight averages."""
+    """The same update on every replica: the optimizer's with the summed gradients (cast back
+    to the parameters' dtype) at the step count ``replicas.iterations``, the moved running
+    statistics and seed states, then the weight averages."""
+    step = replicas.iterations.read_value()
     for d, (params, g) in enumerate(zip(replicas.params, summed)):
         with on_replica(replicas.devices, d), tf.name_scope("update"):
             for (name, var), grad in zip(replicas.trainable(d).items(), g):
                 with tf.name_scope(name):  # update/<name>/: the trace names it.
-                    settings.sgd.update(var, grad, lr, replicas.velocities[d].get(name))
+                    settings.optimizer.update(var, grad, lr, replicas.slots[d].get(name, ()),
+                                              step)
             for name, value in statistics.items():
                 params[name].assign(tf.cast(value, params[name].dtype))
             for name, average in replicas.averages[d].items():
                 settings.averaging.update(average, params[name], replicas.averaged)
     replicas.averaged.assign(True)
+    replicas.iterations.assign_add(1)
 
 
 def combined_statistics(replicas: Replicas, shard_results: list) -> dict:
@@ -212,42 +224,53 @@ def _no_gradients(model, params: dict) -> list:
             *[tf.identity(params[name]) for name in model.statistics]]
 
 
-def _accumulated_gradients(model, params: dict, x, y, global_batch, settings: StepSettings):
+def _accumulated_gradients(model, params: dict, x, y, global_batch, settings: StepSettings,
+                           replicas_in_sync: int = 1):
     """One device's shard in ``settings.accumulate`` micro-batches, one after the other (each
     starts once the previous one's gradients exist, so only one micro-batch's activations live
-    at a time): (summed loss share, correct, summed gradients, the last micro-batch's
-    statistics: a model whose statistics are batch normalization's is not accumulated,
-    ``tfdp.manual.trainer``). Each micro-batch's pass is one XLA computation under
-    ``settings.jit_compile``."""
-    def shard_gradients(x, y, global_batch):
-        return _shard_gradients(model, params, x, y, global_batch, settings.smoothing)
+    at a time, and with the seed states the previous one moved): (summed loss share, correct,
+    summed gradients, the last micro-batch's statistics: a model whose statistics are batch
+    normalization's is not accumulated, ``tfdp.manual.trainer``). Each micro-batch's pass is
+    one XLA computation under ``settings.jit_compile``."""
+    accumulate = settings.accumulate
+    # The model's own losses count once per update: a share in each micro-batch.
+    own_share = replicas_in_sync * accumulate
+
+    def shard_gradients(x, y, global_batch, states):
+        return _shard_gradients(model, {**params, **states}, x, y, global_batch,
+                                settings.smoothing, own_share)
 
     if settings.jit_compile:
         shard_gradients = tf.function(shard_gradients, jit_compile=True, autograph=False)
-    accumulate = settings.accumulate
     if accumulate == 1:
-        return shard_gradients(x, y, global_batch)
+        return shard_gradients(x, y, global_batch, {})
     sizes = tf.stack(shard_sizes(tf.shape(y)[0], accumulate))
     summed = 2 + len(model.trainable)
-    total = None
+    total, states = None, {}
     for micro_x, micro_y in zip(tf.split(x, sizes, num=accumulate),
                                 tf.split(y, sizes, num=accumulate)):
         with tf.control_dependencies(total or []):
             micro_x = tf.identity(micro_x)
-        part = _unless_empty(micro_y, lambda: shard_gradients(micro_x, micro_y, global_batch),
-                             lambda: _no_gradients(model, params))
+        part = _unless_empty(
+            micro_y, lambda: shard_gradients(micro_x, micro_y, global_batch, states),
+            lambda: _no_gradients(model, {**params, **states}))
         total = part if total is None else (
             [a + b for a, b in zip(total[:summed], part[:summed])] + part[summed:])
+        moved = dict(zip(model.statistics, part[summed:]))
+        states = {name: moved[name] for name in model.states}
     return total
 
 
-def _shard_gradients(model, params: dict, x, y, global_batch, smoothing: float = 0.0):
+def _shard_gradients(model, params: dict, x, y, global_batch, smoothing: float = 0.0,
+                     own_share: int = 1):
     """One device's forward and backward pass: (loss share, correct, gradients, and the
-    model's statistics moved by the shard)."""
+    model's statistics moved by the shard). The model's own losses weigh 1 / ``own_share``."""
     with tf.GradientTape() as tape, tf.name_scope("forward"):
-        logits, moved = model.forward(params, x, training=True)
+        logits, moved, own = model.forward(params, x, training=True)
         # / global batch: the replicas' gradients add up to the mean loss's.
         loss = summed_cross_entropy(logits, y, smoothing) / global_batch
+        if own is not None:  # Regularizers and add_loss, as fit adds them: once per update.
+            loss += own / tf.constant(own_share, own.dtype)
     with tf.name_scope("backward"):
         grads = tape.gradient(loss, [params[name] for name in model.trainable])
     return [loss, count_correct(logits, y), *grads,

@@ -67,8 +67,8 @@ class FromScratchPath(TrainingPath):
         if self.cluster:
             feed = self.cluster.feed(self.config, run.plan)
             run.watch.listen(self.cluster.preempted_worker)
-        params = train(run, self.model, state or TrainingState(self.model.initial()), feed,
-                       self.recorder)
+        start = TrainingState(self.model.initial(), states=self.model.initial_states())
+        params = train(run, self.model, state or start, feed, self.recorder)
         self.weights = [params[name] for name in self.model.names]
         return self.weights
 
@@ -79,8 +79,9 @@ class FromScratchPath(TrainingPath):
 def train(run, model, state: TrainingState, feed: Feed = None,
           arrivals: Arrivals = None) -> dict:
     """Train ``model`` (``tfdp.models.stateless``) data-parallel on ``run.devices`` by
-    ``run.plan`` from ``run.first_step`` and ``state`` (its weights, and its velocities and
-    averages where it has them: else the velocities' zeros and the averages' start); return
+    ``run.plan`` from ``run.first_step`` and ``state`` (its weights and seed states, and its
+    optimizer's slots and averages where it has them: else the slots' zeros and the averages'
+    start); return
     the trained parameters (numpy, by name). The examples come from ``run``'s splits unless a
     ``feed`` says otherwise; ``arrivals`` keeps the replicas' times
     (``tfdp.trace.arrivals``); the parameters returned are the averaged ones under ``--ema``,
@@ -88,9 +89,11 @@ def train(run, model, state: TrainingState, feed: Feed = None,
     config = run.config
     settings = StepSettings.of(config)
     with watching(run.stall, "placing the replicas"):
-        replicas = Replicas.place(dict(zip(model.names, state.weights)), run.devices,
-                                  settings.sgd, settings.averaging, state.velocities,
-                                  state.averages, resumed=run.first_step > 0, model=model)
+        variables = {**dict(zip(model.names, state.weights)),
+                     **dict(zip(model.states, state.states or model.initial_states()))}
+        replicas = Replicas.place(variables, run.devices, settings.optimizer,
+                                  settings.averaging, state.slots, state.averages,
+                                  first_step=run.first_step, model=model)
     steps = ReplicaSteps(run, replicas, settings,
                          feed or local_feed(config, run.plan, run.devices, run.train_split,
                                             run.test_split),
@@ -140,10 +143,14 @@ class ReplicaSteps(loop.Steps):
             return {name: var.numpy() for name, var in self.replicas.evaluated()[0].items()}
 
     def state(self) -> TrainingState:
-        """The live weights, the velocities and the averages (replica 0's: every replica's
-        are the same)."""
+        """The live weights, the optimizer's slots, the averages and the seed states (replica
+        0's: every replica's are the same)."""
+        model = self.replicas.model
         with watching(self.run.stall, "reading the trained parameters"):
-            live = self.replicas.params[0]
-            return TrainingState([live[name].numpy() for name in self.replicas.model.names],
-                                 [v.numpy() for v in self.replicas.velocities[0].values()],
-                                 [v.numpy() for v in self.replicas.averages[0].values()])
+            live, slots = self.replicas.params[0], self.replicas.slots[0]
+            kinds = len(next(iter(slots.values()), ()))
+            return TrainingState([live[name].numpy() for name in model.names],
+                                 [slots[name][k].numpy() for k in range(kinds)
+                                  for name in model.trainable],
+                                 [v.numpy() for v in self.replicas.averages[0].values()],
+                                 [live[name].numpy() for name in model.states])

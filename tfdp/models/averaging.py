@@ -5,7 +5,7 @@ After every step, each trainable parameter ``w`` moves its average ``a``:
 ``a = m * a + (1 - m) * w``, except that the first step of a run sets ``a = w`` (Keras: while
 its step counter is 0). What is evaluated and exported is the average; training goes on from
 the live weights. Batch normalization's running statistics are not averaged (Keras averages
-the trainable variables only). Like the velocities, each replica keeps its own averages, equal
+the trainable variables only). Like the optimizer's slots, each replica keeps its own averages, equal
 on every replica, and a backup holds them.
 """
 

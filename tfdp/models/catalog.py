@@ -115,6 +115,8 @@ def _checked(spec: str, model, input_shape: tuple, num_classes: int, input_dtype
     except Exception as e:  # Keras raises what the layers raise: any of them is the model's.
         raise UserError(f"--model={spec}: the model does not take images of shape "
                         f"{input_shape} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if len(model.outputs) == 1:
+        model = _logits_beneath(spec, model, input_shape, input_dtype)
     if len(model.outputs) != 1 or out[1:] != (num_classes,):
         raise UserError(f"--model={spec}: the model gives outputs of shape {out[1:]} for "
                         f"images of shape {input_shape}; tfdp needs ({num_classes},): one logit "
@@ -123,6 +125,58 @@ def _checked(spec: str, model, input_shape: tuple, num_classes: int, input_dtype
         raise UserError(f"--model={spec}: the model takes inputs of shape "
                         f"{tuple(model.inputs[0].shape)[1:]}; the images are {input_shape}")
     return model
+
+
+SAID = set()  # The specs whose softmax head this process has said it trains beneath.
+# Layers whose output, without an activation, is logits: no need to look further.
+LINEAR_HEADS = ("Dense", "EinsumDense", "Conv2D", "Conv1D")
+
+
+def _logits_beneath(spec: str, model, input_shape: tuple, input_dtype: str):
+    """``model``, giving the logits beneath its probability head: a last layer whose activation
+    is a softmax is made linear, a last ``Softmax`` (layer or operation) or
+    ``Activation("softmax")`` is left out; either said in one line (once a process). A model
+    whose head cannot be seen (a subclassed model, a custom layer) is tried on two images
+    and refused in one line when its outputs are probabilities (rows of non-negative numbers
+    that sum to 1): tfdp's loss and its export's ``probabilities`` take the softmax of the
+    model's outputs, and would take it twice."""
+    import keras
+    import numpy as np
+
+    operation, node_index, _ = model.outputs[0]._keras_history
+    activation = getattr(operation, "activation", None)
+    name = f"--model={spec}: its last layer {operation.name!r}"
+    if type(operation).__name__ == "Softmax" or (
+            type(operation).__name__ == "Activation" and activation is keras.activations.softmax):
+        beneath = operation._inbound_nodes[node_index].input_tensors[0]
+        model = keras.Model(model.inputs, beneath, name=model.name)
+        _say_once(spec, f"{name} is a softmax: tfdp trains the logits beneath it, and exports "
+                        "them with their softmax as the probabilities")
+        return model
+    if activation is keras.activations.softmax:
+        operation.activation = keras.activations.linear
+        _say_once(spec, f"{name} has a softmax activation: tfdp trains its logits (the layer "
+                        "without it), and exports them with their softmax as the probabilities")
+        return model
+    if type(operation).__name__ in LINEAR_HEADS and activation is keras.activations.linear:
+        return model
+    rng = np.random.default_rng(0)
+    outputs = np.asarray(keras.ops.convert_to_numpy(model(
+        rng.uniform(size=(2, *input_shape)).astype(input_dtype), training=False)), np.float64)
+    if (outputs >= 0).all() and np.allclose(outputs.sum(axis=-1), 1, atol=1e-3):
+        raise UserError(f"--model={spec}: the model's outputs are probabilities (each row "
+                        "sums to 1), and tfdp trains and serves logits: end the model without "
+                        "its softmax, or with one tfdp can see and train beneath (a last Dense "
+                        "with activation=\"softmax\", a Softmax layer)")
+    return model
+
+
+def _say_once(spec: str, line: str) -> None:
+    from tfdp.logs import logger
+
+    if spec not in SAID:
+        SAID.add(spec)
+        logger.info("%s", line)
 
 
 def _load_file(path: str):

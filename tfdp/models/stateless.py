@@ -2,8 +2,9 @@
 
 The step keeps each replica's variables itself, one copy per device (``tfdp.manual.replicate``),
 and asks the model only for ``forward(values, images, training)``: the logits of a batch with
-the given values and, in training, the model's running statistics moved by the batch (batch
-normalization's moving mean and variance). Two kinds of model answer it:
+the given values and, in training, the model's state moved by the batch (batch
+normalization's moving mean and variance, each random layer's seed state) and its own losses
+(``model.losses``: regularizers, ``add_loss``). Two kinds of model answer it:
 
 * ``HandWrittenLeNet``: the textbook's LeNet as plain tensors (the chapter's model,
   ``lenet`` and ``lenet_bn``);
@@ -11,8 +12,9 @@ normalization's moving mean and variance). Two kinds of model answer it:
   ``stateless_call``, which computes the layers with the values given instead of the model's
   own variables.
 
-Both list their variables in the order of Keras' ``get_weights`` (``names``), which is the
-order of a backup's and an export's weights.
+Both list their weights in the order of Keras' ``get_weights`` (``names``), which is the
+order of a backup's and an export's weights, and the variables that are not weights
+(``states``: seed states) in the order of ``model.non_trainable_variables``.
 """
 
 import numpy as np
@@ -38,6 +40,7 @@ class HandWrittenLeNet:
         self.statistics = tuple(name for name in self.names if name in lenet.STATISTICS)
         self.trainable = tuple(name for name in self.names if name not in lenet.STATISTICS)
         self.moving = self.statistics
+        self.states = ()
 
     @classmethod
     def of(cls, params: dict, compute=None) -> "HandWrittenLeNet":
@@ -51,11 +54,15 @@ class HandWrittenLeNet:
         return lenet.to_keras_weights(lenet.start_params(init, seed, dtype, self.batch_norm,
                                                          *self.data))
 
+    def initial_states(self) -> list:
+        return []
+
     def forward(self, values: dict, images, training: bool):
-        """(logits, {running statistic: moved value}) in training, (logits, {}) else."""
+        """(logits, {running statistic: moved value}, None) in training, (logits, {}, None)
+        else: LeNet has no losses of its own."""
         batch_stats = [] if training and self.batch_norm else None
         out = lenet.logits(values, images, self.compute, batch_stats)
-        return out, lenet.moved_statistics(values, batch_stats) if batch_stats else {}
+        return out, lenet.moved_statistics(values, batch_stats) if batch_stats else {}, None
 
     def serving_model(self, weights: list, precision: str):
         return lenet.serving_model(lenet.from_keras_weights(weights), precision, self.data[0])
@@ -64,34 +71,48 @@ class HandWrittenLeNet:
 class KerasModel:
     """A Keras model's variables by name (their Keras paths) and its ``stateless_call``.
 
-    ``trainable``: what gradients train; ``statistics``: the rest (batch normalization's
-    running statistics, a layer's seed), in the order of ``model.non_trainable_variables``;
-    ``moving``: those that move with every batch (the floating-point ones).
-    ``build(precision)`` makes the same model again in another precision, for the export."""
+    ``names``: its weights (``model.weights``, Keras' ``get_weights`` order); ``trainable``:
+    what gradients train; ``statistics``: every other variable ``stateless_call`` takes and
+    returns, in the order of ``model.non_trainable_variables`` (batch normalization's running
+    statistics, each random layer's seed state); ``moving``: those that move with the batches
+    (the floating-point ones); ``states``: the statistics that are not weights (the seed
+    states: ``model.weights`` leaves them out). ``build(precision)`` makes the same model again
+    in another precision, for the export."""
 
     def __init__(self, model, build=None):
         self.model, self.build = model, build
-        path = {id(v): p for v, p in zip(model.weights, _unique_paths(model.weights))}
+        path = {id(v): p for v, p in zip(model.variables, _unique_paths(model.variables))}
         self.names = tuple(path[id(v)] for v in model.weights)
         self.trainable = tuple(path[id(v)] for v in model.trainable_variables)
         self.statistics = tuple(path[id(v)] for v in model.non_trainable_variables)
         self.moving = tuple(path[id(v)] for v in model.non_trainable_variables
                             if "float" in str(v.dtype))
+        weights = set(self.names)
+        self.states = tuple(name for name in self.statistics if name not in weights)
         self.input_dtype = model.inputs[0].dtype  # catalog.build's models are functional.
 
     def initial(self) -> list:
         """The model's own starting weights (its initializers'), in ``names``' order."""
         return self.model.get_weights()
 
+    def initial_states(self) -> list:
+        """The starting values of its ``states`` (each seed generator's seed)."""
+        return [v.numpy() for v in state_variables(self.model)]
+
     def forward(self, values: dict, images, training: bool):
-        """(logits in the variables' dtype, {statistic: moved value} in training, else {}) of
-        uint8 ``images``."""
+        """(logits in the variables' dtype, {statistic: moved value} in training, else {}, the
+        sum of the model's own losses in training, else None) of uint8 ``images``."""
         trainable = [values[name] for name in self.trainable]
-        logits, moved = self.model.stateless_call(
+        logits, moved, losses = self.model.stateless_call(
             trainable, [values[name] for name in self.statistics],
-            to_float(images, tf.as_dtype(self.input_dtype)), training=training)
-        logits = tf.cast(logits, trainable[-1].dtype)  # Mixed precision's bfloat16 logits.
-        return logits, dict(zip(self.statistics, moved)) if training else {}
+            to_float(images, tf.as_dtype(self.input_dtype)), training=training,
+            return_losses=True)
+        dtype = trainable[-1].dtype
+        logits = tf.cast(logits, dtype)  # Mixed precision's bfloat16 logits.
+        if not training:
+            return logits, {}, None
+        own = tf.add_n([tf.cast(loss, dtype) for loss in losses]) if losses else None
+        return logits, dict(zip(self.statistics, moved)), own
 
     def serving_model(self, weights: list, precision: str):
         """The model with ``weights``, as exported: built again in ``precision`` (float32, or
@@ -99,6 +120,14 @@ class KerasModel:
         model = self.build(precision) if self.build else self.model
         model.set_weights([tf.cast(w, v.dtype).numpy() for w, v in zip(weights, model.weights)])
         return model
+
+
+def state_variables(model) -> list:
+    """The variables of ``model`` that are not weights (``model.weights`` leaves them out) but
+    that its calls read and move: each random layer's seed state, in the order of
+    ``model.non_trainable_variables``."""
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.non_trainable_variables if id(v) not in weights]
 
 
 def _unique_paths(variables) -> list:

@@ -9,6 +9,13 @@ def check(config) -> None:
     if config.ema:
         raise UserError(f"--ema={config.ema}: the parameter servers' workers each apply their "
                         "own gradients, and no one step moves an average; use --ema=0")
+    if config.sync_batch_norm:
+        raise UserError("--sync_batch_norm: each step of --strategy=parameter_server runs on "
+                        "one worker, with no replicas to synchronize")
+    if config.optimizer != "sgd":
+        raise UserError(f"--optimizer={config.optimizer}: asynchronous SGD applies each "
+                        "worker's gradients on the servers as they come, and keeps no slots "
+                        "(moments) there; use --optimizer=sgd, or a synchronous --strategy")
     if config.momentum or config.nesterov:
         raise UserError(f"--momentum={config.momentum}: asynchronous SGD applies each "
                         "worker's gradients to parameters other workers moved since it read "

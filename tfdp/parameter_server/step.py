@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tfdp import data
 from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
-from tfdp.models.sgd import SGD
+from tfdp.models.optimizers import Optimizer
 from tfdp.parameter_server.store import Store
 
 
@@ -17,7 +17,7 @@ def make_train_step(store: Store, config):
     that ran it, ``times`` the Unix times at which it started and its push had landed
     (``tfdp.parameter_server.pace``)."""
     variables = store.trainable
-    flip, sgd = config.augment == "flip", SGD.of(config)  # No momentum: config_checks.
+    flip, sgd = config.augment == "flip", Optimizer.of(config)  # SGD, no momentum: its checks.
 
     def step(arrays, indices, lr):
         started = tf.timestamp()
@@ -29,7 +29,7 @@ def make_train_step(store: Store, config):
             with tf.GradientTape() as tape:
                 logits = store.logits(x, training=True)
                 loss = (summed_cross_entropy(logits, y, config.label_smoothing)
-                        / tf.cast(tf.shape(y)[0], logits.dtype))
+                        / tf.cast(tf.shape(y)[0], logits.dtype)) + store.own_loss(logits.dtype)
         with tf.name_scope("backward"):
             grads = tape.gradient(loss, variables)
         pushed = []

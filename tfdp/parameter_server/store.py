@@ -17,17 +17,19 @@ import tensorflow as tf
 from tfdp import data
 from tfdp.models import catalog, lenet
 from tfdp.models.precision import input_dtype
+from tfdp.models.stateless import state_variables
 
 # A parameter smaller than this stays whole under --ps_shards: only W2 and W3 of LeNet are
 # worth splitting (100 KB and 410 KB; the rest are 5 KB or less).
 MIN_SHARD_BYTES = 32 << 10
 
 
-def make_store(config, strategy, servers: int, dataset, weights=None):
+def make_store(config, strategy, servers: int, dataset, state=None):
     """The model's variables for ``dataset`` (``tfdp.datasets.DatasetInfo``) on the
-    ``servers``, from Keras-order ``weights`` (a backup's, or a test's start) or the model's own
-    start. Without ``--ps_shards``, spread by size (``balanced``); with it, the strategy's
-    partitioner shards and places them."""
+    ``servers``, from a ``TrainingState`` (a backup's, or a test's start: its Keras-order
+    weights and seed states) or the model's own start. Without ``--ps_shards``, spread by size
+    (``balanced``); with it, the strategy's partitioner shards and places them."""
+    weights = state.weights if state is not None else None
     keras_model = config.model != "lenet"
     if keras_model:
         def build(precision=config.precision, seed=None):
@@ -53,6 +55,8 @@ def make_store(config, strategy, servers: int, dataset, weights=None):
                 model = build(seed=config.seed)
             if weights is not None:
                 model.set_weights(weights)
+                for variable, value in zip(state_variables(model), state.states):
+                    variable.assign(value)
             return KerasStore(model, config.precision, updates, build)
         with placing:
             return LenetStore(params, config.precision, updates, dataset.image_shape)
@@ -119,6 +123,15 @@ class Store:
     def __init__(self, precision: str, updates: tf.Variable):
         self.compute = tf.as_dtype(precision)
         self.updates = updates  # The update counter (``make_store``).
+
+    def own_loss(self, dtype):
+        """The model's own losses of its last ``logits`` (regularizers, ``add_loss``), summed
+        in ``dtype``; 0 for a model without them."""
+        return tf.zeros([], dtype)
+
+    def states(self) -> list:
+        """The model's seed states (``TrainingState.states``), read on the coordinator."""
+        return []
 
     def bytes_per_server(self, servers: int) -> list:
         held = self.held()
@@ -193,8 +206,14 @@ class KerasStore(Store):
         logits = self.model(data.to_float(images, self.input_dtype), training=training)
         return tf.cast(logits, tf.float32)
 
+    def own_loss(self, dtype):
+        return tf.add_n([tf.zeros([], dtype)] + [tf.cast(l, dtype) for l in self.model.losses])
+
     def weights(self) -> list:
         return self.model.get_weights()
+
+    def states(self) -> list:
+        return [v.numpy() for v in state_variables(self.model)]
 
     def serving_model(self, weights, precision):
         """The same model made here, off the servers, holding the trained weights."""

@@ -107,9 +107,9 @@ class ParameterServerPath(TrainingPath):
         self.store = self.weights = None
 
     def train(self, run, state=None) -> list:
-        # Asynchronous SGD keeps no slots (tfdp.recipes): the state is the weights.
-        self.store = make_store(self.config, self.strategy, self.servers, self.dataset,
-                                state.weights if state is not None else None)
+        # Asynchronous SGD keeps no slots (its checks): the state is the weights, and the
+        # model's seed states.
+        self.store = make_store(self.config, self.strategy, self.servers, self.dataset, state)
         logger.info("parameters: %s", self.store.describe())
         # In metrics.json: what each server holds (the host benchmark's arithmetic needs it).
         run.reporter.add_facts(parameter_server_bytes=self.store.bytes_per_server(self.servers))
@@ -241,7 +241,7 @@ class ScheduledSteps(loop.Steps):
 
     def state(self) -> TrainingState:
         with watching(self.run.stall, READING):
-            return TrainingState(self.store.weights())
+            return TrainingState(self.store.weights(), states=self.store.states())
 
     def epoch_figures(self):
         mean, most = float(np.mean(self.staleness)), int(np.max(self.staleness))

@@ -1,7 +1,7 @@
 """Backups of a run's state, so a crash, a kill or a preemption loses at most part of an epoch.
 
 What a run needs to go on is its training state (``tfdp.training.state.TrainingState``: the
-weights, the optimizer's momentum velocities and the weights' averages) and its global step:
+weights, the optimizer's slots, the weights' averages and the seed states) and its global step:
 the rest is a function of the step. So a backup is one ``.npz`` file,
 ``<workdir>/backup/worker-<i>/step-<n>.npz``, holding the state's arrays, the step and the flags
 that decide the training (``identity``: the ``RESUME_FLAGS``). Every path writes one after
@@ -39,7 +39,8 @@ from tfdp.training.state import TrainingState
 RESUME_FLAGS = ("strategy", "model", "num_gpus", "batch_size", "per_replica_batch_size", "lr",
                 "scale_lr", "warmup_epochs", "seed", "init", "steps_per_epoch", "allreduce",
                 "allreduce_dtype", "precision", "synthetic_data", "sync_batch_norm", "ps_shards",
-                "accumulate_steps", "bucket_kb", "recipe", "momentum", "nesterov",
+                "accumulate_steps", "bucket_kb", "recipe", "optimizer", "momentum", "nesterov",
+                "beta_1", "beta_2", "rho", "epsilon",
                 "weight_decay", "schedule", "label_smoothing", "augment", "ema")
 
 

@@ -17,20 +17,24 @@ import re
 import numpy as np
 
 # A group's arrays in a backup file: "<group>_<i>", i from 0 in the group's order.
-GROUPS = ("weights", "velocities", "averages")
+GROUPS = ("weights", "slots", "averages", "states")
 
 
 @dataclasses.dataclass
 class TrainingState:
     """``weights``: the model's weights in Keras order (trainable ones and batch
-    normalization's statistics); ``velocities``: the optimizer's momentum velocities, one per
-    trainable weight in the order of the trainable weights (none without momentum);
-    ``averages``: the trainable weights' averages under ``--ema``, in the same order (none
-    without it)."""
+    normalization's statistics); ``slots``: the optimizer's slots in Keras' order, each kind
+    (momentum, velocity) for every trainable weight, one kind after the other
+    (``tfdp.models.optimizers``; none for plain SGD); ``averages``: the trainable weights'
+    averages under ``--ema``, in their order (none without it); ``states``: the model's
+    variables that are not weights, in the order of ``model.non_trainable_variables`` (each
+    random layer's seed state: Dropout, GaussianNoise, the Random* layers), so that a resumed
+    run draws the masks the uninterrupted one draws."""
 
     weights: list
-    velocities: list = dataclasses.field(default_factory=list)
+    slots: list = dataclasses.field(default_factory=list)
     averages: list = dataclasses.field(default_factory=list)
+    states: list = dataclasses.field(default_factory=list)
 
     def arrays(self) -> dict:
         """The state as named numpy arrays (what a backup file holds)."""
