@@ -83,6 +83,31 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
 
 
 @pytest.mark.cluster
+def test_two_workers_count_a_models_own_losses_once(tmp_path, data_dir, train_split):
+    """A model with kernel, bias and activity regularizers (tests/own_models/zoo.py), float64:
+    the two workers' export serves the logits of the from-scratch path's model."""
+    import tensorflow as tf
+
+    from tfdp import training_run
+
+    model = os.path.join(REPO, "tests", "own_models", "zoo.py") + ":regularized_cnn"
+    settings = dict(model=model, batch_size=60, lr=0.05, epochs=1, steps_per_epoch=6,
+                    eval_steps=1, seed=5, data_dir=data_dir, precision="float64")
+    result = launch(tmp_path, *[f"--{k}={v}" for k, v in settings.items()])
+    assert result.returncode == 0, result.stderr[-4000:]
+    manual = training_run.train(Config(num_gpus=2, workdir=str(tmp_path / "manual"),
+                                       export_dir=str(tmp_path / "manual-export"), **settings))
+    images = tf.constant(train_split.images[:200])
+
+    def served(version):
+        return tf.saved_model.load(str(version)).signatures["serving_default"](
+            images=images)["logits"].numpy()
+
+    ours, theirs = served(tmp_path / "export" / "1"), served(manual.export_path)
+    assert np.abs(ours - theirs).max() < 1e-5 * np.abs(theirs).max(), np.abs(ours - theirs).max()
+
+
+@pytest.mark.cluster
 def test_a_worker_with_an_empty_shard_adds_nothing(tmp_path, data_dir):
     # 10,000 test examples in batches of 3,333: the last batch holds 1 example, split 1 + 0.
     result = launch(tmp_path, "--batch_size=3333", "--epochs=1", "--steps_per_epoch=1",

@@ -1,7 +1,8 @@
 """Preempted at a random step of a random epoch, then resumed: the same model as a run that was
 never interrupted, on every path, and with your own model from scratch. In float64 (no rounding
-to hide behind) with everything a run's state holds: momentum's velocities (Nesterov), the
-weights' averages (``--ema``), batch normalization's statistics, a one-cycle rate, flips. The
+to hide behind) with everything a run's state holds: momentum's velocities (Nesterov), Adam's
+moments, the weights' averages (``--ema``), batch normalization's statistics, Dropout's seed
+states, a one-cycle rate, flips. The
 signal is a real SIGTERM from outside, sent when the run's own progress line shows the chosen
 step; the run's own line says where it stopped, and the test checks that it was inside the
 epoch, not at its end."""
@@ -25,6 +26,7 @@ from processes import (child_env, children, tf_config_of, train_command, train_i
                        wait_for)
 from tfdp.errors import PREEMPTED_EXIT_CODE
 
+DROPOUT = os.path.join(REPO, "tests", "own_models", "zoo.py") + ":dropout_cnn"
 STEPS = 96  # Steps per epoch; two epochs. The signal comes in the first 40 steps of one.
 FLAGS = ("--recipe=fast", "--precision=float64", "--epochs=2", f"--steps_per_epoch={STEPS}",
          "--batch_size=64", "--lr=0.1", "--eval_steps=1")
@@ -43,6 +45,12 @@ PATHS = {
     "parameter_server": ("launch", ["--num_workers=1", "--num_ps=1"], []),
     # Your model (batch normalization and all) from scratch: its state is its variables.
     "manual-yours": ("train", ["--num_gpus=2", EMA, f"--model={YOURS}"]),
+    # Dropout and every other seeded layer (their seed states), with Adam's and AdamW's
+    # moments and step count, from scratch and under fit.
+    "manual-dropout-adam": ("train", ["--num_gpus=2", EMA, f"--model={DROPOUT}",
+                                      "--optimizer=adam", "--lr=0.002"]),
+    "mirrored-dropout-adamw": ("train", ["--num_gpus=2", f"--model={DROPOUT}",
+                                         "--optimizer=adamw", "--lr=0.002"]),
 }
 # The run never interrupted that a path's resumed run must equal, where it is another path's:
 # two multi_worker workers train exactly mirrored's model on two devices (measured: the same

@@ -159,3 +159,60 @@ def test_your_model_takes_bfloat16_accumulation_and_a_trace(tmp_path, data_dir):
             assert {"forward", "backward"} <= found[("chief", f"replica {replica}", step)]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["config"]["precision"] == "bfloat16"
+
+
+def test_tfdp_run_takes_a_keras_model_instance_whose_weights_start_the_run(tmp_path, data_dir):
+    """The instance is copied where the run builds its model (under a strategy too): the copy
+    starts from its weights, and the instance itself is left as it was, softmax and all."""
+    import tfdp
+    from own_models import zoo
+
+    instance = zoo.softmax_head((28, 28, 1), 10)
+    start = [w.copy() for w in instance.get_weights()]
+    for strategy in ("manual", "mirrored"):
+        result = tfdp.run(model=instance, strategy=strategy, num_gpus=2, lr=1e-12, epochs=1,
+                          steps_per_epoch=1, batch_size=32, eval_steps=1, data_dir=data_dir,
+                          workdir=str(tmp_path / strategy), export_dir=str(tmp_path / "export"))
+        assert max(np.abs(a - b).max() for a, b in zip(result.weights, start)) < 1e-9, strategy
+    assert all((a == b).all() for a, b in zip(instance.get_weights(), start))
+    assert instance.layers[-1].activation.__name__ == "softmax"
+    assert os.path.basename(os.path.dirname(result.export_path)) == "export"
+
+
+def test_a_model_instance_tfdp_cannot_copy_or_retype_is_refused_in_one_line(data_dir):
+    import tfdp
+    from own_models import zoo
+
+    for model, precision, message in [
+            (zoo.subclassed((28, 28, 1), 10), "float32",
+             "Keras cannot copy this model instance (NotImplementedError): give tfdp.run the "
+             "function"),
+            (zoo.group_norm((28, 28, 1), 10), "float64",
+             "a model instance trains in the dtype policy it was built in (float32), not "
+             "--precision's (float64)")]:
+        with pytest.raises(UserError) as caught:
+            tfdp.run(model=model, precision=precision, epochs=1, steps_per_epoch=1,
+                     data_dir=data_dir)
+        assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_function_of_another_form_or_that_raises_is_named_with_the_users_frames_only():
+    def no_arguments():
+        return None
+
+    with pytest.raises(UserError) as caught:
+        catalog.build(model_spec.spec_of(no_arguments), (28, 28, 1), 10)
+    assert ("no_arguments() cannot be called as function(input_shape, num_classes)"
+            in str(caught.value)) and "\n" not in str(caught.value)
+
+    def raises(input_shape, num_classes):
+        import keras
+
+        return keras.layers.Dense(num_classes)(keras.Input((None,)), mask="not a mask")
+
+    with pytest.raises(UserError) as caught:
+        catalog.build(model_spec.spec_of(raises), (28, 28, 1), 10)
+    first, *frames = str(caught.value).splitlines()
+    assert "raises((28, 28, 1), 10) raised " in first, first
+    assert frames and all(__file__ in line or not line.startswith("  File") for line in frames)
+    assert any("in raises" in line for line in frames), frames

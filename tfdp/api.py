@@ -3,7 +3,8 @@
 The keyword arguments are the command line's flags (``python -m tfdp.train --help``), with the
 same defaults and the same checks: a bad one raises ``tfdp.UserError`` (a ``ValueError``)
 carrying the line the command line prints. ``model`` also takes your model's function itself,
-``function(input_shape, num_classes)`` returning a Keras model; ``dataset`` also takes your
+``function(input_shape, num_classes)`` returning a Keras model, or a Keras model instance (its
+weights are the run's start; in this process only: not in a cluster); ``dataset`` also takes your
 arrays, ``(x_train, y_train, x_test, y_test)`` (uint8 images, integer labels) or a dict of those
 names (and ``class_names``), written once to tfdp's array cache under ``data_dir``.
 
@@ -20,9 +21,10 @@ session (a notebook, a shell) cannot: refused in one line.
 """
 
 import dataclasses
+import os
 
 from tfdp import logs, model_spec
-from tfdp.cluster import managed
+from tfdp.cluster import managed, tf_config
 from tfdp.config import Config
 from tfdp.errors import UserError
 
@@ -35,7 +37,9 @@ def run(**flags):
     if unknown:
         raise UserError(f"unknown flag(s) {', '.join(unknown)}: tfdp.run takes the flags of "
                         "python -m tfdp.train (see tfdp.api.FLAGS)")
-    if callable(flags.get("model")):  # Your model's function itself (docs/your-model.md).
+    if model_spec.is_keras_model(flags.get("model")):  # Your model itself: its weights start.
+        flags["model"] = model_spec.spec_of_instance(flags["model"])
+    elif callable(flags.get("model")):  # Your model's function itself (docs/your-model.md).
         flags["model"] = model_spec.spec_of(flags["model"])
     if flags.get("dataset") is not None and not isinstance(flags["dataset"], str):
         from tfdp import datasets  # Your arrays, written to the cache (docs/your-data.md).
@@ -46,6 +50,10 @@ def run(**flags):
     # In a task of Slurm or Kubernetes: the cluster joined as tfdp.train joins it.
     managed.join(config, [f"--{k}={v}" for k, v in flags.items() if v is not None],
                  caller="tfdp.run")
+    if model_spec.is_instance(config.model) and os.environ.get(tf_config.ENV):
+        raise UserError("tfdp.run(model=<a Keras model>) in a cluster: the instance is this "
+                        "process's alone, and every task must build the same model; give "
+                        "tfdp.run the function that builds it (model=function)")
     logs.import_tensorflow()
     from tfdp import training_run
 

@@ -51,6 +51,26 @@ def spec_of(function) -> str:
     return spec
 
 
+def spec_of_instance(model) -> str:
+    """The spec of a Keras model instance given to ``tfdp.run(model=...)``: kept in this
+    process (``tfdp.models.catalog`` copies it where a run builds its model), named after the
+    model."""
+    spec = f"instance:{model.name}@{id(model):x}"
+    GIVEN[spec] = model
+    return spec
+
+
+def is_instance(spec: str) -> bool:
+    """Whether ``spec`` names a model instance (``spec_of_instance``)."""
+    return spec.startswith("instance:") and spec in GIVEN
+
+
+def is_keras_model(value) -> bool:
+    """Whether ``value`` is a Keras model instance (without importing Keras)."""
+    return any(c.__module__.startswith("keras") and c.__name__ == "Model"
+               for c in type(value).__mro__)
+
+
 def check_spec(spec: str) -> None:
     """The form of ``--model`` (nothing imported yet): a built-in, ``module:function`` or
     ``file.py:function`` with the file there."""

@@ -72,11 +72,78 @@ def build(spec: str, input_shape: tuple, num_classes: int, precision: str = "flo
     keras.config.set_dtype_policy(policy)
     try:
         with replicated_statistics():
-            model = function(tuple(input_shape), num_classes)
+            if isinstance(function, keras.Model):  # tfdp.run(model=<a Keras model>).
+                model = _copy_of(spec, function, policy)
+            else:
+                model = called(spec, function, tuple(input_shape), num_classes)
             return _checked(spec, model, tuple(input_shape), num_classes, inputs)
     finally:
         keras.config.set_floatx(before[0])
         keras.config.set_dtype_policy(before[1])
+
+
+def called(spec: str, function, input_shape: tuple, num_classes: int):
+    """``function(input_shape, num_classes)``, its signature checked first; an exception it
+    raises is one line naming the function and the error, then the frames of the user's own
+    code (none of tfdp's, Keras' or TensorFlow's)."""
+    import inspect
+    import traceback
+
+    name = getattr(function, "__qualname__", repr(function))
+    try:
+        inspect.signature(function).bind(input_shape, num_classes)
+    except TypeError:
+        raise UserError(f"--model={spec}: {name}{inspect.signature(function)} cannot be called "
+                        "as function(input_shape, num_classes): give a function of the images' "
+                        "shape (H, W, C) and the number of classes") from None
+    except ValueError:  # No signature to read (a builtin): let the call say.
+        pass
+    try:
+        return function(input_shape, num_classes)
+    except Exception as e:  # The user's code: any exception is theirs to see, briefly.
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if _users(f.filename)]
+        where = "".join(traceback.format_list(frames)).rstrip()
+        raise UserError(f"--model={spec}: {name}{input_shape, num_classes} raised "
+                        f"{error_line(e)}" + (f"\n{where}" if where else "")) from None
+
+
+def error_line(error: Exception) -> str:
+    """``Type: the message's first line`` (``Type`` alone when it has none)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _users(filename: str) -> bool:
+    """Whether a traceback frame's file is the user's: not tfdp's, an installed package's or
+    Python's own."""
+    import sysconfig
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    theirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    path = os.path.abspath(filename)
+    return not any(path.startswith(folder + os.sep) for folder in (ours, *theirs))
+
+
+def _copy_of(spec: str, instance, policy: str):
+    """A copy of a Keras model instance given to ``tfdp.run(model=...)``, made where it is
+    asked for (in a strategy's scope: its variables are the strategy's), holding the instance's
+    weights: they are the run's start. Refused in one line where Keras cannot copy it (a
+    subclassed model without ``get_config``) or where it would have to change precision."""
+    import keras
+
+    built = instance.dtype_policy.name
+    if built != policy:
+        raise UserError(f"--model={spec}: a model instance trains in the dtype policy it was "
+                        f"built in ({built}), not --precision's ({policy}): give tfdp.run the "
+                        "function that builds it instead")
+    try:
+        model = keras.models.clone_model(instance)
+    except Exception as e:  # Keras raises what the model's from_config raises.
+        raise UserError(f"--model={spec}: Keras cannot copy this model instance "
+                        f"({error_line(e)}): give tfdp.run the function that builds it "
+                        "instead") from None
+    model.set_weights(instance.get_weights())
+    return model
 
 
 def replicated_statistics():
@@ -114,7 +181,7 @@ def _checked(spec: str, model, input_shape: tuple, num_classes: int, input_dtype
         out = tuple(model.outputs[0].shape)
     except Exception as e:  # Keras raises what the layers raise: any of them is the model's.
         raise UserError(f"--model={spec}: the model does not take images of shape "
-                        f"{input_shape} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+                        f"{input_shape} ({error_line(e)})") from None
     if len(model.outputs) == 1:
         model = _logits_beneath(spec, model, input_shape, input_dtype)
     if len(model.outputs) != 1 or out[1:] != (num_classes,):
