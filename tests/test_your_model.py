@@ -185,8 +185,9 @@ def test_a_model_instance_tfdp_cannot_copy_or_retype_is_refused_in_one_line(data
 
     for model, precision, message in [
             (zoo.subclassed((28, 28, 1), 10), "float32",
-             "Keras cannot copy this model instance (NotImplementedError): give tfdp.run the "
-             "function"),
+             "Keras cannot copy this model instance (keras.models.clone_model raised "
+             "NotImplementedError; a subclassed model is copied only through its get_config): "
+             "give tfdp.run the function that builds it instead"),
             (zoo.group_norm((28, 28, 1), 10), "float64",
              "a model instance trains in the dtype policy it was built in (float32), not "
              "--precision's (float64)")]:

@@ -140,8 +140,9 @@ def _copy_of(spec: str, instance, policy: str):
         model = keras.models.clone_model(instance)
     except Exception as e:  # Keras raises what the model's from_config raises.
         raise UserError(f"--model={spec}: Keras cannot copy this model instance "
-                        f"({error_line(e)}): give tfdp.run the function that builds it "
-                        "instead") from None
+                        f"(keras.models.clone_model raised {type(e).__name__}; a subclassed "
+                        "model is copied only through its get_config): give tfdp.run the "
+                        "function that builds it instead") from None
     model.set_weights(instance.get_weights())
     return model
 
