@@ -58,6 +58,8 @@ def shortened(command: str, data_dir: str, folder) -> list:
             args.append(f"--configs={','.join(dict.fromkeys([names[0], names[-1]]))}")
         return [sys.executable, *args, *SHORT_BENCH, f"--data_dir={data_dir}",
                 f"--workdir={folder / 'bench'}"]
+    # A path of this checkout (examples/...) from wherever the command runs.
+    args = [re.sub(r"^(--model=)(examples/)", rf"\g<1>{REPO}/\g<2>", a) for a in args]
     return [sys.executable, *args, *(["--"] if module == "tfdp.launch" and "--" not in args
                                      else []), *SHORT_TRAIN, *own]
 
@@ -113,17 +115,27 @@ def test_every_tfdp_command_of_the_readme_runs(tmp_path, data_dir, capsys):
 
 
 @pytest.mark.slow
-def test_the_readme_python_runs(tmp_path, data_dir):
-    code, = readme.blocks("python")
-    assert "tfdp.run(" in code
-    short = code.replace("tfdp.run(", "tfdp.run(epochs=1, steps_per_epoch=2, eval_steps=1, "
-                         f"data_dir={data_dir!r}, workdir={str(tmp_path / 'run')!r}, "
-                         f"export_dir={str(tmp_path / 'export')!r}, ")
-    done = subprocess.run([sys.executable, "-c", short], cwd=tmp_path, capture_output=True,
-                          text=True, env=child_env(), timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    accuracy, seconds, export = done.stdout.splitlines()[-1].split()  # The print, after the run.s
-    assert 0 <= float(accuracy) <= 1 and float(seconds) > 0 and export.endswith("export/1")
+def test_the_readme_python_runs(tmp_path, data_dir, train_split, test_split):
+    """Each Python block of the README, shortened, as a script in a folder holding the arrays
+    it loads (``my_images.npz``: a slice of Fashion-MNIST in Keras' layout)."""
+    import numpy as np
+
+    np.savez(tmp_path / "my_images.npz", x_train=train_split.images[:256],
+             y_train=train_split.labels[:256], x_test=test_split.images[:64],
+             y_test=test_split.labels[:64])
+    codes = readme.blocks("python")
+    assert len(codes) == 2 and all("tfdp.run(" in code for code in codes)
+    assert "model=model" in codes[0] and "my_images.npz" in codes[0]
+    for i, code in enumerate(codes):
+        short = code.replace("tfdp.run(", "tfdp.run(epochs=1, steps_per_epoch=2, eval_steps=1, "
+                             f"data_dir={data_dir!r}, workdir={str(tmp_path / f'run{i}')!r}, "
+                             f"export_dir={str(tmp_path / f'export{i}')!r}, ")
+        done = subprocess.run([sys.executable, "-c", short], cwd=tmp_path, capture_output=True,
+                              text=True, env=child_env(), timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        *figures, export = done.stdout.splitlines()[-1].split()  # The print, after the run.
+        assert 0 <= float(figures[0]) <= 1 and export.endswith(f"export{i}/1"), done.stdout
+        assert all(float(f) > 0 for f in figures[1:]), figures
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from processes import (child_env, run_module, task_pid, wait_for_first_backup)
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
-from tfdp import data
+from tfdp import data, training_run
 from tfdp.config import Config
 from tfdp.parameter_server.pace import WorkerPace
 
@@ -105,6 +105,30 @@ def test_your_model_with_batch_norm_trains_on_the_servers_and_exports(tmp_path, 
     served = tf.saved_model.load(str(tmp_path / "export" / "1")).signatures["serving_default"](
         images=tf.zeros([2, 28, 28, 1], tf.uint8))
     assert served["logits"].shape == (2, 10)
+
+
+@pytest.mark.cluster
+def test_one_worker_trains_a_model_with_dropout_and_its_own_losses_as_from_scratch(
+        tmp_path, data_dir):
+    """A Keras model with Dropout (its seed state on a server, moved by each step) and
+    regularizers, ``add_loss`` among them (counted once a step), float64: one worker's export
+    serves the logits of the from-scratch path's model on one device."""
+    model = os.path.join(os.path.dirname(__file__), "own_models",
+                         "zoo.py") + ":regularized_dropout_cnn"
+    settings = dict(model=model, batch_size=60, lr=0.05, epochs=1, steps_per_epoch=6,
+                    eval_steps=1, seed=5, data_dir=data_dir, precision="float64")
+    result = launch(tmp_path, *[f"--{k}={v}" for k, v in settings.items()], workers=1)
+    assert result.returncode == 0, result.stderr[-4000:]
+    local = training_run.train(Config(num_gpus=1, workdir=str(tmp_path / "local"),
+                                      export_dir=str(tmp_path / "local-export"), **settings))
+    images = tf.constant(data.load_split("test", data_dir).images[:200])
+
+    def served(version):
+        return tf.saved_model.load(str(version)).signatures["serving_default"](
+            images=images)["logits"].numpy()
+
+    ours, theirs = served(tmp_path / "export" / "1"), served(local.export_path)
+    assert np.abs(ours - theirs).max() < 1e-5 * np.abs(theirs).max(), np.abs(ours - theirs).max()
 
 
 @pytest.mark.cluster

@@ -7,8 +7,21 @@ import keras
 from keras import layers
 
 
-def regularized_cnn(input_shape, num_classes, strength=1e-2):
-    """Kernel, bias and activity regularizers and an ``add_loss`` of its own; no randomness."""
+class Penalty(layers.Layer):
+    """A layer that adds a loss of its own (``add_loss``): the mean square of its inputs."""
+
+    def __init__(self, strength, **kwargs):
+        super().__init__(**kwargs)
+        self.strength = strength
+
+    def call(self, x):
+        self.add_loss(self.strength * keras.ops.mean(keras.ops.square(x)))
+        return x
+
+
+def regularized_cnn(input_shape, num_classes, strength=1e-2, dropout=0.0):
+    """Kernel, bias and activity regularizers and an ``add_loss`` of its own; no randomness
+    unless ``dropout``."""
     l2 = keras.regularizers.L2(strength) if strength else None
     inputs = keras.Input(input_shape)
     x = layers.Conv2D(8, 3, activation="relu", kernel_regularizer=l2)(inputs)
@@ -16,8 +29,16 @@ def regularized_cnn(input_shape, num_classes, strength=1e-2):
     x = layers.Flatten()(x)
     x = layers.Dense(16, activation="relu", kernel_regularizer=l2, bias_regularizer=l2,
                      activity_regularizer=keras.regularizers.L1(strength) if strength else None)(x)
+    if strength:
+        x = Penalty(strength)(x)
+    if dropout:
+        x = layers.Dropout(dropout)(x)
     return keras.Model(inputs, layers.Dense(num_classes, kernel_regularizer=l2)(x),
                        name="regularized_cnn")
+
+
+def regularized_dropout_cnn(input_shape, num_classes):
+    return regularized_cnn(input_shape, num_classes, dropout=0.3)
 
 
 def unregularized_cnn(input_shape, num_classes):
