@@ -1,6 +1,7 @@
 """Configuration mistakes are refused with one line naming the flag."""
 
 import math
+import os
 import re
 
 import pytest
@@ -45,6 +46,14 @@ from tfdp.plan import global_batch_size, peak_lr
     ({"one_cycle_rise": 1.0}, "--one_cycle_rise must be in (0, 1), got 1.0"),
     ({"augment": "crop"}, "--augment=crop is not one of: none, flip"),
     ({"recipe": "fast", "sync_batch_norm": True}, "--sync_batch_norm is the Keras paths'"),
+    ({"strategy": "mirrored", "sync_batch_norm": True},
+     "--sync_batch_norm synchronizes tfdp's own batch normalization (lenet_bn, resnet18); "
+     "--model=lenet has none"),
+    ({"strategy": "mirrored", "sync_batch_norm": True,
+      "model": os.path.join(os.path.dirname(__file__), "own_models", "zoo.py:subclassed")},
+     "is yours: give its layers keras.layers.BatchNormalization(synchronized=True)"),
+    ({"strategy": "parameter_server", "model": "resnet18", "sync_batch_norm": True},
+     "--sync_batch_norm: each step of --strategy=parameter_server runs on one worker"),
     ({"recipe": "fast", "accumulate_steps": 2}, "--accumulate_steps=2 with lenet_bn"),
     ({"strategy": "parameter_server", "model": "lenet_bn"}, "--model=lenet_bn: its servers' store"),
     ({"strategy": "parameter_server", "momentum": 0.9}, "--momentum=0.9: asynchronous SGD"),
