@@ -92,3 +92,11 @@ def test_each_optimizer_takes_keras_defaults_and_refuses_what_it_does_not_take()
         with pytest.raises(UserError, match=None) as caught:
             Config(**flags)
         assert message in str(caught.value)
+
+
+def test_the_runs_line_names_an_optimizer_other_than_the_textbooks():
+    from tfdp.plan import make_plan
+
+    assert "; adam, lr 0.001; float32;" in make_plan(Config(optimizer="adam"), 2, 60000,
+                                                      10000).describe("engine")
+    assert "; lr 0.2; float32;" in make_plan(Config(), 2, 60000, 10000).describe("engine")

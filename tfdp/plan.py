@@ -48,6 +48,7 @@ class Plan:
     eval_steps: Optional[int]  # cap on evaluation batches (None: the whole test set)
     init: str
     precision: str
+    optimizer: str = "sgd"     # --optimizer: named in the run's line unless the textbook's
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of global step ``step`` (``learning_rate``)."""
@@ -71,6 +72,8 @@ class Plan:
             lr = (f"one-cycle lr {self.peak_lr / 10:g} up to {self.peak_lr:g} at step "
                   f"{one_cycle_peak(self.total_steps, self.one_cycle_rise)}, down to 0 at step "
                   f"{self.total_steps}")
+        if self.optimizer != "sgd":
+            lr = f"{self.optimizer}, {lr}"
         accumulated = (f", accumulated from {self.accumulate_steps} micro-batches of "
                        f"{self.micro_batch} (steps below are updates)"
                        if self.accumulate_steps > 1 else "")
@@ -87,7 +90,7 @@ class Plan:
                 "steps_per_epoch": self.steps_per_epoch, "warmup_steps": self.warmup_steps,
                 "peak_lr": self.peak_lr, "schedule": self.schedule,
                 "total_steps": self.total_steps, "eval_examples": self.eval_examples,
-                "init": self.init, "precision": self.precision}
+                "init": self.init, "precision": self.precision, "optimizer": self.optimizer}
 
 
 def global_batch_size(config, replicas: int) -> int:
@@ -133,7 +136,7 @@ def make_plan(config, replicas: int, train_examples: int, test_examples: int) ->
         train_examples=train_examples,
         eval_examples=eval_examples(test_examples, micro, config.eval_steps),
         test_examples=test_examples, eval_steps=config.eval_steps, init=config.initializer,
-        precision=config.precision)
+        precision=config.precision, optimizer=config.optimizer)
 
 
 def steps_per_epoch(num_examples: int, batch_size: int, cap: Optional[int] = None) -> int:
