@@ -223,7 +223,9 @@ def assert_one_line_error(result, *words):
 ])
 def test_bad_flags_exit_with_one_line(args, words, tmp_path):
     result = run_module("tfdp.train", *args, f"--export_dir={tmp_path / 'exp'}",
-                        f"--workdir={tmp_path / 'work'}", "--data_dir=/nonexistent")
+                        f"--workdir={tmp_path / 'work'}", f"--data_dir={tmp_path / 'no-data'}")
+    # Refused before any data is prepared.
+    assert not (tmp_path / "no-data").exists()
     assert_one_line_error(result, *words)
 
 

@@ -20,6 +20,7 @@ from tfdp.manual.replicate import Replicas
 from tfdp.manual.step import StepSettings, make_eval_step, make_train_step
 from tfdp.manual.window import make_train_window
 from tfdp.models import stateless
+from tfdp.plan import global_batch_size
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training import loop
 from tfdp.training.state import TrainingState
@@ -41,6 +42,8 @@ class FromScratchPath(TrainingPath):
             self.dataset = self.cluster.dataset
         else:
             self.devices = configure_devices(config.num_gpus)
+            # A batch too small to split is refused before the data is prepared (minutes).
+            global_batch_size(config, len(self.devices))
             self.dataset = data.dataset_of(config)  # After the devices: it may start TensorFlow.
             where = f"{len(self.devices)} device(s) {self.devices}"
         self.replicas = len(self.devices)
