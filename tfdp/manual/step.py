@@ -27,7 +27,8 @@ so what is evaluated on any replica is what is exported. Each random layer's see
 ``MirroredStrategy``: every replica draws from the same seed each step (so equal shards draw
 equal masks), and the seed advances once per step (per micro-batch under accumulation).
 
-The trainer calls the step in windows of several steps (``tfdp.manual.window``).
+The trainer calls the step in windows of several steps (``tfdp.manual.window``); the evaluation
+step is ``tfdp.manual.evaluation``'s.
 """
 
 import dataclasses
@@ -40,7 +41,7 @@ from tfdp.manual.buckets import exchange
 from tfdp.manual.feed import Feed, images_feed
 from tfdp.manual.replicate import Replicas
 from tfdp.models.averaging import Averaging
-from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
+from tfdp.models.loss import count_correct, summed_cross_entropy
 from tfdp.models.optimizers import Optimizer
 from tfdp.plan import shard_sizes
 from tfdp.trace.arrivals import stamp_after
@@ -134,7 +135,7 @@ def replica_gradients(replicas: Replicas, shards: list, global_batch,
     results = []
     for d, (params, (x, y)) in enumerate(zip(replicas.params, shards)):
         with on_replica(replicas.devices, d):
-            loss, right, started, *g = _unless_empty(
+            loss, right, started, *g = unless_empty(
                 y, _stamped(lambda: _accumulated_gradients(model, params, x, y, global_batch,
                                                            settings, replicas_in_sync)),
                 _stamped(lambda: _no_gradients(model, params)))
@@ -251,7 +252,7 @@ def _accumulated_gradients(model, params: dict, x, y, global_batch, settings: St
                                 tf.split(y, sizes, num=accumulate)):
         with tf.control_dependencies(total or []):
             micro_x = tf.identity(micro_x)
-        part = _unless_empty(
+        part = unless_empty(
             micro_y, lambda: shard_gradients(micro_x, micro_y, global_batch, states),
             lambda: _no_gradients(model, {**params, **states}))
         total = part if total is None else (
@@ -277,35 +278,7 @@ def _shard_gradients(model, params: dict, x, y, global_batch, smoothing: float =
             *[tf.cast(moved[name], params[name].dtype) for name in model.statistics]]
 
 
-def make_eval_step(replicas: Replicas, settings: StepSettings = StepSettings(),
-                   feed: Feed = None):
-    """``step(*batch) -> (summed loss, correct)`` of the model as evaluated
-    (``Replicas.evaluated``), the batch split like in training; with ``settings.eval_flip`` the
-    logits are the mean of each image's and its mirror image's."""
-    dtype, model = replicas.dtype, replicas.model
-    feed = feed or images_feed(replicas.devices)
-
-    def shard_sums(params, x, y):
-        logits = test_logits(lambda images: model.forward(params, images, training=False)[0],
-                             x, settings.eval_flip)
-        return [summed_cross_entropy(logits, y), count_correct(logits, y)]
-
-    def step(*batch):
-        losses, correct = [], []
-        for device, params, (x, y) in zip(replicas.devices, replicas.evaluated(),
-                                          feed.shards("test", *batch)):
-            with tf.device(device):
-                loss, right = _unless_empty(y, lambda: shard_sums(params, x, y),
-                                            lambda: [tf.zeros([], dtype), tf.zeros([], tf.int64)])
-                losses.append(loss)
-                correct.append(right)
-        return tf.add_n(losses), tf.add_n(correct)
-
-    return step if settings.eager else tf.function(step, input_signature=feed.signature,
-                                                   autograph=False)
-
-
-def _unless_empty(labels, compute, zeros) -> list:
+def unless_empty(labels, compute, zeros) -> list:
     """``compute()``, or ``zeros()`` when this device's shard is empty (a global batch smaller
     than the device count): an empty shard contributes nothing, and never reaches a kernel
     (oneDNN's convolution refuses an empty batch)."""

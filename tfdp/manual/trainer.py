@@ -17,7 +17,8 @@ from tfdp.errors import UserError
 from tfdp.manual import remote
 from tfdp.manual.feed import Feed, local_feed
 from tfdp.manual.replicate import Replicas
-from tfdp.manual.step import StepSettings, make_eval_step, make_train_step
+from tfdp.manual.evaluation import make_eval_step
+from tfdp.manual.step import StepSettings, make_train_step
 from tfdp.manual.window import make_train_window
 from tfdp.models import stateless
 from tfdp.plan import global_batch_size
