@@ -44,7 +44,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdp.models.loss import cross_entropy
+from tfdp.models.loss import cross_entropy, own_losses
 from tfdp.plan import shard_sizes
 from tfdp.trace import arrivals
 from tfdp.trace.arrivals import stamp_after
@@ -107,7 +107,7 @@ class GlobalBatchModel(keras.Model):
         """The sum of the model's own losses of its last call (``model.losses``: kernel, bias
         and activity regularizers, ``add_loss``) in ``dtype``, as Keras' ``compute_loss``
         adds them (0 where it has none)."""
-        return tf.add_n([tf.zeros([], dtype)] + [tf.cast(l, dtype) for l in self.losses])
+        return own_losses(self.losses, dtype)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """Keras' ``compute_loss`` with the model's own losses in the compiled loss's dtype:

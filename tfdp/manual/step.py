@@ -91,8 +91,7 @@ def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),
         with tf.name_scope("input"):
             shards = feed.shards("train", *batch)
         n = tf.cast(tf.shape(batch[-1])[0], dtype)  # Labels, or indices: both one per example.
-        shard_results = replica_gradients(replicas, shards, n, settings,
-                                          len(replicas.devices))
+        shard_results = replica_gradients(replicas, shards, n, settings)
         with tf.name_scope("allreduce"):
             summed = exchange_gradients([r.gradients for r in shard_results], replicas.devices,
                                         settings)
@@ -124,11 +123,11 @@ class ShardResult:
 
 
 def replica_gradients(replicas: Replicas, shards: list, global_batch,
-                      settings: StepSettings = StepSettings(), replicas_in_sync: int = 1) -> list:
+                      settings: StepSettings = StepSettings()) -> list:
     """On each device, its replica's forward and backward pass on its shard, under its own
     tape (in ``settings.accumulate`` micro-batches): one ``ShardResult`` per replica. The loss
     is summed over the shard and divided by the global batch, and the model's own losses
-    divided by ``replicas_in_sync``, so the gradients add up to the mean loss's plus the model's
+    divided by the replica count, so the gradients add up to the mean loss's plus the model's
     losses once."""
     model, dtype = replicas.model, replicas.dtype
     trained = len(model.trainable)
@@ -137,7 +136,7 @@ def replica_gradients(replicas: Replicas, shards: list, global_batch,
         with on_replica(replicas.devices, d):
             loss, right, started, *g = unless_empty(
                 y, _stamped(lambda: _accumulated_gradients(model, params, x, y, global_batch,
-                                                           settings, replicas_in_sync)),
+                                                           settings, len(replicas.devices))),
                 _stamped(lambda: _no_gradients(model, params)))
             g, stats = g[:trained], g[trained:]
             ready = stamp_after(tf.math.is_finite(loss), g, params[model.trainable[-1]])

@@ -31,6 +31,12 @@ def test_logits(logits_of, images, eval_flip: bool = False):
     return (logits_of(images) + logits_of(mirror(images))) / 2
 
 
+def own_losses(losses, dtype):
+    """A model's own losses (``model.losses``: regularizers, ``add_loss``) summed in ``dtype``,
+    as Keras' ``compute_loss`` adds them to the loss; 0 for a model without them."""
+    return tf.add_n([tf.zeros([], dtype)] + [tf.cast(loss, dtype) for loss in losses])
+
+
 def count_correct(logits, labels):
     """How many of ``labels`` the ``logits`` rank first, as an int64 scalar."""
     return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int64))

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp.data import to_float
+from tfdp.models.loss import own_losses
 from tfdp.model_spec import LENETS
 from tfdp.models import lenet
 
@@ -111,7 +112,7 @@ class KerasModel:
         logits = tf.cast(logits, dtype)  # Mixed precision's bfloat16 logits.
         if not training:
             return logits, {}, None
-        own = tf.add_n([tf.cast(loss, dtype) for loss in losses]) if losses else None
+        own = own_losses(losses, dtype) if losses else None
         return logits, dict(zip(self.statistics, moved)), own
 
     def serving_model(self, weights: list, precision: str):

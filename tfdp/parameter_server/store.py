@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tfdp import data
 from tfdp.models import catalog, lenet
+from tfdp.models.loss import own_losses
 from tfdp.models.precision import input_dtype
 from tfdp.models.stateless import state_variables
 
@@ -207,7 +208,7 @@ class KerasStore(Store):
         return tf.cast(logits, tf.float32)
 
     def own_loss(self, dtype):
-        return tf.add_n([tf.zeros([], dtype)] + [tf.cast(l, dtype) for l in self.model.losses])
+        return own_losses(self.model.losses, dtype)
 
     def weights(self) -> list:
         return self.model.get_weights()
