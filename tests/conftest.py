@@ -1,4 +1,4 @@
-"""Shared test set-up: four logical CPU devices per test process, the real data, prepared
+"""Shared test set-up: four logical CPU devices per test process, the real pipeline, prepared
 once per session from the Fashion-MNIST files (``$TFDP_MANUAL_DIR`` or the shared folder), and
 the markers. The helpers tests share live beside it, each module one kind: ``processes`` (a
 child's environment, launched clusters, faults from outside), ``same_model`` (runs to compare),
@@ -6,7 +6,7 @@ child's environment, launched clusters, faults from outside), ``same_model`` (ru
 ``slurm_cluster`` (a real Slurm on emulated hosts) and ``shared_runs`` (small runs trained once a
 session for the tests that only read them).
 
-Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
+Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS pipeline between sessions (.ci/run does).
 
 The suite runs in three worker processes (pytest-xdist, ``-n 3`` in setup.cfg): one test at a
 time, it kept a 2-core machine's cores 57 % busy, most tests waiting on processes they started
@@ -42,11 +42,12 @@ os.makedirs(os.environ["TMPDIR"])
 
 import pytest  # noqa: E402
 
-from tfdp import logs  # noqa: E402
+from tfdp.util import logs  # noqa: E402
 
 logs.import_tensorflow()  # Without its start-up banners (pytest-xdist's workers show them).
 
-from tfdp import data, datasets, devices, fashion_mnist  # noqa: E402
+from tfdp.data import pipeline, sources, fashion_mnist
+from tfdp.util import devices  # noqa: E402
 
 # Logical devices must exist before TensorFlow runs its first op; tests take the first k.
 DEVICES = devices.configure_devices(4)
@@ -109,7 +110,7 @@ def data_dir(tmp_path_factory, manual_dir):
     shared = shared_temp(tmp_path_factory)
     path = os.environ.get("TFDP_TEST_DATA_DIR") or str(shared / "tfds")
     with only_one_worker(str(shared / "tfds.lock")):  # TFDS' preparation and tfdp's arrays.
-        datasets.prepare(data_dir=path, manual_dir=manual_dir)
+        sources.prepare(data_dir=path, manual_dir=manual_dir)
     return path
 
 
@@ -123,9 +124,9 @@ def shared_runs(tmp_path_factory, data_dir):
 
 @pytest.fixture(scope="session")
 def train_split(data_dir):
-    return data.load_split("train", data_dir)
+    return pipeline.load_split("train", data_dir)
 
 
 @pytest.fixture(scope="session")
 def test_split(data_dir):
-    return data.load_split("test", data_dir)
+    return pipeline.load_split("test", data_dir)

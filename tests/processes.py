@@ -55,7 +55,8 @@ def train_in_this_process(argv: list):
     goes to this process's stdout and stderr): its exit code, or None when it returned."""
     from absl import flags as absl_flags
 
-    from tfdp import flags, train
+    from tfdp import train
+    from tfdp.config import flags
 
     values = absl_flags.FlagValues()
     flags.define_flags(values)

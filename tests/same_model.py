@@ -4,13 +4,13 @@ against trained parameters."""
 
 import numpy as np
 
-from tfdp import data
+from tfdp.data import pipeline
 from tfdp.models import lenet
 
 
 def head(split, n):
     """The first ``n`` examples of a split: a small real slice."""
-    return data.Split(split.images[:n], split.labels[:n])
+    return pipeline.Split(split.images[:n], split.labels[:n])
 
 
 def comparable_start(seed=3, dtype=np.float32):
@@ -39,10 +39,10 @@ def update_difference(a, b, start):
 def train_manual(config, train_split, test_split, params=None):
     """The manual path on given splits, from LeNet ``params`` (else ``--init``), through the
     one entry that trains, without an export: (the trained parameters, the ``Result``)."""
-    from tfdp import training_run
+    from tfdp.training import entry
 
     weights = lenet.to_keras_weights(params) if params is not None else None
-    result = training_run.train(config, weights, (train_split, test_split), export=False)
+    result = entry.train(config, weights, (train_split, test_split), export=False)
     return lenet.from_keras_weights(result.weights), result
 
 
@@ -57,7 +57,7 @@ def served_disagreement(version, trained, start, images) -> float:
         images=images)["logits"].numpy()
 
     def logits(params):
-        return lenet.apply(params, data.to_float(images, tf.float64)).numpy()
+        return lenet.apply(params, pipeline.to_float(images, tf.float64)).numpy()
 
     moved = np.linalg.norm(logits(trained) - logits(start))
     return np.linalg.norm(served - logits(trained)) / moved

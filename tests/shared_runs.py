@@ -1,5 +1,5 @@
 """Small runs trained once per test session, through the one entry that trains
-(``tfdp.training_run.train``, in the test process: no TensorFlow start of their own), each with
+(``tfdp.training.entry.train``, in the test process: no TensorFlow start of their own), each with
 its run folder and its export, for every test that only reads what a run leaves: its export
 served by other clients, its metrics, its report. A test that changes a run (resumes it, breaks
 it, interrupts it) trains its own.
@@ -13,13 +13,13 @@ import os
 
 import numpy as np
 
-from tfdp import fashion_mnist
+from tfdp.data import fashion_mnist
 
 SERVED = "saved_model,onnx,litert"
 # A user's own model, from a file outside the package (docs/your-model.md).
 YOURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "own_models",
                      "residual_cnn.py") + ":residual_cnn"
-# name -> the flags of tfdp.train (tfdp.run's keywords) besides the data and the folders.
+# name -> the flags of tfdp.train (tfdp.run's keywords) besides the pipeline and the folders.
 RUNS = {
     "manual-lenet": dict(strategy="manual", num_gpus=2, batch_size=100, lr=0.2, epochs=1,
                          steps_per_epoch=20, eval_steps=2, init="glorot",
@@ -41,7 +41,7 @@ RUNS = {
     "manual-yours": dict(strategy="manual", model=YOURS, num_gpus=2, batch_size=100, lr=0.05,
                          momentum=0.9, epochs=1, steps_per_epoch=20, eval_steps=2,
                          export_formats=SERVED),
-    # Your model on your data of another shape: 32 x 32 colour images in named classes.
+    # Your model on your pipeline of another shape: 32 x 32 colour images in named classes.
     "manual-yours-colour": dict(strategy="manual", model=YOURS, dataset="npz:colour",
                                 num_gpus=2, batch_size=100, lr=0.05, momentum=0.9, epochs=1,
                                 steps_per_epoch=20, eval_steps=2, export_formats=SERVED),
@@ -60,27 +60,27 @@ class SharedRuns:
     def __call__(self, name: str):
         """The ``Result`` of run ``name`` (``RUNS``), trained at the first call."""
         if name not in self.done:
-            from tfdp import training_run
-            from tfdp.config import Config
+            from tfdp.config.settings import Config
+            from tfdp.training import entry
 
             folder = self.root / name
             flags = dict(RUNS[name])
             if flags.get("dataset") == "npz:colour":
                 flags["dataset"] = f"npz:{self.colour()}"
-            self.done[name] = training_run.train(Config(
+            self.done[name] = entry.train(Config(
                 **flags, data_dir=self.data_dir, workdir=str(folder / "run"),
                 export_dir=str(folder / "export")))
         return self.done[name]
 
     def colour(self) -> str:
-        """An .npz file of data of another shape (``colour_images``): its path."""
+        """An .npz file of pipeline of another shape (``colour_images``): its path."""
         path = self.root / "colour.npz"
         if not path.exists():
-            from tfdp import data
+            from tfdp.data import pipeline
 
             arrays = {}
             for split, count in (("train", 2000), ("test", 200)):
-                images, labels = colour_images(data.load_split(split, self.data_dir), count)
+                images, labels = colour_images(pipeline.load_split(split, self.data_dir), count)
                 arrays.update({f"x_{split}": images, f"y_{split}": labels})
             np.savez(path, **arrays, class_names=np.array(COLOUR_NAMES))
         return str(path)

@@ -11,16 +11,16 @@ import tensorflow as tf
 
 from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
-from tfdp import data
-from tfdp import training_run
-from tfdp.config import Config
-from tfdp.errors import UserError
-from tfdp.keras_path import train_step
-from tfdp.manual import allreduce as allreduce_module
-from tfdp.manual.replicate import Replicas
-from tfdp.manual.step import StepSettings, make_train_step
+from tfdp.config.plan import make_plan
+from tfdp.config.settings import Config
+from tfdp.data import pipeline
 from tfdp.models import lenet
-from tfdp.plan import make_plan
+from tfdp.paths.keras import train_step
+from tfdp.paths.manual import allreduce as allreduce_module
+from tfdp.paths.manual.replicate import Replicas
+from tfdp.paths.manual.step import StepSettings, make_train_step
+from tfdp.training import entry
+from tfdp.util.errors import UserError
 
 
 def manual_params(tmp_path, split, k, name, **flags):
@@ -50,7 +50,7 @@ def test_k_micro_batches_train_the_model_one_batch_of_k_times_b_does(tmp_path, t
 def test_mirrored_accumulates_like_the_manual_path_and_like_one_large_batch(
         tmp_path, data_dir, train_split, monkeypatch):
     split = head(train_split, 400)
-    monkeypatch.setattr(data, "load_splits", lambda *args: (split, split))
+    monkeypatch.setattr(pipeline, "load_splits", lambda *args: (split, split))
     start = comparable_start(4, np.float64)
     manual = manual_params(tmp_path, split, 2, "manual", batch_size=25, accumulate_steps=4)
     micro_batches = []
@@ -59,11 +59,11 @@ def test_mirrored_accumulates_like_the_manual_path_and_like_one_large_batch(
                         lambda *args: micro_batches.append(1) or pad(*args))
     settings = dict(num_gpus=2, lr=0.1, epochs=2, seed=5, eval_steps=1, precision="float64",
                     data_dir=data_dir, export_dir=str(tmp_path / "exports"))
-    mirrored = training_run.train(Config(strategy="mirrored", batch_size=25, accumulate_steps=4,
+    mirrored = entry.train(Config(strategy="mirrored", batch_size=25, accumulate_steps=4,
                                    workdir=str(tmp_path / "mirrored"), **settings),
                             start_weights=lenet.to_keras_weights(start))
     assert micro_batches and len(micro_batches) % 8 == 0  # 4 on each replica, every trace.
-    whole = training_run.train(Config(strategy="mirrored", batch_size=100,
+    whole = entry.train(Config(strategy="mirrored", batch_size=100,
                                 workdir=str(tmp_path / "mirrored-whole"), **settings),
                          start_weights=lenet.to_keras_weights(start))
     accumulated = lenet.from_keras_weights(mirrored.weights)
@@ -86,7 +86,7 @@ def test_one_allreduce_per_update_whatever_k(train_split, monkeypatch):
                         logits(params, x, *args))
     replicas = Replicas.place(comparable_start(4), DEVICES[:2])
     step = make_train_step(replicas, StepSettings(accumulate=8))
-    for images, labels in data.train_batches(head(train_split, 256), 128, 0, 0, 1, 2):
+    for images, labels in pipeline.train_batches(head(train_split, 256), 128, 0, 0, 1, 2):
         step(images, labels, tf.constant(0.1))
     assert calls == [2]  # One trace, one allreduce over the two replicas' summed gradients.
     assert len(forward) == 16  # Traced once: 8 micro-batches on each of the 2 devices.
@@ -117,7 +117,7 @@ def test_accumulation_with_parameter_servers_is_a_one_line_error():
 def test_keras_own_gradient_accumulation_still_fails_under_a_strategy():
     """keras-team/keras#20582: SGD(gradient_accumulation_steps=...) under MirroredStrategy
     raises in fit. When this test fails, Keras' option works under strategies: tfdp's own
-    accumulation in ``tfdp.keras_path.train_step`` may then give way to it."""
+    accumulation in ``tfdp.paths.keras.train_step`` may then give way to it."""
     strategy = tf.distribute.MirroredStrategy(DEVICES[:2])
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import DEVICES
-from tfdp.manual.allreduce import ALLREDUCE
+from tfdp.paths.manual.allreduce import ALLREDUCE
 
 # Shapes chosen so flattened totals are odd, smaller than k, and not divisible by 3 or 4.
 SHAPES = [(3, 3, 1, 5), (5,), (1,), (7, 3), (2,)]

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 import pytest
 
 from processes import AS_FROM_A_SHELL, left_behind, run_module
-from tfdp import logs
 from tfdp.bench import host_allreduce as host_bench
 from tfdp.bench import references
 from tfdp.bench import time_to_accuracy as tta
-from tfdp.config import Config
-from tfdp.errors import UserError
-from tfdp.recipes import RECIPES
+from tfdp.config.recipes import RECIPES
+from tfdp.config.settings import Config
+from tfdp.util import logs
+from tfdp.util.errors import UserError
 
 
 @pytest.mark.slow

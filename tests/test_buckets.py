@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from same_model import comparable_start, head, train_manual, update_difference
-from tfdp import training_run
-from tfdp.config import Config
-from tfdp.errors import UserError
-from tfdp.manual.buckets import backward_order, buckets
+from tfdp.config.settings import Config
+from tfdp.paths.manual.buckets import backward_order, buckets
+from tfdp.training import entry
+from tfdp.util.errors import UserError
 
 
 def test_buckets_pack_the_backward_pass_order_up_to_the_cap():
@@ -40,7 +40,7 @@ def test_buckets_and_the_barrier_train_the_same_model(tmp_path, train_split):
 def exchange_against_backward(tmp_path, data_dir, name, **flags) -> list:
     """Per traced step and replica: (its allreduce's first op's start, its own backward pass's
     end, every replica's backward pass's end), ns."""
-    training_run.train(Config(num_gpus=2, batch_size=256, epochs=1, steps_per_epoch=6, eval_steps=1,
+    entry.train(Config(num_gpus=2, batch_size=256, epochs=1, steps_per_epoch=6, eval_steps=1,
                         allreduce="ring", trace_steps="4:6", data_dir=data_dir,
                         workdir=str(tmp_path / name), export_dir=str(tmp_path / "exports"),
                         **flags))

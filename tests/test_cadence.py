@@ -10,10 +10,10 @@ import threading
 import numpy as np
 import pytest
 
-from tfdp import training_run
-from tfdp.config import Config
-from tfdp.errors import Diverged, Preempted, UserError
-from tfdp.manual.trainer import ReplicaSteps
+from tfdp.config.settings import Config
+from tfdp.paths.manual.trainer import ReplicaSteps
+from tfdp.training import entry
+from tfdp.util.errors import Diverged, Preempted, UserError
 
 
 def settings(tmp_path, data_dir, name, **overrides):
@@ -26,8 +26,8 @@ def settings(tmp_path, data_dir, name, **overrides):
 
 def test_n_steps_per_call_train_the_same_bits_as_one(tmp_path, data_dir):
     """20 steps an epoch in windows of 7 (7 + 7 + 6: the last one short) against 1 a call."""
-    one = training_run.train(settings(tmp_path, data_dir, "one", sync_every=1))
-    seven = training_run.train(settings(tmp_path, data_dir, "seven", sync_every=7))
+    one = entry.train(settings(tmp_path, data_dir, "one", sync_every=1))
+    seven = entry.train(settings(tmp_path, data_dir, "seven", sync_every=7))
     for x, y in zip(one.weights, seven.weights):
         np.testing.assert_array_equal(x, y)
     learned = ("epoch", "loss", "train_acc", "test_loss", "test_acc")  # Not the timings.
@@ -40,7 +40,7 @@ def test_a_divergence_inside_a_window_stops_naming_its_step_and_exports_nothing(
     named = []
     for n in (1, 8):
         with pytest.raises(Diverged) as diverged:
-            training_run.train(settings(tmp_path, data_dir, f"lr50-{n}", lr=50.0, init="textbook",
+            entry.train(settings(tmp_path, data_dir, f"lr50-{n}", lr=50.0, init="textbook",
                                   sync_every=n, epochs=1, steps_per_epoch=30))
         named.append(diverged.value.step)
         exports = tmp_path / f"lr50-{n}-exp"
@@ -52,7 +52,7 @@ def test_a_divergence_inside_a_window_stops_naming_its_step_and_exports_nothing(
 @pytest.mark.parametrize("call", [1, 4, 5])  # Mid-epoch; the short last window; the next epoch.
 def test_a_sigterm_inside_a_window_saves_its_end_and_resumes_to_the_same_bits(
         tmp_path, data_dir, monkeypatch, call):
-    full = training_run.train(settings(tmp_path, data_dir, "full", sync_every=6))
+    full = entry.train(settings(tmp_path, data_dir, "full", sync_every=6))
     issue, issued = ReplicaSteps.issue, []
 
     def issue_and_signal(self, batches, first_step, count):
@@ -63,14 +63,14 @@ def test_a_sigterm_inside_a_window_saves_its_end_and_resumes_to_the_same_bits(
 
     monkeypatch.setattr(ReplicaSteps, "issue", issue_and_signal)
     with pytest.raises(Preempted) as stopped:
-        training_run.train(settings(tmp_path, data_dir, "run", sync_every=6))
+        entry.train(settings(tmp_path, data_dir, "run", sync_every=6))
     monkeypatch.undo()
     # Windows start at steps 0, 6, 12, 18 (2 steps), 20, 26, ...: saved at a window's end.
     first, count = issued[call - 1]
     assert stopped.value.step == first + count, (issued, str(stopped.value))
     assert f"saved in {tmp_path / 'run'}" in str(stopped.value)
 
-    resumed = training_run.train(settings(tmp_path, data_dir, "run", sync_every=1))  # Any cadence.
+    resumed = entry.train(settings(tmp_path, data_dir, "run", sync_every=1))  # Any cadence.
     for x, y in zip(full.weights, resumed.weights):
         np.testing.assert_array_equal(x, y)
 

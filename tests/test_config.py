@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from tfdp.config import Config
-from tfdp.errors import UserError
-from tfdp.plan import global_batch_size, peak_lr
+from tfdp.config.plan import global_batch_size, peak_lr
+from tfdp.config.settings import Config
+from tfdp.util.errors import UserError
 
 
 @pytest.mark.parametrize("kwargs,words", [
@@ -83,7 +83,7 @@ def test_global_batch_arithmetic():
 
 
 def test_thread_shares_follow_tensorflows_thread_variables(monkeypatch):
-    from tfdp import devices
+    from tfdp.util import devices
 
     monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
     monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)

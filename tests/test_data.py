@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from same_model import head
-from tfdp import data, fashion_mnist, plan, tfds_source
-from tfdp.errors import UserError
-from tfdp.keras_path import distributed_input as sharding
+from tfdp.config import plan
+from tfdp.data import pipeline, fashion_mnist, tfds
+from tfdp.paths.keras import distributed_input as sharding
+from tfdp.util.errors import UserError
 
 
 def copy_manual_dir(manual_dir, tmp_path):
@@ -24,7 +25,7 @@ def test_missing_manual_file_is_named(manual_dir, tmp_path):
     target = copy_manual_dir(manual_dir, tmp_path)
     os.remove(target / "t10k-labels-idx1-ubyte.gz")
     with pytest.raises(UserError, match="t10k-labels-idx1-ubyte.gz is missing"):
-        tfds_source.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), str(target))
+        tfds.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), str(target))
 
 
 def test_damaged_manual_file_is_named(manual_dir, tmp_path):
@@ -36,7 +37,7 @@ def test_damaged_manual_file_is_named(manual_dir, tmp_path):
         f.seek(100)
         f.write(b"\x00\x01\x02")
     with pytest.raises(UserError, match="train-labels-idx1-ubyte.gz is damaged"):
-        tfds_source.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), str(target))
+        tfds.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), str(target))
 
 
 def test_splits_have_the_real_shapes(train_split, test_split):
@@ -47,37 +48,37 @@ def test_splits_have_the_real_shapes(train_split, test_split):
 
 
 def test_the_exported_class_names_are_tfds_label_names(data_dir):
-    from tfdp import fashion_mnist
+    from tfdp.data import fashion_mnist
 
-    builder = tfds_source.prepare(fashion_mnist.DATASET, data_dir, None)
+    builder = tfds.prepare(fashion_mnist.DATASET, data_dir, None)
     assert tuple(builder.info.features["label"].names) == fashion_mnist.LABEL_NAMES
 
 
 def test_train_batches_depend_on_seed_and_epoch_only(train_split):
     split = head(train_split, 1000)
-    run = [b[1].numpy() for b in data.train_batches(split, 300, seed=5, first_epoch=0, epochs=2,
+    run = [b[1].numpy() for b in pipeline.train_batches(split, 300, seed=5, first_epoch=0, epochs=2,
                                                      steps=4)]
-    resumed = [b[1].numpy() for b in data.train_batches(split, 300, seed=5, first_epoch=1,
+    resumed = [b[1].numpy() for b in pipeline.train_batches(split, 300, seed=5, first_epoch=1,
                                                          epochs=2, steps=4)]
     assert [len(b) for b in run] == [300, 300, 300, 100] * 2  # Short final batch kept.
     for a, b in zip(run[4:], resumed):  # A resumed run sees epoch 1 exactly as before.
         np.testing.assert_array_equal(a, b)
     assert np.array_equal(np.sort(np.concatenate(run[:4])), np.sort(split.labels))
     assert not np.array_equal(run[0], run[4])  # Reshuffled each epoch.
-    capped = list(data.train_batches(split, 300, seed=5, first_epoch=0, epochs=2, steps=2))
+    capped = list(pipeline.train_batches(split, 300, seed=5, first_epoch=0, epochs=2, steps=2))
     assert len(capped) == 4
     np.testing.assert_array_equal(capped[2][1].numpy(), run[4])  # The cap ends the epoch.
 
 
 def test_eval_batches_cover_the_test_set(test_split):
-    assert sum(len(y) for _, y in data.eval_batches(test_split, 256)) == 10000
+    assert sum(len(y) for _, y in pipeline.eval_batches(test_split, 256)) == 10000
     assert plan.eval_examples(10000, 256, 3) == 768
-    assert sum(len(y) for _, y in data.eval_batches(test_split, 256, steps_cap=3)) == 768
+    assert sum(len(y) for _, y in pipeline.eval_batches(test_split, 256, steps_cap=3)) == 768
 
 
 def test_per_replica_shards_and_weights_cover_each_batch_once(train_split):
     """Batches of 7 and a last one of 2 over 3 replicas: 3 + 2 + 2, then 1 + 1 + 0."""
-    batches = data.train_batches(head(train_split, 16), 7, seed=0, first_epoch=0, epochs=1,
+    batches = pipeline.train_batches(head(train_split, 16), 7, seed=0, first_epoch=0, epochs=1,
                                  steps=3)
     shards = list(sharding.per_replica_batches(batches, 3, first=0, count=3))
     assert [len(y) for _, y, _ in shards] == [3, 2, 2, 3, 2, 2, 1, 1, 0]
@@ -100,7 +101,7 @@ def test_without_files_or_internet_the_error_comes_in_seconds(tmp_path, monkeypa
     monkeypatch.setattr(fashion_mnist, "_SHARED_MANUAL_DIR", str(tmp_path / "none"))
     start = time.monotonic()
     try:
-        tfds_source.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), None)
+        tfds.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), None)
     except UserError as e:
         assert "--manual_dir" in str(e)
     else:
@@ -134,9 +135,9 @@ def test_a_damaged_array_cache_is_rebuilt_with_a_warning(data_dir, tmp_path, cap
             byte = f.read(1)[0]
             f.seek(-8, os.SEEK_END)
             f.write(bytes([(byte + 200) % 256]))
-    split = data.load_split("test", str(copy))
+    split = pipeline.load_split("test", str(copy))
     assert "the cached arrays in" in caplog.text and "are damaged" in caplog.text
-    intact = data.load_split("test", data_dir)
+    intact = pipeline.load_split("test", data_dir)
     assert np.array_equal(split.images, intact.images)
     assert np.array_equal(np.load(images), intact.images)  # The cache, rebuilt.
 
@@ -155,4 +156,4 @@ def test_a_damaged_prepared_dataset_is_named_with_what_to_delete(data_dir, tmp_p
     with pytest.raises(UserError, match=rf"^the prepared fashion_mnist in {folder} is damaged "
                                         rf"\(.*\): delete {folder} and run again to prepare it "
                                         "anew$"):
-        data.load_split("test", str(copy))
+        pipeline.load_split("test", str(copy))

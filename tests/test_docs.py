@@ -1,6 +1,6 @@
 """The documents a user reads say what the code does: the README is short and every command and
 Python block in it runs (shortened to a few steps), the examples run, and the flags page is the
-one ``python -m tfdp.flags`` writes."""
+one ``python -m tfdp.config.flags`` writes."""
 
 import os
 import re
@@ -14,7 +14,8 @@ import readme
 from conftest import REPO, ROOT
 from processes import AS_FROM_A_SHELL, child_env, train_in_this_process
 from readme import README
-from tfdp import flags, logs
+from tfdp.config import flags
+from tfdp.util import logs
 
 # Appended to every tfdp command of the README (absl keeps a flag's last value): a few steps.
 SHORT_TRAIN = ["--epochs=1", "--steps_per_epoch=2", "--eval_steps=1", "--batch_size=32"]
@@ -23,7 +24,7 @@ SHORT_BENCH = ["--steps=2", "--epochs=2", "--rounds=1"]
 
 def test_the_flags_page_is_current():
     with open(os.path.join(REPO, "docs", "flags.md")) as f:
-        assert f.read() == flags.markdown(), "run: python -m tfdp.flags > docs/flags.md"
+        assert f.read() == flags.markdown(), "run: python -m tfdp.config.flags > docs/flags.md"
 
 
 def test_the_readme_is_a_short_page_whose_install_and_test_commands_are_ci_s():

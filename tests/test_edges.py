@@ -15,8 +15,8 @@ import pytest
 
 from conftest import REPO
 from processes import child_env, launch, run_train, task_pid, train_command, wait_for
-from tfdp.errors import PREEMPTED_EXIT_CODE
 from tfdp.training.backups import Backups
+from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
 
 class Lines:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdp.training import saved_model
-from tfdp.errors import UserError
+from tfdp.export import saved_model
 from tfdp.models import lenet
+from tfdp.util.errors import UserError
 
 
 def module():

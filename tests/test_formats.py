@@ -1,4 +1,4 @@
-"""--export_formats and python -m tfdp.export: ONNX and LiteRT files inside the version, written
+"""--formats and python -m tfdp.export: ONNX and LiteRT files inside the version, written
 with it or not at all; a bad name or a missing converter is one line before training."""
 
 import os
@@ -10,11 +10,11 @@ import pytest
 
 from conftest import REPO
 from processes import AS_FROM_A_SHELL, child_env, run_module
-from tfdp import export_formats
-from tfdp.config import Config
-from tfdp.errors import UserError
+from tfdp.config.settings import Config
+from tfdp.export import formats
+from tfdp.export import saved_model
 from tfdp.models import lenet
-from tfdp.training import saved_model
+from tfdp.util.errors import UserError
 
 
 def test_a_bad_format_or_a_missing_converter_is_one_line(monkeypatch):
@@ -42,7 +42,7 @@ def test_a_failed_conversion_publishes_no_version(tmp_path, monkeypatch):
     def fails(saved_model, path):
         raise UserError("converter broke")
 
-    monkeypatch.setattr(export_formats, "_to_onnx", fails)
+    monkeypatch.setattr(formats, "_to_onnx", fails)
     model = lenet.serving_model(lenet.start_params("glorot", 0), "float32")
     with pytest.raises(UserError, match="converter broke"):
         saved_model.export(model, str(tmp_path), "saved_model,onnx")

@@ -15,12 +15,12 @@ import tensorflow as tf
 from conftest import DEVICES, REPO
 from processes import child_env, run_module
 from same_model import comparable_start, head, train_manual, update_difference
-from tfdp import data
-from tfdp import training_run
-from tfdp.config import Config
-from tfdp.keras_path import distributed_input, evaluation, keras_mwms_fix
+from tfdp.config.settings import Config
+from tfdp.data import pipeline
 from tfdp.models import lenet, resnet
 from tfdp.models.replicated_batch_norm import ReplicatedBatchNormalization
+from tfdp.paths.keras import distributed_input, evaluation, workarounds
+from tfdp.training import entry
 from tfdp.training.backups import Backups
 
 
@@ -38,7 +38,7 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
     manual_config = Config(**common(tmp_path, data_dir, "manual", precision="float64"))
     manual, manual_run = train_manual(manual_config, train_split, test_split, params=start)
 
-    mirrored = training_run.train(Config(strategy="mirrored", **common(
+    mirrored = entry.train(Config(strategy="mirrored", **common(
         tmp_path, data_dir, "mirrored", precision="float64")),
         start_weights=lenet.to_keras_weights(start))
 
@@ -64,14 +64,14 @@ def test_mirrored_trains_uneven_and_empty_shards_like_manual(tmp_path, data_dir,
     """The Keras step divides every example's loss by the global batch, as the manual path
     does, so the two agree exactly (float64) whatever the shards; empty shards are skipped."""
     split = head(train_split, examples)
-    monkeypatch.setattr(data, "load_splits", lambda *args: (split, split))
+    monkeypatch.setattr(pipeline, "load_splits", lambda *args: (split, split))
     start = comparable_start(2, np.float64)
     settings = common(tmp_path, data_dir, f"uneven{k}", num_gpus=k, batch_size=batch,
                       steps_per_epoch=None, eval_steps=None, epochs=2, precision="float64")
     manual, manual_run = train_manual(
         Config(**dict(settings, workdir=str(tmp_path / f"manual{k}"))), split, split,
         params=start)
-    mirrored = training_run.train(Config(strategy="mirrored", **settings),
+    mirrored = entry.train(Config(strategy="mirrored", **settings),
                                  start_weights=lenet.to_keras_weights(start))
     assert update_difference(lenet.from_keras_weights(mirrored.weights), manual, start) < 1e-9
     for got, want in zip(mirrored.history, manual_run.history):
@@ -89,21 +89,21 @@ def test_keras_still_needs_the_build_workaround(tmp_path, data_dir):
                         "--epochs=1", "--steps_per_epoch=1", "--eval_steps=1",
                         f"--data_dir={data_dir}", f"--workdir={tmp_path / 'work'}",
                         f"--export_dir={tmp_path / 'exp'}",
-                        env={keras_mwms_fix.DISABLE_ENV: "1"})
+                        env={workarounds.DISABLE_ENV: "1"})
     if result.returncode == 0:
         pytest.fail("Keras fit now builds models from uneven per-replica batches: remove the "
-                    "build part of tfdp/keras_path/keras_mwms_fix.py and this test")
+                    "build part of tfdp/paths/keras/workarounds.py and this test")
     assert "AddN" in result.stderr and "same size and shape" in result.stderr, \
         result.stderr[-3000:]
 
 
 # Two MirroredStrategies of one process, each all-reducing a tensor of its own shape, made as
-# TensorFlow makes them (the same key base) or as tfdp does (tfdp.keras_path.strategy).
+# TensorFlow makes them (the same key base) or as tfdp does (tfdp.paths.keras.strategy).
 TWO_STRATEGIES = """
 import sys
 import tensorflow as tf
-from tfdp import devices
-from tfdp.keras_path import strategy
+from tfdp.paths.keras import strategy
+from tfdp.util import devices
 names = devices.configure_devices(2)
 base = tf.distribute.MirroredStrategy._collective_key_base
 
@@ -135,7 +135,7 @@ def test_tensorflow_still_needs_a_key_base_per_mirrored_strategy(keys):
             done.stderr[-3000:])
     elif done.returncode == 0:
         pytest.fail("TensorFlow now gives each MirroredStrategy keys of its own: remove "
-                    "_mirrored_strategy's key base from tfdp/keras_path/strategy.py and this "
+                    "_mirrored_strategy's key base from tfdp/paths/keras/strategy.py and this "
                     "test")
     else:
         assert "Shape mismatch in the collective instance" in done.stderr, done.stderr[-3000:]
@@ -177,11 +177,11 @@ def test_evaluator_covers_the_same_batches_every_time(test_split):
     with strategy.scope():
         model = lenet.keras_model()
         model.set_weights(lenet.to_keras_weights(comparable_start(5)))
-    batches = data.eval_batches(split, 96).repeat()
+    batches = pipeline.eval_batches(split, 96).repeat()
     evaluator = evaluation.Evaluator(model, strategy,
                                      distributed_input.distribute(strategy, batches, 2), steps=3)
 
-    logits = model(data.to_float(split.images), training=False)
+    logits = model(pipeline.to_float(split.images), training=False)
     loss = float(np.mean(keras.losses.sparse_categorical_crossentropy(
         split.labels, logits, from_logits=True)))
     accuracy = float(np.mean(np.argmax(logits, axis=-1) == split.labels))
@@ -194,7 +194,7 @@ def test_evaluator_covers_the_same_batches_every_time(test_split):
 def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monkeypatch):
     settings = common(tmp_path, data_dir, "resume", steps_per_epoch=5, eval_steps=1, epochs=3)
     start = lenet.to_keras_weights(comparable_start(1))
-    full = training_run.train(Config(strategy="mirrored", **dict(
+    full = entry.train(Config(strategy="mirrored", **dict(
         settings, workdir=str(tmp_path / "full"), export_dir=str(tmp_path / "full-exp"))),
         start_weights=start)
     assert not os.path.exists(tmp_path / "full" / "backup")  # Spent.
@@ -209,13 +209,13 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monke
 
     monkeypatch.setattr(Backups, "save", crash_after_epoch_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        training_run.train(Config(strategy="mirrored", **settings), start_weights=start)
+        entry.train(Config(strategy="mirrored", **settings), start_weights=start)
     monkeypatch.undo()
     assert Backups(str(tmp_path / "resume"), 0, {}).steps() == [5, 10]
     assert not os.path.exists(tmp_path / "resume-exp") or not os.listdir(tmp_path / "resume-exp")
     capsys.readouterr()
 
-    resumed = training_run.train(Config(strategy="mirrored", **settings), start_weights=start)
+    resumed = entry.train(Config(strategy="mirrored", **settings), start_weights=start)
     out = capsys.readouterr().out
     assert "resuming at epoch 3/3, step 0/5 (global step 10)" in out
     assert out.count("epoch 3/3: loss") == 1 and "epoch 1/3: loss" not in out
@@ -245,9 +245,9 @@ def test_resnet18_has_the_expected_size_and_trains(tmp_path, data_dir):
 
 
 def test_keras_is_the_minor_version_the_workarounds_patch():
-    """setup.cfg pins Keras to 3.15.x: keras_path/keras_mwms_fix.py replaces
+    """setup.cfg pins Keras to 3.15.x: paths/keras/workarounds.py replaces
     keras.src.backend.tensorflow.trainer's reduce_per_replica and
-    TensorFlowTrainer._maybe_symbolic_build, and keras_path/distributed_input.py relies on
+    TensorFlowTrainer._maybe_symbolic_build, and paths/keras/distributed_input.py relies on
     tf.distribute's input_lib as Keras 3.15 feeds it. This notices a moved pin."""
     from keras.src.backend.tensorflow import trainer
 

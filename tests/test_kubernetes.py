@@ -20,7 +20,7 @@ import yaml
 
 from conftest import REPO
 from processes import child_env, name_hosts, unname_hosts
-from tfdp.errors import PREEMPTED_EXIT_CODE
+from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
 FOLDER = os.path.join(REPO, "docs", "kubernetes")
 JOBSET_SCHEMA = os.path.join(REPO, "tests", "schemas", "jobset-v1alpha2.json")

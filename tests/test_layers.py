@@ -10,18 +10,19 @@ import re
 from conftest import REPO
 
 PACKAGE = os.path.join(REPO, "tfdp")
-# Bottom to top; a unit may import its own layer's units and those of the layers below.
+# Bottom to top; a unit may import its own layer's units and those of the layers below. A unit
+# is a package, a module, or a part of a package that sits on another layer than the rest of it
+# (``paths``, the registry, beneath ``paths.manual``, the path it registers).
 LAYERS = [
-    {"errors", "logs", "files", "charts", "matplotlib_deferred"},  # the ground floor
-    {"model_spec", "dataset_spec", "optimizer_spec", "path_registry", "config_checks", "export_formats", "config",
-     "flags", "plan", "recipes"},
-    {"fashion_mnist", "tfds_source", "array_cache", "image_folder", "array_source", "datasets",
-     "data", "devices", "models"},                               # data, devices, models
-    {"cluster", "launcher"},                                     # in-process runtime; launcher
-    {"trace"},                                                   # seeing the steps
-    {"training"},                                                # what every run does
-    {"manual", "keras_path", "parameter_server"},                # the paths
-    {"training_run", "api", "train", "launch", "server", "export", "bench"},  # the commands
+    {"util"},                                                  # the ground floor
+    {"paths"},                                                 # the paths' registry
+    {"config", "export.formats"},                              # read without TensorFlow
+    {"data", "models"},                                        # the examples; the models
+    {"cluster", "launcher"},                                   # in-process runtime; launcher
+    {"trace", "export"},                                       # seeing the steps; the export
+    {"training"},                                              # what every run does
+    {"paths.manual", "paths.keras", "paths.parameter_server"},  # the paths
+    {"api", "train", "launch", "server", "bench"},             # the commands
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
@@ -47,16 +48,23 @@ def imports(path: str, known: dict) -> set:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("tfdp")}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfdp"):
-            for alias in node.names:  # "from tfdp import data" imports the module tfdp.data.
+            for alias in node.names:  # "from tfdp import paths" imports the module tfdp.paths.
                 child = f"{node.module}.{alias.name}"
                 found.add(child if child in known else node.module)
     return found
 
 
 def unit(module: str) -> str:
-    """The top-level module or package a module belongs to: tfdp.training.loop -> training."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
+    """The unit a module belongs to, the longest one that names it: tfdp.training.loop ->
+    training, tfdp.paths.manual.step -> paths.manual, tfdp.paths -> paths."""
+    name = module.removeprefix("tfdp").removeprefix(".")
+    if not name:
+        return ""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        if ".".join(parts[:cut]) in LAYER:
+            return ".".join(parts[:cut])
+    return parts[0]
 
 
 def unit_edges() -> dict:
@@ -74,6 +82,9 @@ def unit_edges() -> dict:
 def test_every_unit_has_a_layer():
     units = {unit(m) for m in modules()} - {""}
     assert units == set(LAYER), f"add to or remove from LAYERS: {units ^ set(LAYER)}"
+    top = sorted(os.listdir(PACKAGE))
+    entries = [e for e in top if e != "__pycache__"]
+    assert len(entries) <= 16, f"tfdp/ holds {len(entries)} entries (16 at most): {entries}"
 
 
 def test_imports_go_down_the_layers_only():
@@ -106,33 +117,33 @@ def test_the_launcher_runs_without_tensorflow():
         assert not {n for n in named if n.split(".")[0] in ("tensorflow", "keras")}, module
         # Nor through tfdp: only modules that import no TensorFlow themselves.
         for target in imports(path, known):
-            assert unit(target) in ("launcher", "errors", "config", "config_checks", "flags",
-                                    "export_formats", "files", "logs", "path_registry"), (
-                module, target)
+            assert unit(target) in ("launcher", "util", "config", "paths",
+                                    "export.formats"), (module, target)
+            assert target != "tfdp.util.devices", (module, target)
 
 
 def test_every_registered_path_trains_through_the_path_contract():
-    from tfdp import path_registry
-    from tfdp.training.training_path import TrainingPath
+    from tfdp import paths
+    from tfdp.training.path_contract import TrainingPath
 
-    assert path_registry.names()[:5] == ("manual", "mirrored", "multi_worker", "plain",
+    assert paths.names()[:5] == ("manual", "mirrored", "multi_worker", "plain",
                                          "parameter_server")
-    assert all(issubclass(p.training_path(), TrainingPath) for p in path_registry.all_paths())
+    assert all(issubclass(p.training_path(), TrainingPath) for p in paths.all_paths())
 
 
 def test_the_paths_descriptions_are_read_without_tensorflow():
     """The launcher and the cluster managers ask the registry before TensorFlow starts."""
-    from tfdp import path_registry
+    from tfdp import paths
 
     known = modules()
-    for module in path_registry.BUILT_IN:
+    for module in paths.BUILT_IN:
         with open(known[module]) as f:
             tree = ast.parse(f.read())
         named = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         named |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not {n for n in named if n.split(".")[0] in ("tensorflow", "keras")}, module
         for target in imports(known[module], known):
-            assert unit(target) in ("path_registry", "errors"), (module, target)
+            assert target in ("tfdp.paths", "tfdp.util.errors"), (module, target)
 
 
 def defined(module_path: str) -> set:
@@ -204,4 +215,5 @@ def test_the_package_imports_its_modules_when_first_asked_for():
             "tfdp.run; print('tfdp.api' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, timeout=60, check=True)
-    assert done.stdout.split("\n")[:2] == ["['tfdp', 'tfdp.errors']", "True"], done.stdout
+    imported = ["['tfdp', 'tfdp.util', 'tfdp.util.errors']", "True"]
+    assert done.stdout.split("\n")[:2] == imported, done.stdout

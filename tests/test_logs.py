@@ -1,4 +1,4 @@
-"""What a run prints on stderr (tfdp.logs): tfdp's lines, warnings, errors and tracebacks, not
+"""What a run prints on stderr (tfdp.util.logs): tfdp's lines, warnings, errors and tracebacks, not
 the libraries' INFO nor TensorFlow's C++ start-up banners; all of it with --verbose."""
 
 import io
@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from conftest import REPO
-from tfdp import logs
+from tfdp.util import logs
 
 BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
@@ -21,7 +21,7 @@ def run_python(code, **env):
 def test_tensorflow_still_prints_startup_banners_past_its_log_level():
     """The upstream bug logs.import_tensorflow works around (tensorflow/tensorflow#102212,
     abseil/abseil-cpp#1957). When this fails, TensorFlow honours TF_CPP_MIN_LOG_LEVEL from the
-    start: delete the fd-2 filter in tfdp/logs.py and this test."""
+    start: delete the fd-2 filter in tfdp/util/logs.py and this test."""
     import os
 
     result = run_python("import tensorflow as tf; tf.config.list_physical_devices()",
@@ -32,9 +32,9 @@ def test_tensorflow_still_prints_startup_banners_past_its_log_level():
 
 
 def test_keras_still_imports_matplotlib_as_it_starts():
-    """The upstream behaviour tfdp.matplotlib_deferred works around (Keras' visualization
+    """The upstream behaviour tfdp.util.matplotlib_deferred works around (Keras' visualization
     modules import matplotlib at module level). When this fails, importing TensorFlow no longer
-    imports matplotlib: delete tfdp/matplotlib_deferred.py, its call in tfdp/logs.py and the
+    imports matplotlib: delete tfdp/util/matplotlib_deferred.py, its call in tfdp/util/logs.py and the
     test below."""
     result = run_python("import sys, tensorflow; print('matplotlib.pyplot' in sys.modules)")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -43,7 +43,7 @@ def test_keras_still_imports_matplotlib_as_it_starts():
 
 DEFERRED_CHECK = r"""
 import sys
-from tfdp import logs
+from tfdp.util import logs
 
 logs.import_tensorflow()
 print("imported with TensorFlow:", "matplotlib" in sys.modules)
@@ -67,7 +67,7 @@ def test_tfdp_imports_matplotlib_when_something_draws_and_keras_still_plots(tmp_
 FILTER_CHECK = r"""
 import os, traceback
 from absl import logging as absl_logging
-from tfdp import logs
+from tfdp.util import logs
 
 logs.configure(verbose=False)
 try:

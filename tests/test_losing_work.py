@@ -16,13 +16,14 @@ import tensorflow as tf
 
 from conftest import REPO
 from processes import child_env, run_train, train_command, wait_for
-from tfdp import training_run
-from tfdp.config import Config
-from tfdp.errors import Diverged, UserError
+from tfdp.config.settings import Config
+from tfdp.export import saved_model
 from tfdp.models import lenet
-from tfdp.training import divergence, run_folder, saved_model
+from tfdp.training import entry
+from tfdp.training import divergence, run_folder
 from tfdp.training.backups import Backups, identity
 from tfdp.training.state import TrainingState
+from tfdp.util.errors import Diverged, UserError
 
 
 needs_root = pytest.mark.root("mounts a small tmpfs and read-only folders")
@@ -74,7 +75,7 @@ def test_keras_path_stops_at_a_non_finite_loss_too(tmp_path, data_dir):
                     eval_steps=1, data_dir=data_dir, workdir=str(tmp_path / "run"),
                     export_dir=str(tmp_path / "export"))
     with pytest.raises(Diverged, match=r"by epoch 1, step \d+/30: training diverged"):
-        training_run.train(config)
+        entry.train(config)
     assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")
 
 
@@ -163,7 +164,7 @@ def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
     backups = Backups(earlier.run_dir, 0, identity(earlier))
     backups.save(5, TrainingState(lenet.to_keras_weights(lenet.init_params(0))))
     with pytest.raises(UserError) as caught:
-        training_run.train(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
+        entry.train(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
     assert str(caught.value) == (
         f"{tmp_path / 'run'} holds a run trained with --batch_size=64 --lr=0.2 --seed=0; this "
         "command has --batch_size=32 --lr=0.1 --seed=1: run it with the same flags to resume, "
@@ -182,7 +183,7 @@ def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, d
     metrics = os.path.join(config.run_dir, "metrics.json")
     with open(metrics, "w") as f:  # The earlier epochs' record, damaged too.
         f.write('{"epochs": [{"epo')
-    result = training_run.train(config)
+    result = entry.train(config)
     out = capsys.readouterr().out
     # tfdp's own: TensorFlow warns of retracing by what earlier tests in this process traced.
     warnings = [r.getMessage() for r in caplog.records
@@ -283,7 +284,7 @@ def test_stale_partial_exports_are_removed_and_live_ones_kept(tmp_path):
 @needs_root
 def test_a_read_only_prepared_data_dir_trains_and_a_missing_one_says_so(tmp_path, data_dir,
                                                                        manual_dir):
-    from tfdp import data, fashion_mnist, tfds_source
+    from tfdp.data import pipeline, fashion_mnist, tfds
 
     copy = tmp_path / "data"
     subprocess.run(["cp", "-r", data_dir, str(copy)], check=True)
@@ -295,11 +296,11 @@ def test_a_read_only_prepared_data_dir_trains_and_a_missing_one_says_so(tmp_path
         subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
         subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
     try:
-        split = data.load_split("test", str(copy))
+        split = pipeline.load_split("test", str(copy))
         assert len(split.labels) == 10000
         with pytest.raises(UserError, match=r"is not prepared in .*, and it cannot be prepared "
                                             r"there \(Read-only file system\)"):
-            tfds_source.prepare(fashion_mnist.DATASET, str(empty), manual_dir)
+            tfds.prepare(fashion_mnist.DATASET, str(empty), manual_dir)
     finally:
         for folder in (copy, empty):
             subprocess.run(["umount", str(folder)], check=False)
@@ -318,6 +319,6 @@ def test_a_read_only_run_folder_is_one_line_naming_the_flag(tmp_path, data_dir):
             with pytest.raises(UserError, match=rf"^--workdir={workdir} is not writable "
                                                 r"\(Read-only file system\): give a --workdir you "
                                                 "can write to$"):
-                training_run.train(config)
+                entry.train(config)
     finally:
         subprocess.run(["umount", str(folder)], check=False)

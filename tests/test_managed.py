@@ -11,7 +11,7 @@ import pytest
 
 from processes import child_env
 from tfdp.cluster import kubernetes, managed, slurm, slurm_nodes, task_gpus, tf_config
-from tfdp.errors import UserError
+from tfdp.util.errors import UserError
 
 
 def test_slurm_forms_expand_as_slurm_writes_them():
@@ -267,7 +267,7 @@ def test_a_hand_written_tf_config_wins_and_a_server_task_becomes_tfdp_server(tmp
     done = subprocess.run([sys.executable, "-c", script.read_text(), "manual"],
                           capture_output=True, text=True, env=child_env(**_pod(1, 2)), timeout=120)
     assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(
-        "tfdp.errors.UserError: tfdp.run in Kubernetes task worker 0 of --strategy=manual, whose "
+        "tfdp.util.errors.UserError: tfdp.run in Kubernetes task worker 0 of --strategy=manual, whose "
         "tasks but the chief are tfdp.servers: an interactive session cannot become one"), (
         done.stderr)
     assert tf_config.roles("manual", 2, 1) == [("chief", 0), ("worker", 0)]
@@ -313,7 +313,7 @@ def test_multi_worker_trains_on_the_gpus_num_gpus_says(monkeypatch):
     are hidden first (TensorFlow's device list as a 4-GPU machine gives it)."""
     import tensorflow as tf
 
-    from tfdp import devices
+    from tfdp.util import devices
 
     listed = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(4)]
     hidden = []

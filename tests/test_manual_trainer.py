@@ -8,10 +8,10 @@ import tensorflow as tf
 
 from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
-from tfdp import data
-from tfdp.config import Config
-from tfdp.manual.replicate import Replicas, split_batch
-from tfdp.manual.step import (StepSettings, exchange_gradients, make_train_step,
+from tfdp.config.settings import Config
+from tfdp.data import pipeline
+from tfdp.paths.manual.replicate import Replicas, split_batch
+from tfdp.paths.manual.step import (StepSettings, exchange_gradients, make_train_step,
                               combined_statistics, replica_gradients, update_replicas)
 
 
@@ -31,7 +31,7 @@ def train_params(tmp_path, split, k, allreduce="add_n", batch_size=96, dtype=np.
 def test_replicas_stay_identical(train_split, allreduce):
     replicas = Replicas.place(start_params(), DEVICES[:4])
     step = make_train_step(replicas, StepSettings(allreduce=allreduce))
-    for images, labels in data.train_batches(head(train_split, 1000), 130, 0, 0, 1, 8):
+    for images, labels in pipeline.train_batches(head(train_split, 1000), 130, 0, 0, 1, 8):
         step(images, labels, tf.constant(0.1))
     first, *others = replicas.params
     for replica in others:
@@ -73,7 +73,7 @@ def test_every_float32_step_agrees_across_devices(train_split):
     reference_step = _stepper(w, 1, "add_n")
     others = {(k, allreduce): _stepper(w, k, allreduce)
               for k, allreduce in [(2, "add_n"), (3, "ring"), (3, "add_n"), (4, "sharded")]}
-    for images, labels in data.train_batches(head(train_split, 2000), 95, 1, 0, 1, 22):
+    for images, labels in pipeline.train_batches(head(train_split, 2000), 95, 1, 0, 1, 22):
         reference = reference_step(w, images, labels)
         for (k, allreduce), step in others.items():
             assert update_difference(step(w, images, labels), reference, w) < 1e-4, (k, allreduce)

@@ -17,8 +17,8 @@ from exports import runtimes_agree, serve_in_clients
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import child_env, launch as launch_cluster
-from tfdp.config import Config
-from tfdp.keras_path import keras_mwms_fix
+from tfdp.config.settings import Config
+from tfdp.paths.keras import workarounds
 from tfdp.training import report
 
 
@@ -88,14 +88,14 @@ def test_two_workers_count_a_models_own_losses_once(tmp_path, data_dir, train_sp
     the two workers' export serves the logits of the from-scratch path's model."""
     import tensorflow as tf
 
-    from tfdp import training_run
+    from tfdp.training import entry
 
     model = os.path.join(REPO, "tests", "own_models", "zoo.py") + ":regularized_cnn"
     settings = dict(model=model, batch_size=60, lr=0.05, epochs=1, steps_per_epoch=6,
                     eval_steps=1, seed=5, data_dir=data_dir, precision="float64")
     result = launch(tmp_path, *[f"--{k}={v}" for k, v in settings.items()])
     assert result.returncode == 0, result.stderr[-4000:]
-    manual = training_run.train(Config(num_gpus=2, workdir=str(tmp_path / "manual"),
+    manual = entry.train(Config(num_gpus=2, workdir=str(tmp_path / "manual"),
                                        export_dir=str(tmp_path / "manual-export"), **settings))
     images = tf.constant(train_split.images[:200])
 
@@ -121,18 +121,18 @@ def test_a_worker_with_an_empty_shard_adds_nothing(tmp_path, data_dir):
 @pytest.mark.cluster
 def test_keras_still_needs_the_multi_worker_workaround(tmp_path, data_dir):
     result = launch(tmp_path, "--epochs=1", "--steps_per_epoch=2", "--eval_steps=1",
-                    f"--data_dir={data_dir}", env={keras_mwms_fix.DISABLE_ENV: "1"})
+                    f"--data_dir={data_dir}", env={workarounds.DISABLE_ENV: "1"})
     if result.returncode == 0:
         pytest.fail("Keras fit now works under MultiWorkerMirroredStrategy without "
-                    "tfdp/keras_path/keras_mwms_fix.py: remove the workaround, its apply() call "
-                    "in keras_path/trainer.py, and this test")
+                    "tfdp/paths/keras/workarounds.py: remove the workaround, its apply() call "
+                    "in paths/keras/trainer.py, and this test")
     assert ("PerReplica" in result.stderr or "Invalid reduction dimension" in result.stderr), \
         result.stderr[-3000:]
 
 
 _PER_REPLICA_CHECK = """
 import tensorflow as tf
-from tfdp.keras_path import distributed_input
+from tfdp.paths.keras import distributed_input
 strategy = tf.distribute.MultiWorkerMirroredStrategy()  # One local worker: no TF_CONFIG.
 fn = lambda context: tf.data.Dataset.range(8).batch(2).repeat()
 options = tf.distribute.InputOptions(
@@ -159,7 +159,7 @@ def test_per_replica_input_under_mwms_is_still_ours_to_build():
     assert result.returncode == 0, result.stderr[-3000:]
     if "PUBLIC PER_REPLICA WORKS" in result.stdout:
         pytest.fail("MultiWorkerMirroredStrategy now accepts PER_REPLICA input: replace "
-                    "tfdp/keras_path/distributed_input._multi_worker with the public "
+                    "tfdp/paths/keras/distributed_input._multi_worker with the public "
                     "distribute_datasets_from_function")
     assert "PUBLIC PER_REPLICA REFUSED" in result.stdout, result.stdout
     # Our input really gives the replica its own iterator, not a MultiDeviceIterator.
@@ -197,7 +197,7 @@ def test_workers_whose_machines_decide_auto_differently_refuse_in_one_line(tmp_p
     train while the run reported one: both stop at once, naming each worker's."""
     import socket
 
-    from tfdp import devices
+    from tfdp.util import devices
 
     ports = []
     for _ in range(2):

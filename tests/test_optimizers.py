@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdp.config import Config
-from tfdp.errors import UserError
+from tfdp.config.optimizer_spec import OPTIMIZERS
+from tfdp.config.settings import Config
 from tfdp.models.optimizers import Optimizer
-from tfdp.optimizer_spec import OPTIMIZERS
+from tfdp.util.errors import UserError
 
 SETTINGS = [  # (name, its flags): every optimizer, with its options on and off.
     ("sgd", {}), ("sgd", {"momentum": 0.9}), ("sgd", {"momentum": 0.9, "nesterov": True}),
@@ -95,7 +95,7 @@ def test_each_optimizer_takes_keras_defaults_and_refuses_what_it_does_not_take()
 
 
 def test_the_runs_line_names_an_optimizer_other_than_the_textbooks():
-    from tfdp.plan import make_plan
+    from tfdp.config.plan import make_plan
 
     assert "; adam, lr 0.001; float32;" in make_plan(Config(optimizer="adam"), 2, 60000,
                                                       10000).describe("engine")

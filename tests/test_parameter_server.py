@@ -20,9 +20,10 @@ from processes import (child_env, run_module, task_pid, wait_for_first_backup)
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
-from tfdp import data, training_run
-from tfdp.config import Config
-from tfdp.parameter_server.pace import WorkerPace
+from tfdp.config.settings import Config
+from tfdp.data import pipeline
+from tfdp.paths.parameter_server.pace import WorkerPace
+from tfdp.training import entry
 
 def launch(tmp_path, *train_args, workers=2, ps=1, on_hosts=False, **how):
     return launch_cluster(tmp_path, "parameter_server", *train_args, launcher=(
@@ -72,7 +73,7 @@ def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, d
     assert "[chief] test acc (first 512 of 10000 test examples):" in out
     assert not re.search(r"^\[[\w ]+\] ([IWE]\d{4} |Traceback)", err, re.M), err[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]
-    test = data.load_split("test", data_dir)
+    test = pipeline.load_split("test", data_dir)
     runtimes_agree(serve_in_clients(tmp_path / "export" / "1", test.images[:200],
                                     test.labels[:200], tmp_path), 200)
 
@@ -119,9 +120,9 @@ def test_one_worker_trains_a_model_with_dropout_and_its_own_losses_as_from_scrat
                     eval_steps=1, seed=5, data_dir=data_dir, precision="float64")
     result = launch(tmp_path, *[f"--{k}={v}" for k, v in settings.items()], workers=1)
     assert result.returncode == 0, result.stderr[-4000:]
-    local = training_run.train(Config(num_gpus=1, workdir=str(tmp_path / "local"),
+    local = entry.train(Config(num_gpus=1, workdir=str(tmp_path / "local"),
                                       export_dir=str(tmp_path / "local-export"), **settings))
-    images = tf.constant(data.load_split("test", data_dir).images[:200])
+    images = tf.constant(pipeline.load_split("test", data_dir).images[:200])
 
     def served(version):
         return tf.saved_model.load(str(version)).signatures["serving_default"](
@@ -276,7 +277,7 @@ def test_a_worker_failure_reaching_the_chief_reschedules_the_lost_steps_only():
     ([Op:Identity], connection reset: what TensorFlow 2.21 raised in the chief in 1 run of 10
     with a worker killed), with steps in flight finished or cancelled. The finished keep their
     results, the lost are scheduled again; a parameter server's failure still ends the run."""
-    from tfdp.parameter_server import trainer
+    from tfdp.paths.parameter_server import trainer
 
     worker = tf.errors.UnavailableError(None, None, "recvmsg:Connection reset by peer\n"
                                         "Additional GRPC error information from remote target "

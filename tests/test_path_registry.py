@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from processes import run_module
-from tfdp import path_registry
-from tfdp.config import Config
-from tfdp.errors import UserError
+from tfdp import paths
+from tfdp.config.settings import Config
+from tfdp.util.errors import UserError
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -21,9 +21,9 @@ def toy():
     sys.path.insert(0, TESTS)
     import toy_path
 
-    path_registry.register(toy_path.TOY)
+    paths.register(toy_path.TOY)
     yield toy_path.TOY
-    path_registry.unregister("toy")
+    paths.unregister("toy")
     sys.path.remove(TESTS)
 
 
@@ -39,7 +39,7 @@ def test_the_flags_take_the_toy_path_its_defaults_and_its_refusals(toy):
     with pytest.raises(UserError, match=r"^--bucket_kb=8 is --strategy=manual's \(the buckets "
                                         r"of its own allreduce\): --strategy=toy exchanges"):
         Config(strategy="toy", bucket_kb=8)
-    path_registry.unregister("toy")
+    paths.unregister("toy")
     with pytest.raises(UserError, match=r"^--strategy=toy is not one of: manual, mirrored, "
                                         r"multi_worker, plain, parameter_server$"):
         Config(strategy="toy")

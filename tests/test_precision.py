@@ -14,12 +14,12 @@ from conftest import DEVICES
 from processes import run_module
 from same_model import comparable_start, update_difference
 import tfdp
-from tfdp import devices
-from tfdp.config import Config
-from tfdp.errors import UserError
-from tfdp.manual.replicate import Replicas
-from tfdp.manual.step import StepSettings, make_train_step
+from tfdp.config.settings import Config
 from tfdp.models.stateless import HandWrittenLeNet
+from tfdp.paths.manual.replicate import Replicas
+from tfdp.paths.manual.step import StepSettings, make_train_step
+from tfdp.util import devices
+from tfdp.util.errors import UserError
 
 # bfloat16 keeps 8 significant bits: rounding to it moves a value by up to 2^-9 of itself.
 HALF_ULP = 2.0 ** -9

@@ -17,9 +17,9 @@ from conftest import REPO, ROOT
 from processes import (child_env, children, launch, run_train, tf_config_of, train_command,
                        wait_for)
 from terminal import Terminal
-from tfdp.errors import PREEMPTED_EXIT_CODE, Preempted
 from tfdp.training import preemption
 from tfdp.training.backups import Backups
+from tfdp.util.errors import PREEMPTED_EXIT_CODE, Preempted
 
 
 # --- Preemption ---------------------------------------------------------------------------------

@@ -11,13 +11,15 @@ import pytest
 import tensorflow as tf
 
 from same_model import update_difference
-from tfdp import data, recipes, training_run
-from tfdp.config import Config
+from tfdp.config import recipes
+from tfdp.config.plan import make_plan, one_cycle
+from tfdp.config.settings import Config
+from tfdp.data import pipeline
 from tfdp.models import lenet, lenet_batch_norm
 from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.loss import cross_entropy
 from tfdp.models.optimizers import Optimizer
-from tfdp.plan import make_plan, one_cycle
+from tfdp.training import entry
 from tfdp.training.backups import Backups
 
 
@@ -133,19 +135,19 @@ def test_the_from_scratch_averages_are_keras_use_ema():
 
 
 def test_flips_depend_on_seed_epoch_and_example_only_and_reach_every_path(train_split):
-    split = data.Split(train_split.images[:64], train_split.labels[:64])
-    local = [(x.numpy(), y.numpy()) for x, y in data.train_batches(split, 16, 3, 0, 2, 4, flip=True)]
-    indices = [i[0] for i in data.index_batches(64, 16, 3, 0, 0, 2, 4, flip=True)]
+    split = pipeline.Split(train_split.images[:64], train_split.labels[:64])
+    local = [(x.numpy(), y.numpy()) for x, y in pipeline.train_batches(split, 16, 3, 0, 2, 4, flip=True)]
+    indices = [i[0] for i in pipeline.index_batches(64, 16, 3, 0, 0, 2, 4, flip=True)]
     images, labels = tf.constant(split.images), tf.constant(split.labels)
     for (x, y), index in zip(local, indices):  # What a cluster's worker gathers is the same.
-        gathered = data.gather(images, labels, index, flip=True)
+        gathered = pipeline.gather(images, labels, index, flip=True)
         np.testing.assert_array_equal(gathered[0], x)
         np.testing.assert_array_equal(gathered[1], y)
     mirrored = np.concatenate([i.numpy() >= 64 for i in indices])
     assert 0.3 < mirrored.mean() < 0.7  # About half, and not the same half each epoch.
     assert not np.array_equal(mirrored[:64][np.argsort(indices[0].numpy() % 64)],
                               mirrored[64:])
-    plain = [x.numpy() for x, _ in data.train_batches(split, 16, 3, 0, 2, 4)]
+    plain = [x.numpy() for x, _ in pipeline.train_batches(split, 16, 3, 0, 2, 4)]
     flipped = np.concatenate([i.numpy() for i in indices]) >= 64
     first = np.concatenate(plain)[flipped]
     np.testing.assert_array_equal(np.concatenate([x for x, _ in local])[flipped],
@@ -165,7 +167,7 @@ def test_the_fast_recipe_trains_the_same_lenet_on_1_2_and_4_devices(tmp_path, da
     rounding. (lenet_bn's batch statistics are each replica's shard's, as under Keras: they
     differ with the device count by design, and the test below compares them across paths.)"""
     start = lenet.init_params(2, np.float64, "glorot")
-    runs = {k: training_run.train(Config(**settings(tmp_path, data_dir, f"k{k}", num_gpus=k,
+    runs = {k: entry.train(Config(**settings(tmp_path, data_dir, f"k{k}", num_gpus=k,
                                            model="lenet")),
                          start_weights=lenet.to_keras_weights(start)) for k in (1, 2, 4)}
     one = lenet.from_keras_weights(runs[1].weights)
@@ -178,7 +180,7 @@ def test_the_from_scratch_path_and_keras_fit_train_the_same_lenet_bn(tmp_path, d
     """The whole fast recipe, lenet_bn's running statistics included, on 2 replicas, with
     weight averaging: both return (and evaluate) the averages, Keras' after ``fit`` ends."""
     start = lenet.init_params(5, np.float64, "glorot", batch_norm=True)
-    manual, mirrored = (training_run.train(Config(**settings(tmp_path, data_dir, strategy,
+    manual, mirrored = (entry.train(Config(**settings(tmp_path, data_dir, strategy,
                                                     strategy=strategy)),
                                   start_weights=lenet.to_keras_weights(start))
                         for strategy in ("manual", "mirrored"))
@@ -195,7 +197,7 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
     """Momentum's velocities and the weights' averages are in the backups: resumed after a
     crash, the run ends where one that never stopped ends (without them it would not)."""
     common = settings(tmp_path, data_dir, "resume", strategy=strategy, epochs=3)
-    full = training_run.train(Config(**dict(common, workdir=str(tmp_path / "full"),
+    full = entry.train(Config(**dict(common, workdir=str(tmp_path / "full"),
                                    export_dir=str(tmp_path / "full-exp"))))
     save = Backups.save
 
@@ -207,12 +209,12 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
 
     monkeypatch.setattr(Backups, "save", crash_after_epoch_1)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        training_run.train(Config(**common))
+        entry.train(Config(**common))
     monkeypatch.undo()
     state = Backups(common["workdir"], 0, {}).load(5)
     # The 17 weights, and the 11 trained ones' velocities and averages.
     assert [len(state.weights), len(state.slots), len(state.averages)] == [17, 11, 11]
-    resumed = training_run.train(Config(**common))
+    resumed = entry.train(Config(**common))
     for x, y in zip(full.weights, resumed.weights):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
     metrics = json.loads((tmp_path / "resume" / "metrics.json").read_text())
@@ -222,12 +224,12 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
 
 def test_a_fast_export_serves_the_flipped_mean_it_was_evaluated_with(tmp_path, data_dir,
                                                                       test_split):
-    result = training_run.train(Config(**settings(tmp_path, data_dir, "served", precision="float32",
+    result = entry.train(Config(**settings(tmp_path, data_dir, "served", precision="float32",
                                          epochs=1)))
     served = tf.saved_model.load(result.export_path).signatures["serving_default"]
     images = test_split.images[:64]
     model = lenet.serving_model(lenet.from_keras_weights(result.weights))
-    x = data.to_float(tf.constant(images))
-    both = (model(x, training=False) + model(data.mirror(x), training=False)) / 2
+    x = pipeline.to_float(tf.constant(images))
+    both = (model(x, training=False) + model(pipeline.mirror(x), training=False)) / 2
     np.testing.assert_allclose(served(images=tf.constant(images))["logits"], both, atol=1e-5)
     assert not np.allclose(both, model(x, training=False), atol=1e-3)

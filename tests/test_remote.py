@@ -17,7 +17,7 @@ from processes import child_env, left_behind, run_module, wait_for_first_backup
 from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
-from tfdp.config import Config
+from tfdp.config.settings import Config
 from tfdp.launcher.local_cluster import free_ports
 from tfdp.training.backups import Backups
 

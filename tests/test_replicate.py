@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import DEVICES
-from tfdp.manual.replicate import replicate, shard_sizes, split_batch
+from tfdp.paths.manual.replicate import replicate, shard_sizes, split_batch
 
 
 @pytest.mark.parametrize("n,k,expected", [(256, 2, [128, 128]), (7, 4, [2, 2, 2, 1]),

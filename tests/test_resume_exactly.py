@@ -24,7 +24,7 @@ from conftest import REPO
 from shared_runs import YOURS
 from processes import (child_env, children, tf_config_of, train_command, train_in_this_process,
                        wait_for)
-from tfdp.errors import PREEMPTED_EXIT_CODE
+from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
 DROPOUT = os.path.join(REPO, "tests", "own_models", "zoo.py") + ":dropout_cnn"
 STEPS = 96  # Steps per epoch; two epochs. The signal comes in the first 40 steps of one.
@@ -41,7 +41,7 @@ PATHS = {
     "plain": ("train", [EMA]),
     "multi_worker": ("launch", ["--num_workers=2"], [EMA]),
     # One worker: asynchronous SGD with two is not reproducible step for step. The recipe
-    # keeps no momentum and no averages here (tfdp.recipes), so its state is the weights.
+    # keeps no momentum and no averages here (tfdp.config.recipes), so its state is the weights.
     "parameter_server": ("launch", ["--num_workers=1", "--num_ps=1"], []),
     # Your model (batch normalization and all) from scratch: its state is its variables.
     "manual-yours": ("train", ["--num_gpus=2", EMA, f"--model={YOURS}"]),

@@ -4,9 +4,9 @@ import pytest
 import tensorflow as tf
 
 from same_model import head, train_manual
-from tfdp import plan as schedule
-from tfdp.config import Config
-from tfdp.plan import make_plan
+from tfdp.config import plan as schedule
+from tfdp.config.plan import make_plan
+from tfdp.config.settings import Config
 
 
 def test_warmup_rises_linearly_to_the_scaled_rate():

@@ -11,7 +11,7 @@ import pytest
 
 from exports import runtimes_agree, serve_all_in_clients
 from shared_runs import COLOUR_NAMES, RUNS, colour_images
-from tfdp import fashion_mnist
+from tfdp.data import fashion_mnist
 
 def contract(shape=(28, 28, 1), classes=10) -> dict:
     """The serving contract of an export of ``shape`` images in ``classes`` classes."""
@@ -53,7 +53,7 @@ def served(shared_runs, test_split, tmp_path_factory):
     examples = {name: EVAL_STEPS * RUNS[name]["batch_size"] for name in RUNS}
     largest = max(examples.values())
     # ONNX and LiteRT compute in float32; a bfloat16-trained SavedModel in bfloat16: its logits
-    # differ by bfloat16's rounding, bounded in tfdp/export_formats.py by 2^-5 of their size.
+    # differ by bfloat16's rounding, bounded in tfdp/export/formats.py by 2^-5 of their size.
     margins = {name: 2.0 ** -5 if RUNS[name].get("precision") == "bfloat16" else 1e-4
                for name in runs}
     # Your data of another shape is served its own test images (tests/shared_runs.py).

@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO
 from processes import child_env, launch
 from slurm_cluster import SlurmCluster, missing
-from tfdp.config import LIVE_PROGRESS_ENV
+from tfdp.config.settings import LIVE_PROGRESS_ENV
 
 # One worker runs them all (xdist_group): the module's Slurm is started once.
 pytestmark = [pytest.mark.cluster, pytest.mark.root("a slurmd per network namespace"),

@@ -14,10 +14,10 @@ import pytest
 
 from conftest import REPO
 from processes import child_env, run_module, train_command
-from tfdp import files
 from tfdp.cluster import tf_config
-from tfdp.errors import UserError
 from tfdp.launcher.local_cluster import free_ports
+from tfdp.util import files
+from tfdp.util.errors import UserError
 
 
 @pytest.mark.slow

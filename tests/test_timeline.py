@@ -13,11 +13,11 @@ import pytest
 
 from processes import child_env
 from traces import lanes_by_step
-from tfdp import training_run
-from tfdp.config import Config
-from tfdp.errors import UserError
+from tfdp.config.settings import Config
 from tfdp.trace import timeline
 from tfdp.trace.tracer import Tracer
+from tfdp.training import entry
+from tfdp.util.errors import UserError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -27,7 +27,7 @@ def traced(tmp_path, data_dir, strategy, **flags):
                     eval_steps=1, data_dir=data_dir, workdir=str(tmp_path / "run"),
                     export_dir=str(tmp_path / "exports"), trace_steps="3:4")
     settings.update(flags)
-    training_run.train(Config(**settings))
+    entry.train(Config(**settings))
     return json.loads((tmp_path / "run" / "timeline.json").read_text())
 
 
@@ -74,7 +74,7 @@ def test_the_profile_opens_with_xprof_in_a_process_without_tfdp(tmp_path, data_d
 
 
 def test_tracing_off_records_nothing_and_never_shortens_a_window(tmp_path, data_dir):
-    training_run.train(Config(num_gpus=2, batch_size=64, epochs=1, steps_per_epoch=3, eval_steps=1,
+    entry.train(Config(num_gpus=2, batch_size=64, epochs=1, steps_per_epoch=3, eval_steps=1,
                         data_dir=data_dir, workdir=str(tmp_path / "run"),
                         export_dir=str(tmp_path / "exports")))
     run = tmp_path / "run"

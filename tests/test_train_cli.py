@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from processes import run_module, train_in_this_process
-from tfdp import fashion_mnist
+from tfdp.data import fashion_mnist
 
 # Runs in a fresh interpreter that never imports tfdp: what a serving system would do.
 SERVE_CHECK = r"""

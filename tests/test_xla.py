@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 from same_model import update_difference
-from tfdp import training_run
-from tfdp.config import Config
+from tfdp.config.settings import Config
 from tfdp.models import lenet
+from tfdp.training import entry
 
 
 @pytest.mark.parametrize("strategy, devices", [("manual", 2), ("plain", 1)])
@@ -32,7 +32,7 @@ def test_xla_trains_what_the_kernels_train(tmp_path, data_dir, monkeypatch, stra
                         jit_compile=jit, data_dir=data_dir, workdir=str(tmp_path / f"{jit}"),
                         export_dir=str(tmp_path / f"{jit}-export"))
         asked = len(compiled)
-        runs[jit] = training_run.train(config, start_weights=lenet.to_keras_weights(start),
+        runs[jit] = entry.train(config, start_weights=lenet.to_keras_weights(start),
                                        export=False)
         assert (len(compiled) > asked) == jit, compiled[asked:]
     kernels, xla = (lenet.from_keras_weights(runs[jit].weights) for jit in (False, True))

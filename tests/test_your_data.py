@@ -1,6 +1,6 @@
-"""Your data (``--dataset``, docs/your-data.md): an image folder, an .npz file and arrays given
-to ``tfdp.run`` are the same data to every path; Fashion-MNIST from an .npz file trains exactly
-the model TFDS' trains; other shapes and class counts train and export; data that cannot be
+"""Your pipeline (``--dataset``, docs/your-pipeline.md): an image folder, an .npz file and arrays given
+to ``tfdp.run`` are the same pipeline to every path; Fashion-MNIST from an .npz file trains exactly
+the model TFDS' trains; other shapes and class counts train and export; pipeline that cannot be
 trained on is one line naming the file or array."""
 
 import os
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import tfdp
-from tfdp import array_cache, datasets, fashion_mnist
-from tfdp.errors import UserError
+from tfdp.data import array_cache, sources, fashion_mnist
+from tfdp.util.errors import UserError
 
 from shared_runs import YOURS
 
@@ -53,9 +53,9 @@ def test_a_folder_an_npz_file_and_arrays_are_the_same_data(tmp_path, train_split
     (x_train, y_train), (x_test, y_test) = take(train_split, 12), take(test_split, 3)
     write_folder(tmp_path / "folder", x_train, y_train, names, "train")
     write_folder(tmp_path / "folder", x_test, y_test, names, "test")
-    np.savez(tmp_path / "data.npz", x_train=x_train, y_train=y_train, x_test=x_test,
+    np.savez(tmp_path / "pipeline.npz", x_train=x_train, y_train=y_train, x_test=x_test,
              y_test=y_test)
-    runs = {"folder": f"folder:{tmp_path / 'folder'}", "npz": f"npz:{tmp_path / 'data.npz'}",
+    runs = {"folder": f"folder:{tmp_path / 'folder'}", "npz": f"npz:{tmp_path / 'pipeline.npz'}",
             "arrays": (x_train, y_train, x_test, y_test)}
     results = {name: train(tmp_path, name, dataset=dataset, num_gpus=2,
                            data_dir=str(tmp_path / "data")) for name, dataset in runs.items()}
@@ -68,7 +68,7 @@ def test_a_folder_an_npz_file_and_arrays_are_the_same_data(tmp_path, train_split
     served = tf.saved_model.load(results["folder"].export_path).signatures["serving_default"](
         images=tf.constant(x_test))
     assert {n.decode() for n in served["class_names"].numpy()} <= set(names)
-    info = datasets.prepare(runs["folder"], str(tmp_path / "data"))
+    info = sources.prepare(runs["folder"], str(tmp_path / "data"))
     assert info.class_names == tuple(names) and info.image_shape == (28, 28, 1)
     assert isinstance(array_cache.load(info.folder, "train", 120, (28, 28, 1)).images, np.memmap)
 
@@ -132,7 +132,7 @@ def test_a_folder_that_cannot_be_trained_on_is_one_line_naming_the_file(tmp_path
 
         shutil.rmtree(root / "test")
     with pytest.raises(UserError, match=message):
-        datasets.prepare(f"folder:{root}", str(tmp_path / "data"))
+        sources.prepare(f"folder:{root}", str(tmp_path / "data"))
     made = tmp_path / "data" / "tfdp-datasets"
     assert not (made.exists() and os.listdir(made)), os.listdir(made)  # Nothing half-made.
 
@@ -152,11 +152,11 @@ def test_arrays_that_cannot_be_trained_on_are_one_line_naming_the_array(tmp_path
     arrays = dict(x_train=np.zeros((4, 16, 16), np.uint8), y_train=np.array([0, 1, 1, 0]),
                   x_test=np.zeros((4, 16, 16), np.uint8), y_test=np.array([0, 1, 1, 0]))
     arrays.update(change)
-    np.savez(tmp_path / "data.npz", **arrays)
+    np.savez(tmp_path / "pipeline.npz", **arrays)
     with pytest.raises(UserError, match=rf"^--dataset=npz:.*data\.npz: {message}"):
-        datasets.prepare(f"npz:{tmp_path / 'data.npz'}", str(tmp_path / "data"))
+        sources.prepare(f"npz:{tmp_path / 'pipeline.npz'}", str(tmp_path / "data"))
     with pytest.raises(UserError, match=rf"^tfdp\.run\(dataset=\.\.\.\): {message}"):
-        datasets.from_arrays(arrays, str(tmp_path / "data"))
+        sources.from_arrays(arrays, str(tmp_path / "data"))
 
 
 def test_images_of_several_sizes_are_resized_to_the_most_common_or_the_flag(tmp_path, caplog):
@@ -167,11 +167,11 @@ def test_images_of_several_sizes_are_resized_to_the_most_common_or_the_flag(tmp_
                      ["a", "b"], split)
         write_folder(root, rng.integers(0, 256, (1, 30, 30, 3), np.uint8), np.array([0]),
                      ["a"], split, first=3)
-    info = datasets.prepare(f"folder:{root}", str(tmp_path / "data"))
+    info = sources.prepare(f"folder:{root}", str(tmp_path / "data"))
     assert info.image_shape == (20, 24, 3)
     assert "images of 2 sizes, resized to 20x24 (the most common; --image_size sets it)" in \
         caplog.text
-    assert datasets.prepare(f"folder:{root}", str(tmp_path / "data"), None,
+    assert sources.prepare(f"folder:{root}", str(tmp_path / "data"), None,
                             "16x12").image_shape == (16, 12, 3)
 
 
@@ -181,11 +181,11 @@ def test_a_folder_changed_since_is_prepared_again(tmp_path, caplog):
     for split in ("train", "test"):
         write_folder(root, rng.integers(0, 256, (2, 16, 16, 1), np.uint8), np.array([0, 1]),
                      ["a", "b"], split)
-    first = datasets.prepare(f"folder:{root}", str(tmp_path / "data"))
+    first = sources.prepare(f"folder:{root}", str(tmp_path / "data"))
     (root / "train" / "b" / "00007.png").write_bytes((root / "train" / "b" / "00001.png")
                                                      .read_bytes())
-    datasets.prepare.cache_clear()  # As a new process would.
-    again = datasets.prepare(f"folder:{root}", str(tmp_path / "data"))
+    sources.prepare.cache_clear()  # As a new process would.
+    again = sources.prepare(f"folder:{root}", str(tmp_path / "data"))
     assert "changed since it was prepared" in caplog.text
     assert first.examples["train"] == 2 and again.examples["train"] == 3
 
@@ -209,9 +209,9 @@ def test_the_flags_check_the_form_before_anything_is_read(tmp_path):
 ])
 def test_a_cluster_trains_your_data_where_its_workers_prepared_it(tmp_path, strategy, launcher,
                                                                  model):
-    """An .npz file of 32 x 32 x 3 images in 100 classes: every worker prepares it in the data
+    """An .npz file of 32 x 32 x 3 images in 100 classes: every worker prepares it in the pipeline
     dir (two at once, under the cache's lock); the client of the from-scratch and
-    parameter-server paths, which holds no data, reads its shape and classes there. Your model
+    parameter-server paths, which holds no pipeline, reads its shape and classes there. Your model
     from a file, built on every worker (the from-scratch path's remote devices, each
     multi_worker worker)."""
     import tensorflow as tf
@@ -256,7 +256,7 @@ def write_small_images(root, train_split, test_split, side=8):
 
 def test_small_images_upscaled_by_the_flag_train_to_their_stated_accuracy(tmp_path, train_split,
                                                                           test_split):
-    """docs/your-data.md states it: 0.97 on the 300 test images after 10 epochs (0.93 asked
+    """docs/your-pipeline.md states it: 0.97 on the 300 test images after 10 epochs (0.93 asked
     here), 8 x 8 upscaled to LeNet's 28 x 28 by --image_size."""
     write_small_images(tmp_path / "small", train_split, test_split)
     result = tfdp.run(dataset=f"folder:{tmp_path / 'small'}", image_size="28", epochs=10,
@@ -269,15 +269,15 @@ def test_small_images_upscaled_by_the_flag_train_to_their_stated_accuracy(tmp_pa
 def test_memory_mapped_batches_are_the_in_memory_ones(train_split, test_split, monkeypatch):
     """A dataset too large for memory is read memory-mapped, batch by batch: the same batches,
     flips included, as the copy in TensorFlow that smaller ones get."""
-    from tfdp import data
+    from tfdp.data import pipeline
 
     def batches():
-        train = data.train_batches(train_split, 64, 3, 0, 1, 5, flip=True)
+        train = pipeline.train_batches(train_split, 64, 3, 0, 1, 5, flip=True)
         return [(x.numpy(), y.numpy()) for x, y in train] + [
-            (x.numpy(), y.numpy()) for x, y in data.eval_batches(test_split, 100, 3)]
+            (x.numpy(), y.numpy()) for x, y in pipeline.eval_batches(test_split, 100, 3)]
 
     in_memory = batches()
-    monkeypatch.setattr(data, "IN_MEMORY_SHARE", 0.0)
+    monkeypatch.setattr(pipeline, "IN_MEMORY_SHARE", 0.0)
     mapped = batches()
     assert len(in_memory) == len(mapped) == 8
     for (x, y), (mx, my) in zip(in_memory, mapped):
@@ -289,9 +289,9 @@ def test_a_tfds_dataset_resized_by_the_flag(data_dir, train_split):
     """--image_size on a TFDS dataset: every image resized as a folder's are (bilinear)."""
     from PIL import Image
 
-    info = datasets.prepare("fashion_mnist", data_dir, None, "32")
+    info = sources.prepare("fashion_mnist", data_dir, None, "32")
     assert info.image_shape == (32, 32, 1) and info.folder.endswith("tfds-fashion_mnist-32x32")
-    assert info.class_names == tuple(datasets.prepare(data_dir=data_dir).class_names)
+    assert info.class_names == tuple(sources.prepare(data_dir=data_dir).class_names)
     resized = array_cache.load(info.folder, "train", 60000, (32, 32, 1))
     for i in (0, 59999):
         expected = np.asarray(Image.fromarray(train_split.images[i, :, :, 0]).resize(
@@ -308,7 +308,7 @@ def test_a_tfds_dataset_not_prepared_offline_is_one_line_in_seconds(tmp_path, na
 
     start = time.monotonic()
     try:
-        datasets.prepare(name, str(tmp_path / "tfds"))
+        sources.prepare(name, str(tmp_path / "tfds"))
     except UserError as e:
         assert str(e).startswith(f"{name} is not prepared, no manual dir was found, and its "
                                  "download server did not answer within 5 s: prepare it on a "

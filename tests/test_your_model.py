@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from same_model import head
-from tfdp import training_run
-from tfdp.config import Config
-from tfdp.errors import UserError
-from tfdp import model_spec
+from tfdp.config import model_spec
+from tfdp.config.settings import Config
 from tfdp.models import catalog
+from tfdp.training import entry
+from tfdp.util.errors import UserError
 
 OWN = os.path.join(os.path.dirname(__file__), "own_models", "residual_cnn.py")
 
@@ -35,7 +35,7 @@ def _train(tmp_path, split, function, strategy, k):
     config = Config(strategy=strategy, num_gpus=k,
                     **_settings(tmp_path, f"{function}-{strategy}{k}",
                                 model=f"{OWN}:{function}"))
-    return training_run.train(config, splits=(split, split), export=False)
+    return entry.train(config, splits=(split, split), export=False)
 
 
 @pytest.mark.slow
@@ -84,7 +84,7 @@ def test_resnet18_trains_from_scratch(tmp_path, train_split):
     """Refused on the from-scratch path before it took any Keras model: 11 million weights
     through ``stateless_call``, its batch-norm statistics moved on both replicas alike."""
     split = head(train_split, 32)
-    result = training_run.train(Config(**_settings(
+    result = entry.train(Config(**_settings(
         tmp_path, "resnet18", model="resnet18", precision="float32", epochs=1, batch_size=16,
         num_gpus=2, momentum=0.0)), splits=(split, split), export=False)
     assert len(result.weights) == len(catalog.build("resnet18", (28, 28, 1), 10).weights)
@@ -93,7 +93,7 @@ def test_resnet18_trains_from_scratch(tmp_path, train_split):
 
 def test_a_subclassed_model_is_called_on_an_input_of_the_data(tmp_path, train_split):
     split = head(train_split, 64)
-    result = training_run.train(Config(**_settings(
+    result = entry.train(Config(**_settings(
         tmp_path, "sub", model=f"{OWN}:subclassed", precision="float32", epochs=1,
         batch_size=32, num_gpus=2)), splits=(split, split), export=False)
     assert np.isfinite(result.history[-1]["loss"])
@@ -147,7 +147,7 @@ def test_your_model_takes_bfloat16_accumulation_and_a_trace(tmp_path, data_dir):
 
     from traces import lanes_by_step
 
-    result = training_run.train(Config(
+    result = entry.train(Config(
         strategy="manual", num_gpus=2, model=f"{OWN}:residual_cnn_without_norm",
         precision="bfloat16", accumulate_steps=2, trace_steps="2:3", batch_size=64, lr=0.05,
         epochs=1, steps_per_epoch=4, eval_steps=1, data_dir=data_dir,

@@ -16,10 +16,10 @@ import pytest
 import tensorflow as tf
 
 from same_model import head
-from tfdp import training_run
-from tfdp.config import Config
-from tfdp.errors import UserError
+from tfdp.config.settings import Config
 from tfdp.models import catalog
+from tfdp.training import entry
+from tfdp.util.errors import UserError
 
 ZOO = os.path.join(os.path.dirname(__file__), "own_models", "zoo.py")
 
@@ -30,7 +30,7 @@ def _run(tmp_path, split, function, strategy, k, **flags):
                     precision="float64", eval_steps=1, workdir=str(tmp_path / name),
                     export_dir=str(tmp_path / f"{name}-export"))
     config = Config(strategy=strategy, num_gpus=k, **{**settings, **flags})
-    return training_run.train(config, splits=(split, split), export=False)
+    return entry.train(config, splits=(split, split), export=False)
 
 
 def _apart(a: list, b: list) -> float:
@@ -104,7 +104,7 @@ def test_a_softmax_head_is_trained_beneath_and_served_with_its_meaning(
         tmp_path, train_split, function, said, caplog):
     split = head(train_split, 120)
     catalog.SAID.discard(f"{ZOO}:{function}")
-    result = training_run.train(Config(
+    result = entry.train(Config(
         model=f"{ZOO}:{function}", num_gpus=2, batch_size=60, epochs=1, eval_steps=1,
         workdir=str(tmp_path / "run"), export_dir=str(tmp_path / "export")),
         splits=(split, split))
@@ -148,7 +148,7 @@ def test_keras_applications_train_on_both_paths_and_serve(tmp_path, rgb32, funct
     served = {}
     for strategy in ("manual", "mirrored"):
         exported = strategy == "manual" or function == APPLICATIONS[0]
-        result = training_run.train(Config(
+        result = entry.train(Config(
             strategy=strategy, model=f"{ZOO}:{function}", dataset=f"npz:{rgb32}", num_gpus=2,
             batch_size=16, lr=0.01, epochs=1, steps_per_epoch=2, eager=True,
             data_dir=str(tmp_path / "data"), workdir=str(tmp_path / strategy),

@@ -5,8 +5,8 @@ Keras ``fit`` without tf.distribute under another name, whose tasks make a clust
 
 import dataclasses
 
-from tfdp.errors import UserError
-from tfdp.path_registry import WORKERS, OwnFlag, Path, register
+from tfdp.paths import WORKERS, OwnFlag, Path, register
+from tfdp.util.errors import UserError
 
 
 def check(config) -> None:
@@ -16,8 +16,8 @@ def check(config) -> None:
 
 def training_path():
     """Made when a run starts: TensorFlow is imported only then."""
-    from tfdp.keras_path.trainer import KerasFitPath
-    from tfdp.training.training_path import TrainingPath
+    from tfdp.paths.keras.trainer import KerasFitPath
+    from tfdp.training.path_contract import TrainingPath
 
     class ToyPath(TrainingPath):
         def __init__(self, config, backups):

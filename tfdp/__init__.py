@@ -5,18 +5,18 @@
     result.test_accuracy, result.sec_per_epoch, result.export_path
     result.plot()                                            # accuracy and loss per epoch
 
-Every path has the same entry, ``tfdp.training_run.train(config) -> Result``, and declares
-what it is in ``tfdp.path_registry``:
+Every path has the same entry, ``tfdp.training.entry.train(config) -> Result``, and declares
+what it is in ``tfdp.paths``:
 
-* ``tfdp.manual``: the textbook algorithm written out (replicate, split, one tape per device,
+* ``tfdp.paths.manual``: the textbook algorithm written out (replicate, split, one tape per device,
   allreduce, the same update everywhere);
-* ``tfdp.keras_path``: Keras ``fit`` under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``;
-* ``tfdp.parameter_server``: asynchronous SGD on parameter servers.
+* ``tfdp.paths.keras``: Keras ``fit`` under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``;
+* ``tfdp.paths.parameter_server``: asynchronous SGD on parameter servers.
 """
 
 import importlib
 
-from tfdp.errors import Diverged, Finished, Preempted, UserError
+from tfdp.util.errors import Diverged, Finished, Preempted, UserError
 
 __version__ = "0.1.0"
 __all__ = ["run", "configure_devices", "Result", "UserError", "Diverged", "Preempted",

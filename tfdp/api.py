@@ -23,10 +23,11 @@ session (a notebook, a shell) cannot: refused in one line.
 import dataclasses
 import os
 
-from tfdp import logs, model_spec
 from tfdp.cluster import managed, tf_config
-from tfdp.config import Config
-from tfdp.errors import UserError
+from tfdp.config import model_spec
+from tfdp.config.settings import Config
+from tfdp.util import logs
+from tfdp.util.errors import UserError
 
 FLAGS = tuple(field.name for field in dataclasses.fields(Config))
 
@@ -42,9 +43,9 @@ def run(**flags):
     elif callable(flags.get("model")):  # Your model's function itself (docs/your-model.md).
         flags["model"] = model_spec.spec_of(flags["model"])
     if flags.get("dataset") is not None and not isinstance(flags["dataset"], str):
-        from tfdp import datasets  # Your arrays, written to the cache (docs/your-data.md).
+        from tfdp.data import sources  # Your arrays, written to the cache (docs/your-data.md).
 
-        flags["dataset"] = datasets.from_arrays(flags["dataset"], flags.get("data_dir"))
+        flags["dataset"] = sources.from_arrays(flags["dataset"], flags.get("data_dir"))
     config = Config(**flags)
     logs.configure(config.verbose)
     # In a task of Slurm or Kubernetes: the cluster joined as tfdp.train joins it.
@@ -55,9 +56,9 @@ def run(**flags):
                         "process's alone, and every task must build the same model; give "
                         "tfdp.run the function that builds it (model=function)")
     logs.import_tensorflow()
-    from tfdp import training_run
+    from tfdp.training import entry
 
-    return training_run.train(config)
+    return entry.train(config)
 
 
 def configure_devices(num_devices: int) -> list:
@@ -65,6 +66,6 @@ def configure_devices(num_devices: int) -> list:
     that later runs in this process may use up to that many."""
     logs.configure(logs.verbose())
     logs.import_tensorflow()
-    from tfdp import devices
+    from tfdp.util import devices
 
     return devices.configure_devices(num_devices)

@@ -9,10 +9,10 @@ cores, prefixes each process's output, and waits. What it starts depends on the 
   chief (worker 0) prints the per-epoch report and the final line.
 * ``--strategy=manual``: N ``python -m tfdp.server`` workers (``[i]``) and one ``python -m
   tfdp.train`` client, the chief (``[chief]``), which trains the from-scratch path on the
-  workers' devices (``--num_gpus`` each; ``tfdp.manual.remote``). The client's exit decides.
+  workers' devices (``--num_gpus`` each; ``tfdp.paths.manual.remote``). The client's exit decides.
 * ``--strategy=parameter_server``: N ``python -m tfdp.server`` workers (``[i]``), ``--num_ps``
   parameter servers (``tfdp.server`` too, ``[ps j]``) and the coordinator, the chief
-  (``[chief]``; ``tfdp.parameter_server.trainer``). The chief's exit decides; a worker that
+  (``[chief]``; ``tfdp.paths.parameter_server.trainer``). The chief's exit decides; a worker that
   dies while it runs is started again (TensorFlow's coordinator retries its steps on the others
   meanwhile, and it rejoins), up to ``RESTARTS`` times.
 
@@ -36,8 +36,8 @@ import sys
 
 from absl import app, flags
 
-from tfdp.config import Config
-from tfdp.flags import help_parser
+from tfdp.config.flags import help_parser
+from tfdp.config.settings import Config
 from tfdp.launcher.local_cluster import launch
 
 flags.DEFINE_integer("num_workers", 2, "Workers to start on this machine: tfdp.train processes "

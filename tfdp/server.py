@@ -4,7 +4,7 @@ The from-scratch path across machines (``--strategy=manual`` with a ``TF_CONFIG`
 workers) places its replicas on the workers' devices by name, and TensorFlow's distributed
 runtime runs each device's part of the step where the device is. A worker is therefore only a
 TensorFlow server: this module prepares the data where the worker is (the client's steps read
-each device's shard here, ``tfdp.manual.remote``), starts the server with ``--num_gpus``
+each device's shard here, ``tfdp.paths.manual.remote``), starts the server with ``--num_gpus``
 devices, and serves until the client, seen once, has gone, or until it is stopped.
 
 ``TF_CONFIG`` follows ``ParameterServerStrategy``'s conventions: the process running
@@ -24,11 +24,11 @@ import sys
 
 from absl import app, flags
 
-from tfdp import logs
 from tfdp.cluster import tf_config
 from tfdp.cluster.tf_server import JOBS, Stopped, serve
-from tfdp.errors import UserError
-from tfdp.flags import help_parser
+from tfdp.config.flags import help_parser
+from tfdp.util import logs
+from tfdp.util.errors import UserError
 
 flags.DEFINE_integer("num_gpus", 1, "Devices this worker serves (as tfdp.train's --num_gpus: "
                      "logical devices where there are fewer).")

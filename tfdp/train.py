@@ -15,8 +15,9 @@ if __name__ == "__main__":  # A signal while the modules below import waits for 
 
 from absl import app  # noqa: E402
 
-from tfdp import flags, logs  # noqa: E402
-from tfdp.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Finished,  # noqa: E402
+from tfdp.config import flags
+from tfdp.util import logs  # noqa: E402
+from tfdp.util.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Finished,  # noqa: E402
                          Interrupted, Preempted, UserError)
 from tfdp.cluster import managed  # noqa: E402
 
@@ -38,9 +39,9 @@ def train_from_flags(flag_values, args: list) -> None:
             managed.join(config, args)
             logs.import_tensorflow()
             with preemption.exit_on_second_ctrl_c("tfdp.train"):
-                from tfdp import training_run  # TensorFlow, after logs hid its start-up.
+                from tfdp.training import entry  # TensorFlow, after logs hid its start-up.
 
-                training_run.train(config)
+                entry.train(config)
     except Finished as e:
         print(f"tfdp.train: {e}", flush=True)
     except UserError as e:

@@ -1,3 +1,3 @@
-from tfdp.bench.table import run
+from tfdp.bench.main import run
 
 run()

@@ -15,8 +15,8 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
-from tfdp import devices
-from tfdp.manual.allreduce import ALLREDUCE
+from tfdp.paths.manual.allreduce import ALLREDUCE
+from tfdp.util import devices
 
 SIZES = (4 << 10, 256 << 10, 4 << 20, 64 << 20)  # bytes of float32 gradients
 flags.DEFINE_list("sizes", [str(s) for s in SIZES], "Gradient sizes in bytes.")

@@ -7,7 +7,7 @@ synchronisation, running ahead with no barrier at all, and the memory of gradien
 A configuration is ``mode:batch[:option...]`` on 2 devices, each measured in a process of its
 own (its peak memory is its own), in interleaved rounds:
 
-* ``bare``: the compiled step (``tfdp.manual.step``) called back to back on batches made in
+* ``bare``: the compiled step (``tfdp.paths.manual.step``) called back to back on batches made in
   memory beforehand, read once at the end: the step with no host in it.
 * ``loop``: tfdp's own epoch loop (``tfdp.training.loop``) on the real input pipeline, reading
   losses, accuracy and finiteness every ``sync=N`` steps (``--sync_every``; ``sync=1``: a
@@ -19,7 +19,7 @@ own (its peak memory is its own), in interleaved rounds:
 Options: ``sync=N``, ``acc=K`` (``--accumulate_steps``: a step is then an update of K
 micro-batches of ``batch``). Each row: time per step (median over the timed epochs), and peak
 memory above the idle process: the peak resident set (``VmHWM``, reset through
-``/proc/self/clear_refs`` once the data is loaded and the replicas are placed) minus the
+``/proc/self/clear_refs`` once the pipeline is loaded and the replicas are placed) minus the
 resident set at that moment.
 """
 
@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from tfdp.errors import UserError
+from tfdp.util.errors import UserError
 
 DEVICES = 2
 MODES = ("bare", "loop", "ahead")
@@ -129,15 +129,15 @@ def _reset_peak() -> float:
 
 
 def _measure_one(config: dict, steps: int, epochs: int, data_dir, manual_dir) -> dict:
-    from tfdp import logs
+    from tfdp.util import logs
 
     logs.import_tensorflow()
-    from tfdp import data, datasets
-    from tfdp.config import Config
-    from tfdp.devices import configure_devices
+    from tfdp.config.settings import Config
+    from tfdp.data import pipeline, sources
+    from tfdp.util.devices import configure_devices
 
     devices = configure_devices(DEVICES)
-    train, test = data.load_splits(datasets.prepare(data_dir=data_dir, manual_dir=manual_dir))
+    train, test = pipeline.load_splits(sources.prepare(data_dir=data_dir, manual_dir=manual_dir))
     with tempfile.TemporaryDirectory(prefix="tfdp-bench-cadence-") as workdir:
         settings = Config(num_gpus=DEVICES, batch_size=config["batch"], epochs=epochs,
                           steps_per_epoch=steps, eval_steps=1, init="glorot", workdir=workdir,
@@ -150,10 +150,10 @@ def _measure_one(config: dict, steps: int, epochs: int, data_dir, manual_dir) ->
 
 def _loop(config, train, test) -> dict:
     """The loop as a run takes it, through the one entry that trains (no export)."""
-    from tfdp import training_run
+    from tfdp.training import entry
 
     idle = _reset_peak()
-    result = training_run.train(config, splits=(train, test), export=False)
+    result = entry.train(config, splits=(train, test), export=False)
     peak = _resident_mb("VmHWM")
     steps = result.plan.steps_per_epoch
     return {"step_seconds": [r["seconds"] / steps for r in result.history[1:]],
@@ -164,14 +164,14 @@ def _bare(config, devices, train, asynchronous: bool) -> dict:
     import tensorflow as tf
     from tensorflow.python.eager import context
 
-    from tfdp import data
-    from tfdp.manual.replicate import Replicas
-    from tfdp.manual.step import StepSettings, make_train_step
+    from tfdp.config.plan import make_plan
+    from tfdp.data import pipeline
     from tfdp.models import lenet
-    from tfdp.plan import make_plan
+    from tfdp.paths.manual.replicate import Replicas
+    from tfdp.paths.manual.step import StepSettings, make_train_step
 
     plan = make_plan(config, DEVICES, len(train.labels), 1)
-    batches = list(data.train_batches(train, plan.global_batch, config.seed, 0, 1,
+    batches = list(pipeline.train_batches(train, plan.global_batch, config.seed, 0, 1,
                                       plan.steps_per_epoch))
     replicas = Replicas.place(lenet.start_params("glorot", config.seed), devices)
     step = make_train_step(replicas, StepSettings(accumulate=config.accumulate_steps))

@@ -14,9 +14,9 @@ import statistics
 import tensorflow as tf
 from absl import app, flags
 
-from tfdp import logs
-from tfdp.cluster import tf_config
 from tfdp.bench.host_allreduce import mark, timed
+from tfdp.cluster import tf_config
+from tfdp.util import logs
 
 flags.DEFINE_list("sizes", ["4000000"], "Sizes in bytes, as float32.")
 flags.DEFINE_list("dtypes", ["float32"], "What the tensors are summed in.")

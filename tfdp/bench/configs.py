@@ -10,24 +10,24 @@ import tempfile
 
 from absl import flags
 
-from tfdp import path_registry
-from tfdp.errors import UserError
-from tfdp.flags import config_from_args
+from tfdp import paths
+from tfdp.config.flags import config_from_args
+from tfdp.util.errors import UserError
 
 STOCK = "stock"  # Keras' own defaults (tfdp.bench.stock), beside tfdp.train's paths.
 
 
-def paths() -> tuple:
+def path_names() -> tuple:
     """What a configuration may name: every registered --strategy, and ``stock``."""
-    return (*path_registry.names(), STOCK)
+    return (*paths.names(), STOCK)
 
 
 def parse_config(text: str) -> dict:
     parts = text.strip().split(":")
-    if len(parts) < 2 or parts[0] not in paths() or not parts[1].isdigit() or int(parts[1]) < 1:
+    if len(parts) < 2 or parts[0] not in path_names() or not parts[1].isdigit() or int(parts[1]) < 1:
         raise ValueError(f"--configs entry {text!r}: expected path:devices[:option...] with "
-                         f"path in {', '.join(paths())}")
-    own = path_registry.get(parts[0]).own_flags if parts[0] != STOCK else {}
+                         f"path in {', '.join(path_names())}")
+    own = paths.get(parts[0]).own_flags if parts[0] != STOCK else {}
     config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
               "allreduce": own["allreduce"].off[0] if "allreduce" in own else "-",
               "eager": False, "jit": False, "spe": 1, "precision": "float32", "intra": None,
@@ -82,8 +82,8 @@ def train_command(config: dict, workdir: str, settings) -> list:
 
 def path_command(strategy: str, count: int, args: list) -> list:
     """``tfdp.train`` on ``count`` devices, or ``tfdp.launch`` of ``count`` workers of one
-    device each where the path scales by workers (``tfdp.path_registry.Path.scales_by``)."""
-    if path_registry.get(strategy).scales_by == "workers":
+    device each where the path scales by workers (``tfdp.paths.Path.scales_by``)."""
+    if paths.get(strategy).scales_by == "workers":
         return [sys.executable, "-m", "tfdp.launch", f"--num_workers={count}", "--",
                 f"--strategy={strategy}", "--num_gpus=1", *args]
     return [sys.executable, "-m", "tfdp.train", f"--strategy={strategy}", f"--num_gpus={count}",

@@ -35,10 +35,10 @@ import sys
 import threading
 import time
 
-from tfdp import charts
-from tfdp.errors import UserError
 from tfdp.launcher import emulated_hosts
 from tfdp.launcher.children import prepare_child
+from tfdp.util import charts
+from tfdp.util.errors import UserError
 
 TFDP_ALGORITHMS = ("add_n", "sharded", "ring")
 TF_ALGORITHM = "tf_collective_ring"
@@ -86,7 +86,7 @@ def parse_size(text: str) -> int:
 
 def parse_dtype(text: str) -> str:
     """``float32``/``fp32`` or ``bfloat16``/``bf16`` -> the dtype's name."""
-    from tfdp.config import PRECISION_ALIASES
+    from tfdp.config.settings import PRECISION_ALIASES
 
     name = PRECISION_ALIASES.get(text.strip(), text.strip())
     if name not in ("float32", "bfloat16"):

@@ -39,17 +39,17 @@ import subprocess
 import sys
 import tempfile
 
+from tfdp import paths
 from tfdp.bench.host_allreduce import predict
-from tfdp import path_registry
-from tfdp.errors import UserError
 from tfdp.launcher import emulated_hosts
+from tfdp.util.errors import UserError
 
 _SENT = re.compile(r"^tfdp\.launch: host \d+ \((?:worker|ps)[^)]*\) sent ([\d.]+) MB", re.M)
 
 
 def gradient_bytes() -> int:
     """LeNet's float32 parameters, the bytes every step's allreduce sums."""
-    from tfdp import logs
+    from tfdp.util import logs
 
     logs.import_tensorflow()  # Without TensorFlow's start-up banners.
     from tfdp.models import lenet
@@ -63,8 +63,8 @@ def parse(text: str) -> dict:
     settings = dict(o.partition("=")[::2] for o in options if "=" in o)
     allreduce = [o for o in options if o in ("add_n", "sharded", "ring")]
     allreduce_options = {"acc", "bucket", "overlap"} & set(settings)
-    clustered = {p.name: p for p in path_registry.all_paths()
-                 if p.cluster != path_registry.NO_CLUSTER}
+    clustered = {p.name: p for p in paths.all_paths()
+                 if p.cluster != paths.NO_CLUSTER}
     path = clustered.get(parts[0])
     own_allreduce = path is not None and "allreduce" in path.own_flags
     if (len(parts) < 2 or path is None or not parts[1].isdigit() or int(parts[1]) < 1
@@ -129,7 +129,7 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
             step = update / statistics.median(samples[(config["name"], link)])
             sent_per_epoch = statistics.median(sent[(config["name"], link)])
             communication = step - compute
-            path = path_registry.get(config["path"])
+            path = paths.get(config["path"])
             if path.parameter_servers:
                 busiest = max(held[config["name"]])
                 predicted = (predict_parameter_server(k, size, busiest, rates[link])
@@ -146,7 +146,7 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
                     "samples": samples[(config["name"], link)]})
                 continue
             # TensorFlow's collectives (every task a worker) exchange as a ring does.
-            like = "ring" if path.cluster == path_registry.WORKERS else config["allreduce"]
+            like = "ring" if path.cluster == paths.WORKERS else config["allreduce"]
             predicted = predict(like, k, size, rates[link]) if link and k > 1 else 0.0
             rows.append({
                 **config, "link": link or "unshaped",

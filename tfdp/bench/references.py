@@ -1,6 +1,6 @@
 """The Keras scripts ``tfdp.bench --time_to_accuracy`` holds tfdp against, each as a user would
 write it, ``fit`` on numpy arrays, timed by tfdp's clock (``tfdp.training.clock``: from before
-the data is read to the end of the evaluation, on the whole test set, that first reaches the
+the pipeline is read to the end of the evaluation, on the whole test set, that first reaches the
 target):
 
 * ``beginner``: the beginner's CNN, the shape of Keras' and TensorFlow's tutorials: two conv
@@ -40,7 +40,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("seed", 1, "Keras' seed (weights, shuffling).")
     flags.DEFINE_integer("steps_per_epoch", None, "Cap on steps per epoch (tests).")
     flags.DEFINE_integer("eval_examples", None, "Cap on test examples (tests; default all).")
-    flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
+    flags.DEFINE_string("data_dir", None, "TFDS pipeline dir (as for tfdp.train).")
     flags.DEFINE_string("manual_dir", None, "Fashion-MNIST .gz folder (as for tfdp.train).")
 
 
@@ -102,14 +102,14 @@ def main(argv):
     FLAGS = flags.FLAGS
     import keras  # Imports are start-up, outside the clock, as in tfdp.train.
 
-    from tfdp import data, datasets
+    from tfdp.data import pipeline, sources
 
     clock = Clock()
-    clock.start()  # Before the data is read, as tfdp.train's.
+    clock.start()  # Before the pipeline is read, as tfdp.train's.
     keras.utils.set_random_seed(FLAGS.seed)
     reference, batch = FLAGS.reference, BATCH[FLAGS.reference]
     epochs = FLAGS.epochs or EPOCHS[reference]
-    train, test = data.load_splits(datasets.prepare(data_dir=FLAGS.data_dir,
+    train, test = pipeline.load_splits(sources.prepare(data_dir=FLAGS.data_dir,
                                                     manual_dir=FLAGS.manual_dir))
     x, y = train.images.astype("float32") / 255.0, train.labels
     if FLAGS.steps_per_epoch:

@@ -23,7 +23,7 @@ import tensorflow as tf
 from absl import app, flags
 
 from tfdp.bench.host_allreduce import PIECES, mark, timed
-from tfdp.manual.allreduce import ALLREDUCE
+from tfdp.paths.manual.allreduce import ALLREDUCE
 
 flags.DEFINE_list("sizes", ["4000000"], "Gradient sizes in bytes, as float32.")
 flags.DEFINE_list("dtypes", ["float32"], "What the gradients travel and are summed in.")

@@ -3,7 +3,7 @@ machine's ceilings, as Markdown and as a chart."""
 
 import statistics
 
-from tfdp import charts
+from tfdp.util import charts
 
 EPOCH_EXAMPLES = 60000
 

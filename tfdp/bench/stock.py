@@ -15,7 +15,7 @@ import time
 import keras
 from absl import app, flags
 
-from tfdp import data, datasets
+from tfdp.data import pipeline, sources
 from tfdp.models import catalog
 
 flags.DEFINE_string("workdir", None, "Where metrics.json goes.", required=True)
@@ -23,8 +23,8 @@ flags.DEFINE_string("model", "lenet", "The model, as tfdp.train's --model.")
 flags.DEFINE_integer("batch_size", 256, "Minibatch.")
 flags.DEFINE_integer("epochs", 3, "Epochs (the bench drops the first).")
 flags.DEFINE_integer("steps", 60, "Steps per epoch.")
-flags.DEFINE_boolean("synthetic", False, "Random images of the real shapes instead of the data.")
-flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
+flags.DEFINE_boolean("synthetic", False, "Random images of the real shapes instead of the pipeline.")
+flags.DEFINE_string("data_dir", None, "TFDS pipeline dir (as for tfdp.train).")
 FLAGS = flags.FLAGS
 
 
@@ -45,7 +45,7 @@ class EpochTimer(keras.callbacks.Callback):
 def main(argv):
     del argv
     workdir, batch_size, epochs, steps = FLAGS.workdir, FLAGS.batch_size, FLAGS.epochs, FLAGS.steps
-    train, _ = data.load_splits(datasets.prepare(data_dir=FLAGS.data_dir), FLAGS.synthetic)
+    train, _ = pipeline.load_splits(sources.prepare(data_dir=FLAGS.data_dir), FLAGS.synthetic)
     n = min(len(train.labels), steps * batch_size)
     x, y = train.images[:n].astype("float32") / 255.0, train.labels[:n]
     model = catalog.build(FLAGS.model, train.images.shape[1:], 10)

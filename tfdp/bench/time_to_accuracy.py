@@ -29,11 +29,12 @@ import subprocess
 import sys
 import tempfile
 
-from tfdp import charts, path_registry
+from tfdp import paths
 from tfdp.bench.configs import path_command
-from tfdp.config import Config
-from tfdp.errors import UserError
-from tfdp.recipes import RECIPES
+from tfdp.config.recipes import RECIPES
+from tfdp.config.settings import Config
+from tfdp.util import charts
+from tfdp.util.errors import UserError
 
 # The Keras scripts (tfdp.bench.references), beside tfdp.train's paths: name -> --reference.
 REFERENCES = {"beginner": "beginner", "keras_tuned": "tuned"}
@@ -48,10 +49,10 @@ TRAIN_FLAGS = {field.name for field in dataclasses.fields(Config)} - BENCH_SETS
 
 def parse(text: str) -> dict:
     parts = text.strip().split(":")
-    paths = (*path_registry.names(), *REFERENCES)
-    if len(parts) < 2 or parts[0] not in paths or not parts[1].isdigit() or int(parts[1]) < 1:
+    known = (*paths.names(), *REFERENCES)
+    if len(parts) < 2 or parts[0] not in known or not parts[1].isdigit() or int(parts[1]) < 1:
         raise UserError(f"--tta_configs entry {text!r}: expected path:devices[:option...] with "
-                        f"path in {', '.join(paths)}")
+                        f"path in {', '.join(known)}")
     config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
               "recipe": "fast", "epochs": None, "train_flags": {}}
     for option in parts[2:]:

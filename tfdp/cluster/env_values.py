@@ -6,7 +6,7 @@ then wait for peers that can never answer until ``--collective_timeout``."""
 import re
 
 from tfdp.cluster.tf_config import MAX_PORT
-from tfdp.errors import UserError
+from tfdp.util.errors import UserError
 
 # DNS labels (RFC 1123) joined by dots: a Kubernetes Service's name, or its longer forms.
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"

@@ -25,9 +25,9 @@ import os
 import re
 from typing import Optional
 
-from tfdp import path_registry
+from tfdp import paths
 from tfdp.cluster import env_values, tf_config
-from tfdp.errors import UserError
+from tfdp.util.errors import UserError
 
 PORT = 2222
 NEEDED = ("HOSTNAME", "TFDP_NUM_TASKS", "TFDP_SERVICE")
@@ -55,7 +55,7 @@ def pod_task(strategy: str, num_ps: int, environ=None) -> Optional[tuple]:
                         "hostname: is the Job's completionMode Indexed?")
     if count < 2:
         return None
-    if path_registry.get(strategy).cluster == path_registry.NO_CLUSTER:
+    if paths.get(strategy).cluster == paths.NO_CLUSTER:
         raise UserError(f"--strategy={strategy} trains in one process, and this Indexed Job "
                         f"has {count} pods: completions 1, or --strategy=multi_worker")
     job = match[1]

@@ -13,12 +13,12 @@ import json
 import os
 import sys
 
+from tfdp import paths
 from tfdp.cluster import kubernetes, slurm, task_gpus, tf_config
-from tfdp.config import RUN_STAMP_ENV
-from tfdp import path_registry
-from tfdp.errors import UserError
+from tfdp.config.settings import RUN_STAMP_ENV
 from tfdp.launcher.local_cluster import server_flags
-from tfdp.logs import logger
+from tfdp.util.errors import UserError
+from tfdp.util.logs import logger
 
 
 def interactive() -> bool:
@@ -62,7 +62,7 @@ def join(config, train_args: list, caller: str = "tfdp.train") -> None:
     if listed and visible is not None:
         logger.info("%s: %s %d %s", manager, kind, index,
                     f"on GPU(s) {visible}" if visible else "off the GPUs (it holds no replica)")
-    if path_registry.get(strategy).cluster == path_registry.CLIENT and kind != "chief":
+    if paths.get(strategy).cluster == paths.CLIENT and kind != "chief":
         if interactive():
             raise UserError(
                 f"{caller} in {manager} task {kind} {index} of --strategy={strategy}, whose "

@@ -39,9 +39,9 @@ import os
 import re
 from typing import Optional
 
-from tfdp import path_registry
+from tfdp import paths
 from tfdp.cluster import env_values, slurm_nodes, tf_config
-from tfdp.errors import UserError
+from tfdp.util.errors import UserError
 
 # Ports derived when neither TFDP_PORT nor Slurm gives them: within PORTS, below Linux's
 # ephemeral ports (32768-60999), which any outgoing connection may hold.
@@ -214,7 +214,7 @@ def step_task(strategy: str, num_ps: int, environ=None) -> Optional[tuple]:
     tasks = env_values.integer(env, counted, low=1, default=1)
     if tasks < 2:
         return None
-    if path_registry.get(strategy).cluster == path_registry.NO_CLUSTER:
+    if paths.get(strategy).cluster == paths.NO_CLUSTER:
         raise UserError(f"--strategy={strategy} trains in one process, and this Slurm step has "
                         f"{tasks} tasks: "
                         "srun -n 1 (--gpus for its devices), or --strategy=multi_worker")

@@ -16,7 +16,7 @@ import os
 import re
 import socket
 
-from tfdp.errors import UserError
+from tfdp.util.errors import UserError
 
 HOST_PATTERN = "TFDP_NODE_HOST"
 NETWORK = "TFDP_NETWORK"

@@ -13,7 +13,7 @@ the GPUs, and every task grows its GPU memory as it needs it instead of taking i
 import os
 from typing import Optional
 
-from tfdp.errors import UserError
+from tfdp.util.errors import UserError
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"

@@ -14,8 +14,9 @@ import re
 import socket
 import time
 
-from tfdp import errors, path_registry
-from tfdp.errors import UserError
+from tfdp import paths
+from tfdp.util import errors
+from tfdp.util.errors import UserError
 
 MAX_PORT = 65535
 
@@ -94,8 +95,8 @@ def roles(strategy: str, count: int, num_ps: int) -> list:
     task 0 the chief; under ``multi_worker`` every task a worker (task 0 worker 0, the chief);
     else the client ``chief``, then the ``tfdp.server`` workers, then ``num_ps`` parameter
     servers under ``parameter_server`` (``tfdp.launch``'s order)."""
-    path = path_registry.get(strategy)
-    if path.cluster == path_registry.WORKERS:
+    path = paths.get(strategy)
+    if path.cluster == paths.WORKERS:
         return [("worker", i) for i in range(count)]
     servers = num_ps if path.parameter_servers else 0
     workers = count - 1 - servers

@@ -2,7 +2,7 @@
 is its command line): its devices, its data, and its life until the chief has gone.
 
 It prepares the data where the worker is (the client's steps read each device's shard here,
-``tfdp.manual.remote``; the parameter-server path's per-worker datasets too), starts the server
+``tfdp.paths.manual.remote``; the parameter-server path's per-worker sources too), starts the server
 with ``--num_gpus`` devices, and serves until the client, seen once, has gone.
 
 SIGTERM to a server whose client listens for it (the from-scratch path's chief writes
@@ -16,9 +16,9 @@ second SIGTERM, or a client that does not listen (parameter servers'), stops it 
 import signal
 import time
 
-from tfdp import logs
 from tfdp.cluster import tf_config
-from tfdp.errors import PREEMPTED_EXIT_CODE, UserError
+from tfdp.util import logs
+from tfdp.util.errors import PREEMPTED_EXIT_CODE, UserError
 
 JOBS = ("worker", "ps")
 # Files in the server process's own memory (TensorFlow's ram:// file system): nothing is left on
@@ -36,7 +36,7 @@ _GONE_AFTER_SECONDS = 3.0
 
 
 def serve(task: tf_config.Task, num_gpus: int, data: dict = None, wait: float = 60.0) -> str:
-    """Prepare the ``data`` (``tfdp.datasets.prepare``'s keywords: ``dataset``, ``data_dir``,
+    """Prepare the ``data`` (``tfdp.data.sources.prepare``'s keywords: ``dataset``, ``data_dir``,
     ``manual_dir``, ``image_size``; None: none), start the server, return when the chief has
     come and gone (raise when it was cut off instead); ``wait``: seconds for the cluster's names
     to resolve."""
@@ -112,10 +112,10 @@ class _Stop:
 
 def _prepare_data(dataset, data_dir, manual_dir, image_size) -> str:
     """Prepare the dataset and leave its arrays where the client's steps read them."""
-    from tfdp import datasets
+    from tfdp.data import sources
 
-    where = datasets.cache_folder(dataset, data_dir, image_size)
-    folder = datasets.prepare(dataset, data_dir, manual_dir, image_size).folder
+    where = sources.cache_folder(dataset, data_dir, image_size)
+    folder = sources.prepare(dataset, data_dir, manual_dir, image_size).folder
     if folder != where:  # Kept in the user's cache: the data dir is read-only here.
         raise UserError(f"cannot leave the arrays the client reads in {where} (not writable?): "
                         "give a --data_dir this worker can write to, the same on every machine")
@@ -124,8 +124,8 @@ def _prepare_data(dataset, data_dir, manual_dir, image_size) -> str:
 
 def _session_config(tf, num_gpus: int):
     """The server's devices: ``num_gpus`` GPUs, or logical devices where there are fewer (as
-    ``tfdp.devices`` makes them in one process, here through the server's ConfigProto)."""
-    from tfdp import devices
+    ``tfdp.util.devices`` makes them in one process, here through the server's ConfigProto)."""
+    from tfdp.util import devices
 
     config = tf.compat.v1.ConfigProto()
     gpus = tf.config.list_physical_devices("GPU")

@@ -25,8 +25,8 @@ import signal
 import subprocess
 import sys
 
-from tfdp.errors import UserError
-from tfdp.files import process_alive
+from tfdp.util.errors import UserError
+from tfdp.util.files import process_alive
 
 PREFIX = "tfdp-"
 _NAME = re.compile(r"^tfdp-(?P<pid>\d+)-(?P<role>sw|h\d+)$")

@@ -13,12 +13,14 @@ import sys
 import threading
 import time
 
-from tfdp import errors, flags, path_registry
-from tfdp.config import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
-from tfdp.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, UserError
+from tfdp import paths
+from tfdp.config import flags
+from tfdp.config.settings import LIVE_PROGRESS_ENV, RUN_STAMP_ENV
 from tfdp.launcher import emulated_hosts, isolation, supervise
 from tfdp.launcher.children import prepare_child
 from tfdp.launcher.output import pump, say
+from tfdp.util import errors
+from tfdp.util.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, UserError
 
 # Seconds the workers get to save and exit after a SIGTERM before they are killed.
 PREEMPT_GRACE = 30.0
@@ -77,7 +79,7 @@ def processes(strategy: str, num_workers: int, train_args: list, addresses: list
     """The processes of the cluster ``strategy`` needs, the one that reports first."""
     shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
     train = [sys.executable, "-m", "tfdp.train", *train_args]
-    if path_registry.get(strategy).cluster == path_registry.WORKERS:
+    if paths.get(strategy).cluster == paths.WORKERS:
         return [Process(f"worker {i}", train, worker_env(i, addresses, stamp, live), shares[i],
                         f"[{i}] ") for i in range(num_workers)]
     server = [sys.executable, "-m", "tfdp.server", *server_flags(train_args)]
@@ -117,8 +119,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
         say(f"tfdp.launch: error: {problem}")
         return 2
     strategy = _strategy(train_args)
-    path = path_registry.get(strategy)
-    client = path.cluster == path_registry.CLIENT
+    path = paths.get(strategy)
+    client = path.cluster == paths.CLIENT
     num_ps = (num_ps or 1) if path.parameter_servers else 0
     # The client (chief) of the manual and parameter-server paths is a host too.
     count = num_workers + num_ps + client
@@ -236,14 +238,14 @@ def _check(num_workers: int, hosts: bool, link, train_args: list, num_ps=None) -
         return f"--num_workers must be a positive integer, got {num_workers}"
     strategy = _strategy(train_args)
     try:
-        path = path_registry.get(strategy)
+        path = paths.get(strategy)
     except UserError as e:
         return str(e)
-    if path.cluster == path_registry.NO_CLUSTER and not _HELP.intersection(train_args):
+    if path.cluster == paths.NO_CLUSTER and not _HELP.intersection(train_args):
         # Each worker would train a run of its own, all in one folder.
-        clustered = [p.name for p in path_registry.all_paths()
-                     if p.cluster != path_registry.NO_CLUSTER]
-        return (f"the launcher starts --strategy={path_registry.either(clustered)} "
+        clustered = [p.name for p in paths.all_paths()
+                     if p.cluster != paths.NO_CLUSTER]
+        return (f"the launcher starts --strategy={paths.either(clustered)} "
                 f"clusters; --strategy={strategy} trains in one process: run python -m "
                 "tfdp.train instead")
     if num_ps is not None and not path.parameter_servers:

@@ -12,8 +12,8 @@ import signal
 import subprocess
 import time
 
-from tfdp.errors import PREEMPTED_EXIT_CODE
 from tfdp.launcher.output import say
+from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
 # How often one parameter-server worker is started again after dying while its chief runs.
 RESTARTS = 3

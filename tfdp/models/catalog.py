@@ -11,7 +11,7 @@ takes the function itself.
 dtype policy are the precision's while the function runs, so an ``Input`` and the layers that
 do not set a dtype follow it);
 ``function_of`` imports the function; each failure is one line. (The spec's form is checked
-when the config is made, ``tfdp.model_spec``.)
+when the config is made, ``tfdp.config.model_spec``.)
 """
 
 import importlib
@@ -20,8 +20,8 @@ import os
 import re
 import sys
 
-from tfdp.errors import UserError
-from tfdp.model_spec import GIVEN, attribute, check_spec, is_own
+from tfdp.config.model_spec import GIVEN, attribute, check_spec, is_own
+from tfdp.util.errors import UserError
 
 
 def function_of(spec: str):
@@ -240,7 +240,7 @@ def _logits_beneath(spec: str, model, input_shape: tuple, input_dtype: str):
 
 
 def _say_once(spec: str, line: str) -> None:
-    from tfdp.logs import logger
+    from tfdp.util.logs import logger
 
     if spec not in SAID:
         SAID.add(spec)

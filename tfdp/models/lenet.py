@@ -21,10 +21,10 @@ import zipfile
 import numpy as np
 import tensorflow as tf
 
-from tfdp.data import to_float
-from tfdp.errors import UserError
+from tfdp.data.pipeline import to_float
 from tfdp.models import lenet_batch_norm as batch_norm
 from tfdp.models.lenet_batch_norm import BN_EPSILON, BN_MOMENTUM
+from tfdp.util.errors import UserError
 
 PARAM_SHAPES = {
     "W1": (3, 3, 1, 20), "b1": (20,),
@@ -186,7 +186,7 @@ def moved_statistics(params: dict, batch_stats: list) -> dict:
 
 def serving_model(params: dict, precision: str = "float32",
                   input_shape: tuple = FASHION_MNIST[0]):
-    """The parameters (numpy) in the Keras twin, for ``tfdp.training.saved_model``: float32, or
+    """The parameters (numpy) in the Keras twin, for ``tfdp.export.saved_model``: float32, or
     mixed bfloat16 like the training that made them."""
     model = keras_model(params["W4"].shape[1], "bfloat16" if precision == "bfloat16" else "float32",
                         batch_norm="g1" in params, input_shape=input_shape)

@@ -1,9 +1,9 @@
 """The loss and the count every step computes, written once: the from-scratch steps and
-tfdp's Keras step (``tfdp.keras_path.train_step``) call the same functions."""
+tfdp's Keras step (``tfdp.paths.keras.train_step``) call the same functions."""
 
 import tensorflow as tf
 
-from tfdp.data import mirror
+from tfdp.data.pipeline import mirror
 
 
 def cross_entropy(logits, labels, smoothing: float = 0.0):

@@ -22,7 +22,7 @@ parameters. A backup holds them (``TrainingState.slots``), in Keras' order: each
 for every trainable variable, one kind after the other (``slot_kinds``). The step count is the
 global step, which a backup holds anyway.
 
-``tfdp.optimizer_spec.OPTIMIZERS`` declares them once, with their Keras class, defaults and
+``tfdp.config.optimizer_spec.OPTIMIZERS`` declares them once, with their Keras class, defaults and
 the flags each takes: the config's checks, its help, this module and the docs read it.
 (TensorFlow is imported where an update is made: the config reads this module's settings
 before anything starts TensorFlow.)
@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from tfdp.optimizer_spec import HYPERPARAMETERS, OPTIMIZERS, takes
+from tfdp.config.optimizer_spec import HYPERPARAMETERS, OPTIMIZERS, takes
 
 
 def _cast(value, dtype):

@@ -23,12 +23,12 @@ def keras_dtypes(precision: str = "float32") -> tuple:
 
 def resolve(precision: str) -> str:
     """``--precision`` as this machine runs it: ``auto`` becomes bfloat16 where bfloat16's
-    measured speed (``tfdp.devices.bfloat16_speed``, once per machine) reaches
+    measured speed (``tfdp.util.devices.bfloat16_speed``, once per machine) reaches
     ``AUTO_BFLOAT16_FROM``, float32 elsewhere; any other value stays as given."""
     if precision != "auto":
         return precision
-    from tfdp.devices import bfloat16_speed
-    from tfdp.logs import logger
+    from tfdp.util.devices import bfloat16_speed
+    from tfdp.util.logs import logger
 
     speed = bfloat16_speed()
     chosen = MIXED if speed >= AUTO_BFLOAT16_FROM else "float32"

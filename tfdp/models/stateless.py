@@ -1,6 +1,6 @@
 """A model as the from-scratch step calls it: named variables and a pure forward pass.
 
-The step keeps each replica's variables itself, one copy per device (``tfdp.manual.replicate``),
+The step keeps each replica's variables itself, one copy per device (``tfdp.paths.manual.replicate``),
 and asks the model only for ``forward(values, images, training)``: the logits of a batch with
 the given values and, in training, the model's state moved by the batch (batch
 normalization's moving mean and variance, each random layer's seed state) and its own losses
@@ -20,10 +20,10 @@ order of a backup's and an export's weights, and the variables that are not weig
 import numpy as np
 import tensorflow as tf
 
-from tfdp.data import to_float
-from tfdp.models.loss import own_losses
-from tfdp.model_spec import LENETS
+from tfdp.config.model_spec import LENETS
+from tfdp.data.pipeline import to_float
 from tfdp.models import lenet
+from tfdp.models.loss import own_losses
 
 
 class HandWrittenLeNet:

@@ -1,8 +1,8 @@
 """Who reaches the gradient exchange when (section 12.3): stragglers named, and a flight recorder
 for hangs.
 
-Every step of the from-scratch path (``tfdp.manual.step``) and of Keras ``fit`` under a
-strategy (``tfdp.keras_path.train_step``) stamps, on each replica's own device (so on its own
+Every step of the from-scratch path (``tfdp.paths.manual.step``) and of Keras ``fit`` under a
+strategy (``tfdp.paths.keras.train_step``) stamps, on each replica's own device (so on its own
 worker across machines), the time it starts and the time its gradients are ready to be
 exchanged (``stamp_after``: ``tf.timestamp``, Unix seconds). The from-scratch loop reads every
 step's times; ``fit`` every few steps (reading a step's results waits for it). From those:

@@ -4,7 +4,7 @@ folder, and the one-line error names that file.
 
 A path keeps the times in a ``FlightRecorder`` of its own (the synchronous paths' per-replica
 arrivals, ``tfdp.trace.arrivals``; the parameter-server path's per-worker steps,
-``tfdp.parameter_server.pace``): ``describes`` says what they are, ``dump(why)`` writes them
+``tfdp.paths.parameter_server.pace``): ``describes`` says what they are, ``dump(why)`` writes them
 with ``write`` and returns the file's path ('' when there is nothing to write), and
 ``recorded(why)`` ends the lost cluster's line with it.
 """

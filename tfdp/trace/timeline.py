@@ -21,7 +21,7 @@ Written into the run folder:
 Lanes and classes come from the names of TensorFlow's ops, not from threads: logical devices on
 one CPU share one thread pool, so a thread says nothing about a replica. The from-scratch step
 names its ops ``replica_<d>/{forward,backward,update}`` and ``allreduce/replica_<d>``
-(``tfdp.manual.allreduce.on_replica``); Keras' ops under ``MirroredStrategy`` carry
+(``tfdp.paths.manual.allreduce.on_replica``); Keras' ops under ``MirroredStrategy`` carry
 ``replica_<d>/`` for every replica but the first, and ``gradient_tape/`` when they belong to the
 backward pass.
 

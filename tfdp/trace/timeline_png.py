@@ -2,8 +2,8 @@
 tfdp, every worker's lanes against time, coloured by class, with the step boundaries and each
 step's communication share."""
 
-from tfdp import charts
 from tfdp.trace.timeline import CLASSES, lane_order
+from tfdp.util import charts
 
 COLOURS = {"input": "#8c8c8c", "forward": "#4c72b0", "backward": "#dd8452",
            "communication": "#c44e52", "update": "#55a868", "host wait": "#e8d166",

@@ -29,10 +29,10 @@ import zipfile
 
 import numpy as np
 
-from tfdp import errors, files
-from tfdp.errors import UserError
-from tfdp.logs import logger
 from tfdp.training.state import TrainingState
+from tfdp.util import errors, files
+from tfdp.util.errors import UserError
+from tfdp.util.logs import logger
 
 # The flags that decide what training computes, step by step: a run resumes from a backup only
 # under the same ones (--epochs may grow: the steps before are the same).

@@ -15,7 +15,7 @@ near its first (measured in docs/faults.md).
 
 import math
 
-from tfdp.errors import Diverged
+from tfdp.util.errors import Diverged
 
 EXPLODED = 100
 CHANCE_LOSS = math.log(10)

@@ -4,7 +4,7 @@ reached ``--target_accuracy``.
 
 The epoch loop (``tfdp.training.loop``: the from-scratch and parameter-server paths) calls it
 after its last step of the epoch is collected; under Keras ``fit`` tfdp's one callback
-(``tfdp.keras_path.callback``) calls it from ``on_epoch_end``. Divergence is each caller's, per
+(``tfdp.paths.keras.callback``) calls it from ``on_epoch_end``. Divergence is each caller's, per
 step: a diverged epoch never reaches its end.
 """
 

@@ -17,7 +17,7 @@ Interrupting a notebook's kernel is a Ctrl-C: ``tfdp.run`` saves and raises ``Pr
 
 Under MultiWorkerMirroredStrategy every worker must stop after the same step: the workers
 exchange their flags with one small all-reduce every ``check_every`` steps (``agree`` in
-``tfdp.keras_path.callback``), so a SIGTERM to any one worker stops all of them at the same step.
+``tfdp.paths.keras.callback``), so a SIGTERM to any one worker stops all of them at the same step.
 TensorFlow's ``PreemptionCheckpointHandler`` was not used: it probes the GCP metadata server
 over the network when it is created, and on GCP CPU machines it does nothing at all
 (``failure_handling.py``, ``detect_platform``/``save_checkpoint_if_preempted``).
@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 
-from tfdp.errors import INTERRUPTED_EXIT_CODE, Interrupted, Preempted
+from tfdp.util.errors import INTERRUPTED_EXIT_CODE, Interrupted, Preempted
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
@@ -73,7 +73,7 @@ class Watch:
 
     def listen(self, poll, every: float = 1.0) -> None:
         """During training, also stop when ``poll()`` names a signal sent elsewhere (a worker
-        of the from-scratch path: ``tfdp.manual.remote``); asked at most every ``every``
+        of the from-scratch path: ``tfdp.paths.manual.remote``); asked at most every ``every``
         seconds, where the loop looks for a signal."""
         self._elsewhere, self._every = poll, every
 

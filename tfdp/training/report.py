@@ -13,9 +13,9 @@ import time
 
 import tensorflow as tf
 
-from tfdp import charts, files
-from tfdp.config import LIVE_PROGRESS_ENV
-from tfdp.logs import logger
+from tfdp.config.settings import LIVE_PROGRESS_ENV
+from tfdp.util import charts, files
+from tfdp.util.logs import logger
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"

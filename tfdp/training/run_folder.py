@@ -1,7 +1,7 @@
 """A run folder: named once per run, and held by one run at a time.
 
 ``with_run_dir`` chooses the default folder, ``runs/<strategy>-<model>-<n>dev-<date>-<time>``.
-``claim`` takes an exclusive lock per worker (``.lock-worker-<i>``, a ``tfdp.files.locked``
+``claim`` takes an exclusive lock per worker (``.lock-worker-<i>``, a ``tfdp.util.files.locked``
 ``flock`` the kernel drops when the process dies, however it dies; the file is removed when the
 run ends, and a killed run's is taken over), so a second run given the same ``--workdir`` is
 refused in one line instead of colliding with the first or silently resuming from its backups.
@@ -13,12 +13,12 @@ import errno
 import os
 import time
 
-from tfdp import path_registry
+from tfdp import paths
 from tfdp.cluster import tf_config
-from tfdp.config import RUN_STAMP_ENV, Config
-from tfdp.errors import UserError
-from tfdp.files import locked, read_start, unlock
-from tfdp.logs import logger
+from tfdp.config.settings import RUN_STAMP_ENV, Config
+from tfdp.util.errors import UserError
+from tfdp.util.files import locked, read_start, unlock
+from tfdp.util.logs import logger
 
 _HELD = {}  # path -> fd, for the claims of this process
 # What flock raises on a file system that keeps no locks.
@@ -71,7 +71,7 @@ def with_run_dir(config: Config) -> Config:
     if config.workdir is not None:
         return config
     stamp = os.environ.get(RUN_STAMP_ENV)
-    every_task_trains = path_registry.get(config.strategy).cluster == path_registry.WORKERS
+    every_task_trains = paths.get(config.strategy).cluster == paths.WORKERS
     if stamp is None and every_task_trains and tf_config.num_workers() > 1:
         raise UserError(f"--strategy={config.strategy} with several workers needs --workdir: "
                         "every worker must use the same run folder (tfdp.launch chooses one for "

@@ -1,0 +1,3 @@
+from tfdp.export.command import run
+
+run()

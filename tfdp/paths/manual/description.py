@@ -1,0 +1,44 @@
+"""``--strategy=manual`` as the registry knows it (``tfdp.paths``), without TensorFlow:
+the from-scratch loop, its own allreduce and its own flags."""
+
+from tfdp.paths import CLIENT, OwnFlag, Path, register
+from tfdp.util.errors import UserError
+
+ITS_ALLREDUCE = "its own allreduce"
+TENSORFLOWS_WAY = "exchanges gradients in TensorFlow's own collectives"
+# The manual path's default --sync_every: the smallest N whose loop passed its bare compiled
+# step's rate at batch 32 in both runs of the cadence table (docs/section-12.2.md).
+DEFAULT_SYNC_EVERY = 16
+
+
+def check(config) -> None:
+    if config.sync_batch_norm:
+        raise UserError("--sync_batch_norm is the Keras paths': the from-scratch step "
+                        "normalizes each replica's shard and keeps one set of running "
+                        "statistics, their mean")
+    if config.model == "lenet_bn" and config.accumulate_steps > 1:
+        raise UserError(f"--accumulate_steps={config.accumulate_steps} with lenet_bn: the "
+                        "from-scratch step moves batch normalization's statistics once an "
+                        "update; use --batch_size instead, or a Keras strategy")
+
+
+register(Path(
+    name="manual",
+    summary="the from-scratch data-parallel loop (on the devices of tfdp.server workers when "
+            "TF_CONFIG names them)",
+    trainer="tfdp.paths.manual.trainer:FromScratchPath",
+    cluster=CLIENT,
+    own_flags={
+        "allreduce": OwnFlag(("add_n",), ITS_ALLREDUCE, TENSORFLOWS_WAY),
+        "allreduce_dtype": OwnFlag(("float32",), f"the dtype of {ITS_ALLREDUCE}",
+                                   "sums in float32"),
+        "bucket_kb": OwnFlag((None,), f"the buckets of {ITS_ALLREDUCE}", TENSORFLOWS_WAY),
+        "overlap": OwnFlag(("auto",), f"when {ITS_ALLREDUCE} starts", TENSORFLOWS_WAY),
+        "sync_every": OwnFlag((None, 1), "steps per compiled call of its own loop",
+                              "takes one step per call"),
+    },
+    refuses={"steps_per_execution": "the manual path's own compiled loop takes --sync_every "
+                                    "steps per call"},
+    defaults={"init": "textbook", "sync_every": DEFAULT_SYNC_EVERY},
+    check=check,
+))

@@ -1,0 +1,37 @@
+"""The from-scratch path's evaluation step: the model as evaluated (``--ema``'s averages where
+it has them) on every replica, the test batch split across the devices as in training."""
+
+import tensorflow as tf
+
+from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
+from tfdp.paths.manual.feed import Feed, images_feed
+from tfdp.paths.manual.replicate import Replicas
+from tfdp.paths.manual.step import StepSettings, unless_empty
+
+
+def make_eval_step(replicas: Replicas, settings: StepSettings = StepSettings(),
+                   feed: Feed = None):
+    """``step(*batch) -> (summed loss, correct)`` of the model as evaluated
+    (``Replicas.evaluated``), the batch split like in training; with ``settings.eval_flip`` the
+    logits are the mean of each image's and its mirror image's."""
+    dtype, model = replicas.dtype, replicas.model
+    feed = feed or images_feed(replicas.devices)
+
+    def shard_sums(params, x, y):
+        logits = test_logits(lambda images: model.forward(params, images, training=False)[0],
+                             x, settings.eval_flip)
+        return [summed_cross_entropy(logits, y), count_correct(logits, y)]
+
+    def step(*batch):
+        losses, correct = [], []
+        for device, params, (x, y) in zip(replicas.devices, replicas.evaluated(),
+                                          feed.shards("test", *batch)):
+            with tf.device(device):
+                loss, right = unless_empty(y, lambda: shard_sums(params, x, y),
+                                            lambda: [tf.zeros([], dtype), tf.zeros([], tf.int64)])
+                losses.append(loss)
+                correct.append(right)
+        return tf.add_n(losses), tf.add_n(correct)
+
+    return step if settings.eager else tf.function(step, input_signature=feed.signature,
+                                                   autograph=False)

@@ -1,0 +1,244 @@
+"""The run skeleton: what every path does around its training, written once.
+
+``run(config, path_type)`` holds the run folder, sets the path up (a
+``tfdp.training.path_contract.TrainingPath``, chosen for ``--strategy`` by the registry),
+resumes, states the plan, trains, exports and returns the ``Result``::
+
+    path = path_type(config, backups)     # devices or a strategy, replicas, chief, peers
+    first_step = resume_step(backups)     # the newest step every worker backed up, or 0
+    run = start(config, path, ...)        # pipeline, plan, reporter
+    weights = path.train(run, state)      # the path's own training (the epoch loop, or fit)
+    finish(run, weights, path.export)     # final line, export (written once), Result
+"""
+
+import dataclasses
+from typing import Optional
+
+from tfdp import paths
+from tfdp.cluster import tf_config
+from tfdp.config import recipes
+from tfdp.config.settings import Config
+from tfdp.trace.tracer import Tracer
+from tfdp.training import preemption, report, run_folder
+from tfdp.training.backups import Backups, identity, resume_step
+from tfdp.training.clock import Clock
+from tfdp.training.path_contract import TrainingPath
+from tfdp.training.result import Result
+from tfdp.training.state import TrainingState
+from tfdp.util import errors, logs
+from tfdp.util.errors import Finished, UserError
+from tfdp.util.logs import logger
+
+
+@dataclasses.dataclass
+class Run:
+    """A started run: what the path's training reads and reports to."""
+    config: Config
+    plan: object
+    reporter: object
+    devices: list
+    first_step: int = 0
+    backups: Optional[Backups] = None
+    watch: preemption.Watch = dataclasses.field(default_factory=preemption.Watch)
+    stall: object = None
+    train_split: object = None   # None where the pipeline lives on a cluster's workers
+    test_split: object = None
+    tracer: Tracer = dataclasses.field(default_factory=lambda: Tracer(None, ""))
+    clock: Clock = dataclasses.field(default_factory=Clock)
+    reached: Optional[dict] = None  # The record of the epoch that reached --target_accuracy.
+
+    @property
+    def first_epoch(self) -> int:
+        """The epoch (from 0) training starts or resumes in."""
+        return self.first_step // self.plan.steps_per_epoch
+
+    @property
+    def offset(self) -> int:
+        """Steps of ``first_epoch`` already trained before a resume (0 on a fresh start)."""
+        return self.first_step % self.plan.steps_per_epoch
+
+    @property
+    def trained(self) -> bool:
+        """Whether the run resumed after its last step, or after the epoch that reached
+        ``--target_accuracy``: nothing is left to train."""
+        return self.reached is not None or self.first_epoch >= self.plan.epochs
+
+
+def run(config: Config, path_type, start_weights=None, splits=None,
+        export: bool = True) -> Result:
+    """Run one validated configuration on ``path_type`` (a ``TrainingPath`` subclass), holding
+    its run folder. ``start_weights`` (Keras order) replace ``--init``: tests start paths from
+    equal weights to compare them; ``splits`` (train, test) replace the pipeline the config names
+    (where the path does not keep it on a cluster's workers); without ``export`` the run ends
+    with no version written. A run given the folder of an interrupted one resumes from its
+    newest backup every worker has intact."""
+    from tfdp.cluster.stall import PEER_LOST
+
+    given = config.workdir
+    config = run_folder.with_run_dir(config)
+    # Where every task trains a replica, each keeps its own backups.
+    every_task_trains = paths.get(config.strategy).cluster == paths.WORKERS
+    worker = tf_config.task().worker_index if every_task_trains else 0
+    with run_folder.claim(config.run_dir, worker), \
+            errors.naming_the_run(None if given else config.run_dir):
+        done = report.exported(config.run_dir)
+        if done:
+            raise Finished(config.run_dir, done)
+        backups = Backups(config.run_dir, worker, identity(config))
+        with preemption.Watch() as watch:
+            path = path_type(config, backups)
+            watch.install()  # The path's set-up may have created TensorFlow's own handler.
+            watch.workers = path.num_workers
+            try:
+                first_step = resume_step(backups, gather=path.gather_steps)
+            finally:
+                path.started()  # Every worker has answered (or this one gave up).
+            watch.reached(first_step)
+            watch.check()  # Signals wait for the ends of stages: see preemption.Watch.
+            started = start(config, path, first_step, backups, watch, splits, export)
+            watch.check()
+            state = (backups.load(first_step) if first_step else
+                     TrainingState(start_weights) if start_weights is not None else None)
+            try:
+                try:
+                    weights = path.train(started, state)
+                finally:
+                    started.reporter.close_progress()  # What ends a run speaks on its own line.
+                result = finish(started, weights,
+                                (lambda: path.export(config)) if export else lambda: None,
+                                backups)
+            except PEER_LOST as e:
+                if not path.peers:
+                    raise
+                logs.quiet_from_now_on("tensorflow")  # The one line below says it all.
+                why = type(e).__name__
+                raise UserError(tf_config.lost_contact(why, path.peers, str(e.message),
+                                                       backups.steps())
+                                + (path.recorder.recorded(why) if path.recorder else "")
+                                ) from None
+            backups.clear()  # Signals are ignored by now (finish): the run is complete.
+    return result
+
+
+def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Backups = None,
+          watch: preemption.Watch = None, splits=None, export: bool = True) -> Run:
+    """Check the export folder (chief, when the run exports), load the pipeline (unless it lives
+    on the cluster's workers, or ``splits`` hold it already), make and state the plan, open the
+    reporter (with the epochs an interrupted run already finished, when resuming from
+    ``first_step``)."""
+    from tfdp.config import dataset_spec
+    from tfdp.config.plan import make_plan
+    from tfdp.data import pipeline, sources
+    from tfdp.export import saved_model
+    from tfdp.util.devices import bfloat16_speed
+
+    if path.is_chief and export:
+        saved_model.check_export_root(config.export_root)
+    clock = Clock()
+    clock.start()  # Before the pipeline is read: time to accuracy counts it (tfdp.training.clock).
+    train_split = test_split = None
+    if path.dataset is None:  # A path that names none trains on the config's, prepared here.
+        path.dataset = pipeline.dataset_of(config)
+    if config.dataset != dataset_spec.DEFAULT:
+        logger.info("%s", sources.describe(path.dataset))
+    examples = path.examples
+    if not examples:
+        train_split, test_split = splits or pipeline.load_splits(path.dataset,
+                                                             config.synthetic_data)
+        examples = len(train_split.labels), len(test_split.labels)
+    plan = make_plan(config, path.replicas, *examples)
+    logger.info("%s", plan.describe(path.engine))
+    changed = recipes.changed(config)
+    if changed:
+        logger.info("--recipe=%s on --strategy=%s changes %s: %s (docs/time-to-accuracy.md)",
+                    config.recipe, config.strategy, ", ".join(changed),
+                    paths.get(config.strategy).recipe_note)
+    if "bfloat16" in (config.precision, config.allreduce_dtype):
+        speed = bfloat16_speed()
+        if speed < 1:
+            logger.warning("this machine multiplies matrices in bfloat16 at %.2fx float32's "
+                           "speed (measured once, cached): bfloat16 will be slower than "
+                           "float32 here, not wrong", speed)
+    tracer = Tracer(config.traced_steps, config.run_dir, path.worker_index, path.num_workers,
+                    servers=path.servers_traced)
+    started = Run(config, plan, None, list(path.devices), first_step, backups,
+                  watch or preemption.Watch(), path.stall, train_split, test_split, tracer,
+                  clock)
+    first_epoch, offset = started.first_epoch, started.offset
+    # Every worker reads the earlier epochs (one folder for all): whether one reached the
+    # target before an interruption (an export that failed, say) decides for all.
+    earlier = report.load_history(config.run_dir, first_epoch) if first_epoch else []
+    target = config.target_accuracy
+    if earlier and target is not None and earlier[-1]["test_acc"] >= target:
+        started.reached = earlier[-1]
+    clock.offset = earlier[-1].get("clock_s", 0.0) if earlier else 0.0
+    if first_step and path.is_chief:
+        print(f"resuming at epoch {first_epoch + 1}/{config.epochs}, step "
+              f"{offset}/{plan.steps_per_epoch} (global step {first_step})"
+              if not started.trained else
+              f"resuming a run that finished training ({first_step} steps): exporting it",
+              flush=True)
+    started.reporter = report.Reporter(config.run_dir, plan.facts(config), path.devices,
+                                       path.is_chief, history=earlier if path.is_chief else (),
+                                       eval_note=plan.eval_note)
+    started.reporter.add_facts(startup_s=clock.startup, resumed=bool(first_step))
+    return started
+
+
+def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
+    """Print the final line, export (``export()`` returns the version's path, or None off the
+    chief), record it in ``metrics.json`` (a rerun finds the run finished) and return the run's
+    ``Result``; a signal from then on is ignored. An export that cannot be written is a
+    one-line error; the last backup keeps the trained weights for the same command to
+    export."""
+    import tensorflow as tf
+
+    line = run.reporter.final_line()
+    target = run.config.target_accuracy
+    if target is not None:
+        run.reporter.add_facts(target_accuracy=target,
+                               reached_at_epoch=run.reached["epoch"] if run.reached else None)
+        if run.reporter.is_chief:
+            print(_target_line(run, target), flush=True)
+    run.watch.check()  # The last backup holds the trained state: nothing new to save.
+    try:
+        version = export()
+    except (OSError, tf.errors.OpError) as e:
+        reason = _reason(e)
+        kept = f"the trained weights are kept in {backups.folder}; " if backups else ""
+        raise UserError(f"cannot write the export under {run.config.export_root} ({reason}): "
+                        f"{kept}make room and {errors.rerun()} to export") from None
+    run.watch.finished()
+    run.reporter.record_export(version)
+    if version:
+        print(f"exported {version}", flush=True)
+    records = run.reporter.records
+    return Result(test_accuracy=records[-1]["test_acc"] if records else float("nan"),
+                  sec_per_epoch=run.reporter.sec_per_epoch() if records else float("nan"),
+                  history=[dict(r) for r in records], export_path=version,
+                  devices=run.reporter.devices, run_dir=run.config.run_dir, final_line=line,
+                  plan=run.plan, weights=weights)
+
+
+def _target_line(run: Run, target: float) -> str:
+    """Whether the run reached ``target``, and on the clock when (tfdp.training.clock)."""
+    note = run.plan.eval_note
+    if run.reached:
+        r = run.reached
+        return (f"reached {target:g} test accuracy{note} in {r.get('clock_s', 0.0):.1f} s "
+                f"(epoch {r['epoch']}: {r['test_acc']:.4f})")
+    records = run.reporter.records
+    best = max(records, key=lambda r: r["test_acc"]) if records else None
+    return (f"did not reach {target:g} test accuracy{note}"
+            + (f": the best was {best['test_acc']:.4f} (epoch {best['epoch']}), "
+               f"{records[-1].get('clock_s', 0.0):.1f} s on the clock" if best else ""))
+
+
+def _reason(error) -> str:
+    """What went wrong, in a few words: TensorFlow's messages carry function and file names."""
+    text = getattr(error, "strerror", None) or str(getattr(error, "message", error))
+    for known in ("No space left on device", "Permission denied", "Read-only file system",
+                  "Disk quota exceeded"):
+        if known in text:
+            return known
+    return text.splitlines()[0][:200] if text else type(error).__name__
