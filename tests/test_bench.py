@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from processes import AS_FROM_A_SHELL, left_behind, run_module
-from tfdp.bench import host_allreduce as host_bench
+from tfdp.paths.manual import algorithms
 from tfdp.bench import references
 from tfdp.bench import time_to_accuracy as tta
 from tfdp.config.recipes import RECIPES
@@ -49,8 +49,8 @@ def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
     assert report["matmul_gflops"] > 1
     assert set(report["matmul_gflops_by_dtype"]) == {"float32", "bfloat16"}
     assert 13e6 < report["training_flops_per_example"] < 14e6  # LeNet: 3 x 4.5 MFLOP
-    algorithms = {r["algorithm"] for r in report["allreduce"]["rows"]}
-    assert {"add_n", "sharded", "ring", "ReductionToOneDevice", "CollectiveAllReduce"} <= algorithms
+    timed = {r["algorithm"] for r in report["allreduce"]["rows"]}
+    assert {"add_n", "sharded", "ring", "ReductionToOneDevice", "CollectiveAllReduce"} <= timed
     assert all(r["k"] in (2, 3, 4) for r in report["allreduce"]["rows"])
     table = (tmp_path / "bench.md").read_text()
     assert table.count("\n| manual:") == 3 and "| add_n | 2 | 4 KB |" in table
@@ -103,17 +103,17 @@ def test_the_allreduce_across_hosts_writes_a_well_formed_table(tmp_path):
 def test_the_sharded_prediction_follows_who_owns_most():
     size, rate = 1e6, 8e6  # one second per S
     for k in (2, 3, 4):
-        ring = host_bench.predict("ring", k, size, rate)
-        assert host_bench.predict("sharded", k, size, rate) == pytest.approx(ring)
-        assert host_bench.predict("sharded", k, size, rate, pieces=12) == pytest.approx(ring)
+        ring = algorithms.seconds("ring", k, size, rate)
+        assert algorithms.seconds("sharded", k, size, rate) == pytest.approx(ring)
+        assert algorithms.seconds("sharded", k, size, rate, pieces=12) == pytest.approx(ring)
         # One parameter: all of it summed on worker 0, as add_n.
-        assert host_bench.predict("sharded", k, size, rate, pieces=1) == pytest.approx(
-            host_bench.predict("add_n", k, size, rate))
-        assert host_bench.predict_sent("sharded", k, size, pieces=1) == pytest.approx(
-            host_bench.predict_sent("add_n", k, size))
+        assert algorithms.seconds("sharded", k, size, rate, pieces=1) == pytest.approx(
+            algorithms.seconds("add_n", k, size, rate))
+        assert algorithms.sent_bytes("sharded", k, size, pieces=1) == pytest.approx(
+            algorithms.sent_bytes("add_n", k, size))
     # 6 parameters on 4 workers: two own 2 (f = 1/3), receiving 3 x 1/3 of S each phase.
-    assert host_bench.predict("sharded", 4, size, rate, pieces=6) == pytest.approx(2.0)
-    assert host_bench.predict_sent("sharded", 4, size, pieces=6) == pytest.approx(
+    assert algorithms.seconds("sharded", 4, size, rate, pieces=6) == pytest.approx(2.0)
+    assert algorithms.sent_bytes("sharded", 4, size, pieces=6) == pytest.approx(
         (1 - 1 / 3 + 3 / 3) * size)
 
 
@@ -146,7 +146,6 @@ def test_the_step_split_across_hosts_is_the_allreduce_and_server_arithmetic(monk
     """``measure``'s rows from given examples/s (each launch's, replaced here): compute on
     unshaped links, communication the difference, the predictions of 12.7's arithmetic."""
     from tfdp.bench import host_training
-    from tfdp.bench.host_allreduce import predict
     from tfdp.launcher import emulated_hosts
 
     speeds = {("manual:1", None): 1000.0, ("manual:1", "1gbit"): 990.0,
@@ -163,7 +162,8 @@ def test_the_step_split_across_hosts_is_the_allreduce_and_server_arithmetic(monk
     configs = [host_training.parse(name)
                for name in ("manual:1", "manual:2:ring", "parameter_server:2:ps=2")]
     rows = {(r["name"], r["link"]): r
-            for r in host_training.measure(configs, ["1gbit"], 64, 4, 2, 1, say=lambda _: None)}
+            for r in host_training.measure(configs, ["1gbit"], host_training.Launch(64, 4, 2), 1,
+                                             say=lambda _: None)}
     size = host_training.gradient_bytes()
     assert size == 516272
     one = 64 / 1000.0
@@ -176,7 +176,8 @@ def test_the_step_split_across_hosts_is_the_allreduce_and_server_arithmetic(monk
             assert row["compute_seconds"] == pytest.approx(compute)
             assert row["communication_seconds"] == pytest.approx(step - compute)
             # The ring's 2(k-1)/k S/B on a shaped link between two hosts; none on one host.
-            predicted = predict("ring", k, size, 1e9) if link == "1gbit" and k > 1 else 0.0
+            predicted = (algorithms.seconds("ring", k, size, 1e9) if link == "1gbit" and k > 1
+                         else 0.0)
             assert row["predicted_communication_seconds"] == pytest.approx(predicted)
             assert predicted == 0.0 or predicted == pytest.approx(size * 8 / 1e9)
             # One host's compute shared by k, plus the exchange measured.

@@ -22,7 +22,7 @@ def test_a_bad_format_or_a_missing_converter_is_one_line(monkeypatch):
                                         r"comma-separated list of saved_model, onnx, litert$"):
         Config(export_formats="saved_model,pdf")
     assert Config(export_formats="litert,onnx").export_formats == "saved_model,litert,onnx"
-    monkeypatch.setattr(export_formats, "_importable", lambda module: module != "tf2onnx")
+    monkeypatch.setattr(formats, "_importable", lambda module: module != "tf2onnx")
     with pytest.raises(UserError, match=r"^--export_formats: onnx needs tf2onnx, which is not "
                                         r"installed: pip install 'tfdp\[onnx\]'$"):
         Config(export_formats="onnx")

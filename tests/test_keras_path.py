@@ -102,6 +102,7 @@ def test_keras_still_needs_the_build_workaround(tmp_path, data_dir):
 TWO_STRATEGIES = """
 import sys
 import tensorflow as tf
+from tfdp import paths
 from tfdp.paths.keras import strategy
 from tfdp.util import devices
 names = devices.configure_devices(2)
@@ -110,7 +111,7 @@ base = tf.distribute.MirroredStrategy._collective_key_base
 
 def all_reduced(n):
     if sys.argv[1] == "tfdp":
-        s = strategy.make_distribution("mirrored", 2).strategy
+        s = strategy.make_distribution(paths.MIRRORED, 2).strategy
     else:
         tf.distribute.MirroredStrategy._collective_key_base = base
         s = tf.distribute.MirroredStrategy(names)

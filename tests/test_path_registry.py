@@ -2,6 +2,7 @@
 paths, with no other file edited: the flags and their checks, ``--help``, the launcher, Slurm's
 roles, the bench and ``tfdp.run``."""
 
+import dataclasses
 import os
 import sys
 
@@ -43,6 +44,23 @@ def test_the_flags_take_the_toy_path_its_defaults_and_its_refusals(toy):
     with pytest.raises(UserError, match=r"^--strategy=toy is not one of: manual, mirrored, "
                                         r"multi_worker, plain, parameter_server$"):
         Config(strategy="toy")
+
+
+def test_a_path_owned_flag_is_declared_by_its_path_help_choices_and_default():
+    """The flags a path owns take their help and choices from its description, and their
+    default is the first value that leaves them unused there."""
+    from tfdp.config.settings import help_of
+    from tfdp.paths.manual import algorithms
+
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    for path in paths.all_paths():
+        for flag, own in path.own_flags.items():
+            assert fields[flag].default == own.off[0], flag
+            assert help_of(fields[flag]).startswith(f"{path.name} only: "), flag
+    assert all(f"{name} (" in help_of(fields["allreduce"]) for name in algorithms.NAMES)
+    with pytest.raises(UserError, match=r"^--allreduce=tree is not one of: add_n, sharded, "
+                                        r"ring$"):
+        Config(allreduce="tree")
 
 
 def test_help_lists_a_path_named_in_tfdp_paths():

@@ -53,9 +53,9 @@ def test_a_folder_an_npz_file_and_arrays_are_the_same_data(tmp_path, train_split
     (x_train, y_train), (x_test, y_test) = take(train_split, 12), take(test_split, 3)
     write_folder(tmp_path / "folder", x_train, y_train, names, "train")
     write_folder(tmp_path / "folder", x_test, y_test, names, "test")
-    np.savez(tmp_path / "pipeline.npz", x_train=x_train, y_train=y_train, x_test=x_test,
+    np.savez(tmp_path / "data.npz", x_train=x_train, y_train=y_train, x_test=x_test,
              y_test=y_test)
-    runs = {"folder": f"folder:{tmp_path / 'folder'}", "npz": f"npz:{tmp_path / 'pipeline.npz'}",
+    runs = {"folder": f"folder:{tmp_path / 'folder'}", "npz": f"npz:{tmp_path / 'data.npz'}",
             "arrays": (x_train, y_train, x_test, y_test)}
     results = {name: train(tmp_path, name, dataset=dataset, num_gpus=2,
                            data_dir=str(tmp_path / "data")) for name, dataset in runs.items()}
@@ -152,9 +152,9 @@ def test_arrays_that_cannot_be_trained_on_are_one_line_naming_the_array(tmp_path
     arrays = dict(x_train=np.zeros((4, 16, 16), np.uint8), y_train=np.array([0, 1, 1, 0]),
                   x_test=np.zeros((4, 16, 16), np.uint8), y_test=np.array([0, 1, 1, 0]))
     arrays.update(change)
-    np.savez(tmp_path / "pipeline.npz", **arrays)
+    np.savez(tmp_path / "data.npz", **arrays)
     with pytest.raises(UserError, match=rf"^--dataset=npz:.*data\.npz: {message}"):
-        sources.prepare(f"npz:{tmp_path / 'pipeline.npz'}", str(tmp_path / "data"))
+        sources.prepare(f"npz:{tmp_path / 'data.npz'}", str(tmp_path / "data"))
     with pytest.raises(UserError, match=rf"^tfdp\.run\(dataset=\.\.\.\): {message}"):
         sources.from_arrays(arrays, str(tmp_path / "data"))
 

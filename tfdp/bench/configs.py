@@ -12,6 +12,7 @@ from absl import flags
 
 from tfdp import paths
 from tfdp.config.flags import config_from_args
+from tfdp.paths.manual import algorithms
 from tfdp.util.errors import UserError
 
 STOCK = "stock"  # Keras' own defaults (tfdp.bench.stock), beside tfdp.train's paths.
@@ -34,7 +35,7 @@ def parse_config(text: str) -> dict:
               "inter": None}
     for option in parts[2:]:
         name, _, value = option.partition("=")
-        if option in ("add_n", "sharded", "ring"):
+        if option in algorithms.NAMES:
             config["allreduce"] = option
         elif option == "eager":
             config["eager"] = True
@@ -46,7 +47,7 @@ def parse_config(text: str) -> dict:
             config[name] = int(value)
         else:
             raise ValueError(f"--configs entry {text!r}: unknown option {option!r}")
-    if "allreduce" not in own and any(o in ("add_n", "sharded", "ring") for o in parts[2:]):
+    if "allreduce" not in own and any(o in algorithms.NAMES for o in parts[2:]):
         raise ValueError(f"--configs entry {text!r}: --strategy={config['path']} has no "
                          "allreduce of its own to choose")
     if config["path"] == STOCK and (config["precision"] != "float32" or config["spe"] > 1):

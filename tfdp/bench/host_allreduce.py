@@ -8,23 +8,8 @@ the last host, a client timing tfdp's ``add_n``, ``sharded`` and ``ring`` on the
 (``tfdp.bench.remote_allreduce``); then, on the same k hosts, k MultiWorkerMirroredStrategy
 workers timing TensorFlow's own collective ring (``tfdp.bench.collective``).
 
-Each row is set against what the textbook's arithmetic predicts (``predict``). With S bytes of
-gradient, k workers and links of B bytes/s each way (full duplex; the switch is never the
-bottleneck, only each host's own link):
-
-* ``add_n``: every worker sends its S to worker 0, whose incoming link carries (k-1)S; then
-  worker 0 sends the sum to the k-1 others, its outgoing link carrying (k-1)S. One phase after
-  the other: 2(k-1)S/B, growing with k.
-* ``sharded``: worker i sums parameter i mod k. Each worker sends the (k-1)/k of its gradient
-  that others own while it receives the (k-1) copies of its own 1/k: (k-1)S/(kB) each way at
-  once, then the same again for the broadcast: 2(k-1)S/(kB). With P equal parameters that k
-  does not divide, the busiest worker owns f = ceil(P/k)/P of them, receives (k-1)fS while
-  sending (1-f)S, then the reverse: 2 max((k-1)f, 1-f) S/B (P = 1: add_n's time).
-* ``ring`` and TensorFlow's ring: 2(k-1) steps, in each of which every link carries S/k each
-  way at once: 2(k-1)S/(kB), "which does not grow as we increase the size of the ring".
-
-The predictions count payload only: no TCP/IP and Ethernet headers (1,448 payload bytes per
-1,514 on the wire: 4.6 %), no gRPC framing, no latency, no computation (the sums).
+Each row is set against what the textbook's arithmetic predicts for it
+(``tfdp.paths.manual.algorithms``: the busiest host's time and bytes sent).
 """
 
 import functools
@@ -37,10 +22,10 @@ import time
 
 from tfdp.launcher import emulated_hosts
 from tfdp.launcher.children import prepare_child
+from tfdp.paths.manual import algorithms
 from tfdp.util import charts
 from tfdp.util.errors import UserError
 
-TFDP_ALGORITHMS = ("add_n", "sharded", "ring")
 TF_ALGORITHM = "tf_collective_ring"
 SERVER_PORT, COLLECTIVE_PORT = 2222, 2223
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9}
@@ -94,36 +79,6 @@ def parse_dtype(text: str) -> str:
     return name
 
 
-def predict(algorithm: str, workers: int, size: int, link_bits_per_s: float,
-            pieces: int = 0) -> float:
-    """Seconds the textbook's arithmetic gives one allreduce of ``size`` bytes (module doc);
-    ``pieces``: how many equal parameters ``sharded`` shares out (0: evenly, whatever k)."""
-    per_second = link_bits_per_s / 8
-    if algorithm == "add_n":
-        return 2 * (workers - 1) * size / per_second
-    if algorithm == "sharded":
-        owned = _busiest_share(workers, pieces)
-        return 2 * max((workers - 1) * owned, 1 - owned) * size / per_second
-    return 2 * (workers - 1) / workers * size / per_second
-
-
-def predict_sent(algorithm: str, workers: int, size: int, pieces: int = 0) -> float:
-    """Bytes the busiest host sends in one allreduce, by the same arithmetic: worker 0 under
-    add_n, under sharded the worker owning most (what it does not own, then its sums to the
-    k-1 others), every worker alike under the rings."""
-    if algorithm == "add_n":
-        return (workers - 1) * size
-    if algorithm == "sharded":
-        owned = _busiest_share(workers, pieces)
-        return (1 - owned + (workers - 1) * owned) * size
-    return 2 * (workers - 1) / workers * size
-
-
-def _busiest_share(workers: int, pieces: int) -> float:
-    """The fraction of the gradient the worker owning most sums under ``sharded``."""
-    return 1 / workers if not pieces else -(-pieces // workers) / pieces
-
-
 def measure(workers: list, sizes: list, links: list, repeats: int, say=print,
             dtypes=("float32",), pieces: int = PIECES) -> list:
     """Every row: tfdp's three algorithms (on a gradient of ``pieces`` equal parameters) and
@@ -136,13 +91,13 @@ def measure(workers: list, sizes: list, links: list, repeats: int, say=print,
     rows = []
     for link, rate in rates:
         for k in workers:
-            say(f"{k} workers at {link}: tfdp's {', '.join(TFDP_ALGORITHMS)}, then TensorFlow's "
+            say(f"{k} workers at {link}: tfdp's {', '.join(algorithms.NAMES)}, then TensorFlow's "
                 f"ring; {len(sizes)} size(s) x {repeats} repeats ...")
             hosts = emulated_hosts.Hosts(k + 1, link)
             hosts.create()
             try:
                 timeout = 120 + 4 * (repeats + 2) * len(dtypes) * sum(
-                    predict("add_n", k, s, rate) for s in sizes)
+                    algorithms.seconds("add_n", k, s, rate) for s in sizes)
                 found = (_tfdp_rows(hosts, k, sizes, dtypes, repeats, timeout, pieces)
                          + _collective_rows(hosts, k, sizes, dtypes, repeats, timeout))
             finally:
@@ -151,9 +106,9 @@ def measure(workers: list, sizes: list, links: list, repeats: int, say=print,
                 like = "ring" if row["algorithm"] == TF_ALGORITHM else row["algorithm"]
                 row["link"], row["link_bits_per_s"] = link, rate
                 share = row.get("pieces", 0)
-                row["predicted_seconds"] = predict(like, k, row["bytes"], rate, share)
+                row["predicted_seconds"] = algorithms.seconds(like, k, row["bytes"], rate, share)
                 row["ratio"] = row["seconds"] / row["predicted_seconds"]
-                row["predicted_sent_bytes"] = predict_sent(like, k, row["bytes"], share)
+                row["predicted_sent_bytes"] = algorithms.sent_bytes(like, k, row["bytes"], share)
             rows += found
     return rows
 

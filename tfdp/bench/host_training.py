@@ -13,7 +13,7 @@ run's own ``metrics.json`` (the first epoch, tracing and warm-up, dropped).
   millisecond to move. All emulated hosts share this machine's cores, so this is what k hosts
   compute *here*, not what k machines would.
 * communication: the step on a shaped link minus compute; predicted: the allreduce arithmetic
-  of ``tfdp.bench.host_allreduce.predict`` for the gradient's bytes (TensorFlow's ring for
+  of ``tfdp.paths.manual.algorithms.seconds`` for the gradient's bytes (TensorFlow's ring for
   multi_worker), with no overlap of communication and computation.
 * k real machines: each computes 1/k of the batch on cores of its own, so the step would take
   the one-host compute / k plus the communication measured here.
@@ -38,10 +38,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import NamedTuple, Optional
 
 from tfdp import paths
-from tfdp.bench.host_allreduce import predict
 from tfdp.launcher import emulated_hosts
+from tfdp.paths.manual import algorithms
 from tfdp.util.errors import UserError
 
 _SENT = re.compile(r"^tfdp\.launch: host \d+ \((?:worker|ps)[^)]*\) sent ([\d.]+) MB", re.M)
@@ -61,7 +62,7 @@ def parse(text: str) -> dict:
     parts = text.strip().split(":")
     options = parts[2:]
     settings = dict(o.partition("=")[::2] for o in options if "=" in o)
-    allreduce = [o for o in options if o in ("add_n", "sharded", "ring")]
+    allreduce = [o for o in options if o in algorithms.NAMES]
     allreduce_options = {"acc", "bucket", "overlap"} & set(settings)
     clustered = {p.name: p for p in paths.all_paths()
                  if p.cluster != paths.NO_CLUSTER}
@@ -95,9 +96,19 @@ def predict_parameter_server(workers: int, gradient: int, busiest_server: int,
     return max(busiest_server, 2 * gradient / workers) / per_second
 
 
-def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int, rounds: int,
-            data_dir=None, manual_dir=None, say=print) -> list:
+class Launch(NamedTuple):
+    """What each launch trains: its global batch, steps an epoch and epochs (the first, the
+    tracing one, is not timed), on the data of these folders."""
+    batch_size: int
+    steps: int
+    epochs: int
+    data_dir: Optional[str] = None
+    manual_dir: Optional[str] = None
+
+
+def measure(configs: list, links: list, launch: Launch, rounds: int, say=print) -> list:
     """One row per configuration and link (None: unshaped), with its step split."""
+    batch_size, epochs = launch.batch_size, launch.epochs
     rates = {link: emulated_hosts.parse_rate(link, "--links") for link in links}
     emulated_hosts.check_available()
     if epochs < 2:
@@ -110,8 +121,7 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
             for link in [None, *links]:
                 say(f"round {round_ + 1}/{rounds}: {config['name']} on "
                     f"{link or 'unshaped'} links ...")
-                rates_, facts, sent_ = _run(config, link, batch_size, steps, epochs, data_dir,
-                                            manual_dir)
+                rates_, facts, sent_ = _run(config, link, launch)
                 samples.setdefault((config["name"], link), []).extend(rates_)
                 sent.setdefault((config["name"], link), []).append(sent_)
                 held[config["name"]] = facts.get("parameter_server_bytes")
@@ -147,7 +157,7 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
                 continue
             # TensorFlow's collectives (every task a worker) exchange as a ring does.
             like = "ring" if path.cluster == paths.WORKERS else config["allreduce"]
-            predicted = predict(like, k, size, rates[link]) if link and k > 1 else 0.0
+            predicted = algorithms.seconds(like, k, size, rates[link]) if link and k > 1 else 0.0
             rows.append({
                 **config, "link": link or "unshaped",
                 "link_bits_per_s": rates.get(link), "gradient_bytes": size,
@@ -164,14 +174,15 @@ def measure(configs: list, links: list, batch_size: int, steps: int, epochs: int
     return rows
 
 
-def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> tuple:
+def _run(config, link, launch: Launch) -> tuple:
     """(examples/s of each timed epoch, the run's metrics.json, the bytes the busiest worker
     host sent per epoch) of one launch. With --accumulate_steps=K an epoch has steps / K
     updates: the same examples as K=1's."""
     workdir = tempfile.mkdtemp(prefix="tfdp-bench-hosts-")
     accumulate = config.get("accumulate", 1)
-    train = [f"--strategy={config['path']}", f"--batch_size={batch_size}", f"--epochs={epochs}",
-             f"--steps_per_epoch={max(1, steps // accumulate)}", "--eval_steps=1",
+    train = [f"--strategy={config['path']}", f"--batch_size={launch.batch_size}",
+             f"--epochs={launch.epochs}",
+             f"--steps_per_epoch={max(1, launch.steps // accumulate)}", "--eval_steps=1",
              "--init=glorot", f"--workdir={workdir}", f"--export_dir={workdir}/export"]
     if config["allreduce"] != "-":
         train += [f"--allreduce={config['allreduce']}", f"--accumulate_steps={accumulate}",
@@ -181,8 +192,8 @@ def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> tuple
     if config["servers"]:
         servers = [f"--num_ps={config['servers']}"]
         train.append(f"--ps_shards={config['servers']}")
-    train += [f"--data_dir={data_dir}"] * bool(data_dir)
-    train += [f"--manual_dir={manual_dir}"] * bool(manual_dir)
+    train += [f"--data_dir={launch.data_dir}"] * bool(launch.data_dir)
+    train += [f"--manual_dir={launch.manual_dir}"] * bool(launch.manual_dir)
     try:
         result = subprocess.run(
             [sys.executable, "-m", "tfdp.launch", f"--num_workers={config['workers']}",
@@ -196,7 +207,7 @@ def _run(config, link, batch_size, steps, epochs, data_dir, manual_dir) -> tuple
         # The launcher's count of each host's link (tfdp.launcher.emulated_hosts.traffic).
         sent = [float(mb) * 1e6 for mb in _SENT.findall(result.stderr)]
         return ([e["examples_per_sec"] for e in metrics["epochs"][1:]], metrics,
-                max(sent) / epochs if sent else None)
+                max(sent) / launch.epochs if sent else None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -193,9 +193,10 @@ def main_hosts():
             raise UserError(f"--pieces must be a positive integer, got {FLAGS.pieces}")
         os.makedirs(FLAGS.workdir, exist_ok=True)
         if configs:
-            rows = host_training.measure(configs, FLAGS.links, FLAGS.batch_size,
-                                         setting("steps"), setting("epochs"), setting("rounds"),
-                                         FLAGS.data_dir, FLAGS.manual_dir, say=say)
+            launch = host_training.Launch(FLAGS.batch_size, setting("steps"), setting("epochs"),
+                                          FLAGS.data_dir, FLAGS.manual_dir)
+            rows = host_training.measure(configs, FLAGS.links, launch, setting("rounds"),
+                                         say=say)
             _write(os.path.join(FLAGS.workdir, "training_hosts"), rows,
                    host_training.format_rows(rows))
             text.append(host_training.format_rows(rows))

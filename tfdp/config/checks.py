@@ -15,7 +15,6 @@ from tfdp.config import dataset_spec, model_spec
 from tfdp.config import optimizer_spec as optimizers
 from tfdp.util.errors import UserError
 
-ALLREDUCES = ("add_n", "sharded", "ring")
 INITS = ("textbook", "glorot")
 PRECISIONS = ("float32", "float64", "bfloat16", "auto")
 
@@ -72,10 +71,11 @@ def common(config) -> None:
     paths.get(config.strategy)  # Its own line when there is no such path.
     model_spec.check_spec(config.model)
     dataset_spec.check(config.dataset, config.image_size)
-    choice("allreduce", config.allreduce, ALLREDUCES)
-    choice("allreduce_dtype", config.allreduce_dtype, ("float32", "bfloat16"))
+    for path in paths.all_paths():  # The choices a path declares for its own flags.
+        for flag, own in path.own_flags.items():
+            if own.choices:
+                choice(flag, getattr(config, flag), own.choices)
     choice("precision", config.precision, PRECISIONS)
-    choice("overlap", config.overlap, ("auto", "none"))
     if config.init is not None and config.init not in INITS and not (
             config.init.endswith(".npz") and os.path.isfile(config.init)):
         raise UserError(f"--init={config.init} is neither one of {', '.join(INITS)} nor an "

@@ -139,24 +139,11 @@ class Config:
         None, "Cap on training steps per epoch, for short runs (default: whole epoch).")
     eval_steps: Optional[int] = _flag(
         None, "Cap on evaluation batches, for short runs (default: whole test set).")
-    allreduce: str = _flag(
-        "add_n", "manual path: add_n (textbook), sharded (parameter-server style) or ring.")
-    allreduce_dtype: str = _flag(
-        "float32", "manual path: the dtype the gradients travel and are summed in, cast back "
-        "before the update: float32 (the gradients' own: float64 under --precision=float64), "
-        "or bfloat16 (bf16: half the bytes on every link).")
-    bucket_kb: Optional[int] = _flag(
-        None, "manual path: pack the gradients into buckets of at most this many KB, in the "
-        "order the backward pass produces them, one allreduce per bucket, so the exchange "
-        "overlaps the backward pass (the ring otherwise waits for every gradient; section "
-        "12.3). Default: no buckets.")
-    overlap: str = _flag(
-        "auto", "manual path: auto lets each allreduce start once its gradients exist; none "
-        "holds every allreduce until the whole backward pass is done (the barrier overlap is "
-        "measured against).")
-    ps_shards: int = _flag(
-        1, "parameter_server: split each large parameter (LeNet's W2 and W3) into up to this "
-        "many shards, each on another server (at most the ps tasks); 1 keeps them whole.")
+    allreduce: str = _flag("add_n", paths.own_help("allreduce"))
+    allreduce_dtype: str = _flag("float32", paths.own_help("allreduce_dtype"))
+    bucket_kb: Optional[int] = _flag(None, paths.own_help("bucket_kb"))
+    overlap: str = _flag("auto", paths.own_help("overlap"))
+    ps_shards: int = _flag(1, paths.own_help("ps_shards"))
     precision: Optional[str] = _flag(
         None, "float32; bfloat16 (or bf16): mixed precision, computing in bfloat16 with "
         "float32 parameters, update, loss and softmax (fast on CPUs with avx512_bf16 or AMX "
@@ -165,14 +152,8 @@ class Config:
         "or auto: bfloat16 where this machine's measured bfloat16 speed makes it pay, float32 "
         "elsewhere (each process decides for its own machine). Default: the recipe's "
         "(textbook: float32, fast: auto).")
-    steps_per_execution: int = _flag(
-        1, "plain only: training steps per compiled Keras call (fewer Python round trips; "
-        "progress and callbacks then update every N steps).")
-    sync_every: Optional[int] = _flag(
-        None, "manual path: training steps per compiled call; the host reads their losses, "
-        "accuracy and finiteness together, once per call (section 12.2: each read is a "
-        "barrier). Default: the path's (manual 16, measured in docs/section-12.2.md); 1 reads "
-        "every step. Progress moves, and a SIGTERM is honoured, between calls.")
+    steps_per_execution: int = _flag(1, paths.own_help("steps_per_execution"))
+    sync_every: Optional[int] = _flag(None, paths.own_help("sync_every"))
     accumulate_steps: int = _flag(
         1, "Gradient accumulation: each update sums the gradients of this many micro-batches "
         "of --batch_size, locally on each replica, and allreduces once. The update's global "

@@ -29,14 +29,23 @@ NO_CLUSTER = "none"        # one process on its own devices; a cluster of tasks 
 WORKERS = "workers"        # every task runs tfdp.train and trains a replica; worker 0 is chief
 CLIENT = "client"          # one tfdp.train client (the chief) drives tfdp.server tasks
 
+# The strategies a Keras fit path can train under (``Path.keras_strategy``): replicas in sync on
+# this process's devices, on every worker's, or Keras' default strategy (one device, none).
+MIRRORED, MULTI_WORKER_MIRRORED, KERAS_DEFAULT = ("MirroredStrategy",
+                                                  "MultiWorkerMirroredStrategy", "default")
+
 
 @dataclasses.dataclass(frozen=True)
 class OwnFlag:
     """A flag only some paths take: ``off`` the values that leave it unused (any path takes
-    those), ``what`` what it is on its owner, ``elsewhere`` what the other paths do instead."""
+    those; the first is its default), ``what`` what it is on its owner, ``elsewhere`` what the
+    other paths do instead, ``help`` its line in ``--help`` (or a function writing it), and
+    ``choices`` the values it takes where it is a choice."""
     off: tuple
     what: str
     elsewhere: str
+    help: object = ""
+    choices: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +57,8 @@ class Path:
     cluster: str = NO_CLUSTER   # NO_CLUSTER, WORKERS or CLIENT
     parameter_servers: bool = False     # its cluster has ps tasks (--num_ps)
     restart_lost_workers: bool = False  # the launcher restarts a worker that died
+    # The tf.distribute strategy a Keras fit path trains under (KERAS_STRATEGIES), or "".
+    keras_strategy: str = ""
     # What tfdp.bench's path:k counts: devices of one process, or launched workers.
     scales_by: str = "devices"
     models: tuple = ("lenet", "lenet_bn", "resnet18")
@@ -130,6 +141,30 @@ def help_text() -> str:
     except UserError as e:
         problem = f" ({e})"
     return "; ".join(f"{p.name}: {p.summary}" for p in _REGISTERED.values()) + "." + problem
+
+
+def owner_of(flag: str) -> tuple:
+    """(the path, its ``OwnFlag``) of a path-owned flag. Written into ``--help`` before any flag
+    is read: a module ``$TFDP_PATHS`` names that fails to import is said in ``--strategy``'s
+    help and refused when a run starts, not here."""
+    try:
+        _load()
+    except UserError:
+        pass
+    for path in _REGISTERED.values():
+        if flag in path.own_flags:
+            return path, path.own_flags[flag]
+    raise KeyError(flag)
+
+
+def own_help(flag: str):
+    """A function writing a path-owned flag's help, when ``--help`` asks (``Config``'s fields
+    take it): its owner's name, then the owner's text."""
+    def text() -> str:
+        path, own = owner_of(flag)
+        written = own.help() if callable(own.help) else own.help
+        return f"{path.name} only: {written}"
+    return text
 
 
 def check_flags_owned(config) -> None:

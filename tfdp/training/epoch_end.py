@@ -9,6 +9,7 @@ step: a diverged epoch never reaches its end.
 """
 
 from tfdp.cluster.stall import watching
+from tfdp.training.report import Trained
 
 
 class EpochEnd:
@@ -22,22 +23,17 @@ class EpochEnd:
         self.figures = figures or (lambda: ({}, ""))
         self.preempted = preempted or (lambda: run.watch.requested)
 
-    def __call__(self, epoch: int, step: int, *, loss: float, train_acc: float, seconds: float,
-                 examples: int, resumed_at: int = 0) -> bool:
-        """End ``epoch`` (from 0) after global step ``step``: ``seconds`` of training over
-        ``examples`` examples at a running ``loss`` and ``train_acc``, resumed ``resumed_at``
-        steps into the epoch. Whether training is over: ``--target_accuracy`` reached (the
-        caller stops and the run exports). Raises ``Preempted`` after the backup when asked to
-        stop."""
+    def __call__(self, epoch: int, step: int, trained: Trained) -> bool:
+        """End ``epoch`` (from 0) after global step ``step``, its training ``trained``. Whether
+        training is over: ``--target_accuracy`` reached (the caller stops and the run exports).
+        Raises ``Preempted`` after the backup when asked to stop."""
         run = self.run
         with watching(run.stall, f"evaluating epoch {epoch + 1}"):
             test_loss, test_acc = self.evaluate()
         clock = run.clock.reading()  # Stopped at the evaluation, as MLPerf's run_stop.
         extra, note = self.figures()
-        run.reporter.epoch_end(epoch, loss=loss, train_acc=train_acc, test_loss=test_loss,
-                               test_acc=test_acc, seconds=seconds, examples=examples,
-                               resumed_at=resumed_at, extra=dict(extra, clock_s=clock),
-                               note=note)
+        run.reporter.epoch_end(epoch, trained, test_loss, test_acc,
+                               extra=dict(extra, clock_s=clock), note=note)
         saved = run.backups.save(step, self.state()) if run.backups else None
         target = run.config.target_accuracy
         if target is not None and test_acc >= target:

@@ -21,6 +21,7 @@ import time
 from tfdp.cluster.stall import watching
 from tfdp.training import divergence
 from tfdp.training.epoch_end import EpochEnd
+from tfdp.training.report import Trained
 
 
 class Steps:
@@ -130,8 +131,8 @@ class _Loop:
                     self._collect(running)
         self._drain(running)
         seconds = time.perf_counter() - start  # Training only: evaluation comes next.
-        return self.epoch_end(epoch, self.done, loss=running.loss, train_acc=running.accuracy,
-                              seconds=seconds, examples=running.seen, resumed_at=first)
+        return self.epoch_end(epoch, self.done, Trained(running.loss, running.accuracy, seconds,
+                                                        running.seen, resumed_at=first))
 
     def _collect(self, running: _Running) -> None:
         pending, i, count = self.in_flight.popleft()

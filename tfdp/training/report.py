@@ -10,6 +10,7 @@ import os
 import statistics
 import sys
 import time
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -20,6 +21,18 @@ from tfdp.util.logs import logger
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "accuracy.png"
 TENSORBOARD_DIR = "tensorboard"
+
+
+class Trained(NamedTuple):
+    """An epoch's training as its path measured it: the running ``loss`` and ``train_acc``,
+    ``seconds`` of training only (evaluation comes after), over ``examples`` examples;
+    ``resumed_at``: the step within the epoch a resumed run started from (the figures then cover
+    the steps after it only)."""
+    loss: float
+    train_acc: float
+    seconds: float
+    examples: int
+    resumed_at: int = 0
 
 
 class Reporter:
@@ -64,13 +77,14 @@ class Reporter:
         if self._progress:
             self._progress.close()
 
-    def epoch_end(self, epoch: int, loss: float, train_acc: float, test_loss: float,
-                  test_acc: float, seconds: float, examples: int, resumed_at: int = 0,
+    def epoch_end(self, epoch: int, trained: "Trained", test_loss: float, test_acc: float,
                   extra: dict = None, note: str = "") -> None:
-        """Record an epoch (``seconds`` is training time only) and rewrite the outputs.
-        ``resumed_at``: the step within the epoch a resumed run started from (loss, train_acc
-        and seconds then cover the steps after it only). ``extra``: a path's own figures for
-        the record (the parameter servers' staleness), ``note`` their words on the line."""
+        """Record an epoch (``trained``: its training, as the path measured it) and rewrite the
+        outputs. ``extra``: a path's own figures for the record (the parameter servers'
+        staleness), ``note`` their words on the line."""
+        loss, train_acc, seconds, resumed_at = (trained.loss, trained.train_acc, trained.seconds,
+                                                trained.resumed_at)
+        examples = trained.examples
         record = {"epoch": epoch + 1, "loss": float(loss), "train_acc": float(train_acc),
                   "test_loss": float(test_loss), "test_acc": float(test_acc),
                   "seconds": float(seconds), "examples": int(examples),

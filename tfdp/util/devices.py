@@ -148,7 +148,7 @@ def _bfloat16_ratio_in_a_child() -> float:
     """bfloat16's matmul speed over float32's, measured in a process of its own: TensorFlow
     fixes its devices at its first op, and ``--precision=auto`` is resolved before the run
     makes its devices (measured here, it left a 2-device run on 1 device)."""
-    code = ("from tfdp import devices; print(devices.matmul_gflops('bfloat16', n=1024, "
+    code = ("from tfdp.util import devices; print(devices.matmul_gflops('bfloat16', n=1024, "
             "repeats=20) / devices.matmul_gflops('float32', n=1024, repeats=20))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))

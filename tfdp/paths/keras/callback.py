@@ -34,6 +34,7 @@ from tfdp.paths.keras.train_step import ARRIVALS
 from tfdp.trace.arrivals import unfold
 from tfdp.training import divergence
 from tfdp.training.epoch_end import EpochEnd
+from tfdp.training.report import Trained
 from tfdp.training.state import TrainingState
 
 CHECK_EVERY = 5  # steps between two checks (under multi_worker: SIGTERM all-reduces)
@@ -119,10 +120,9 @@ class FitCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._start  # Training only: evaluation comes next.
         self._read_loss(logs)
-        if self.epoch_end(epoch, self._step, loss=logs["loss"], train_acc=logs["accuracy"],
-                          seconds=seconds, resumed_at=self.resumed_at,
-                          examples=min((self.steps - self.resumed_at) * self.batch,
-                                       self.examples)):
+        examples = min((self.steps - self.resumed_at) * self.batch, self.examples)
+        if self.epoch_end(epoch, self._step, Trained(logs["loss"], logs["accuracy"], seconds,
+                                                     examples, resumed_at=self.resumed_at)):
             self.model.stop_training = True  # --target_accuracy reached: fit ends here.
         self.resumed_at = 0
 

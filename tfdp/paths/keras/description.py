@@ -1,7 +1,8 @@
 """Keras ``fit`` as the registry knows it (``tfdp.paths``), without TensorFlow:
 ``--strategy=plain`` (no tf.distribute), ``mirrored`` and ``multi_worker``."""
 
-from tfdp.paths import NO_CLUSTER, WORKERS, OwnFlag, Path, register
+from tfdp.paths import (KERAS_DEFAULT, MIRRORED, MULTI_WORKER_MIRRORED, NO_CLUSTER, WORKERS,
+                        OwnFlag, Path, register)
 from tfdp.util.errors import UserError
 
 TRAINER = "tfdp.paths.keras.trainer:KerasFitPath"
@@ -37,33 +38,27 @@ def check_plain(config) -> None:
                         f"--num_gpus={config.num_gpus} use --strategy=mirrored")
 
 
-register(Path(
-    name="mirrored",
-    summary="Keras fit under MirroredStrategy",
-    trainer=TRAINER,
-    refuses=UNDER_DISTRIBUTE,
-    recipe_overrides=LONGER_FAST,
-    recipe_note=LONGER_FAST_NOTE,
-    check=check_distributed,
-))
-register(Path(
-    name="multi_worker",
-    summary="Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG)",
-    trainer=TRAINER,
-    cluster=WORKERS,
-    scales_by="workers",
-    refuses=UNDER_DISTRIBUTE,
-    recipe_overrides=LONGER_FAST,
-    recipe_note=LONGER_FAST_NOTE,
-    check=check_distributed,
-))
+def under_tf_distribute(name: str, summary: str, **cluster) -> Path:
+    """A path of Keras fit under a ``tf.distribute`` strategy: what it refuses and what a
+    recipe takes otherwise there are the same for each."""
+    return register(Path(name=name, summary=summary, trainer=TRAINER, refuses=UNDER_DISTRIBUTE,
+                         recipe_overrides=LONGER_FAST, recipe_note=LONGER_FAST_NOTE,
+                         check=check_distributed, **cluster))
+
+
+under_tf_distribute("mirrored", "Keras fit under MirroredStrategy", keras_strategy=MIRRORED)
+under_tf_distribute("multi_worker", "Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG)",
+                    keras_strategy=MULTI_WORKER_MIRRORED, cluster=WORKERS, scales_by="workers")
 register(Path(
     name="plain",
     summary="Keras fit on one device with no tf.distribute strategy (the baseline)",
     trainer=TRAINER,
+    keras_strategy=KERAS_DEFAULT,
     cluster=NO_CLUSTER,
     own_flags={"steps_per_execution": OwnFlag(
-        (1,), "Keras fit's steps per compiled call", "runs one step per call")},
+        (1,), "Keras fit's steps per compiled call", "runs one step per call",
+        help="training steps per compiled Keras call (fewer Python round trips; progress and "
+             "callbacks then update every N steps).")},
     refuses={"sync_every": "Keras fit's own is --steps_per_execution"},
     check=check_plain,
 ))

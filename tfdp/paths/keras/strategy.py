@@ -10,6 +10,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfdp import paths
 from tfdp.cluster import watchdog
 from tfdp.cluster import tf_config
 from tfdp.util import devices
@@ -44,18 +45,20 @@ class Distribution:
         return f"{kind}, {self.replicas} replica(s) in sync on {where}"
 
 
-def make_distribution(name: str, num_gpus: int = 1, collective_timeout: int = 300) -> Distribution:
-    """The strategy ``name`` over ``num_gpus`` devices (logical ones if there are fewer), with
-    thread pools shared out among them; ``collective_timeout`` bounds multi_worker waits."""
-    if name == "mirrored":
+def make_distribution(kind: str, num_gpus: int = 1, collective_timeout: int = 300) -> Distribution:
+    """The strategy of ``kind`` (``tfdp.paths.Path.keras_strategy``) over ``num_gpus`` devices
+    (logical ones if there are fewer), with thread pools shared out among them;
+    ``collective_timeout`` bounds a multi-worker strategy's waits."""
+    if kind == paths.MIRRORED:
         names = devices.configure_devices(num_gpus)
         return Distribution(_mirrored_strategy(names), names, 0, 1, True)
-    if name == "multi_worker":
+    if kind == paths.MULTI_WORKER_MIRRORED:
         return _multi_worker(num_gpus, collective_timeout)
-    if name == "plain":  # Keras' default strategy: no replication, plain fit on one device.
+    if kind == paths.KERAS_DEFAULT:  # No replication: plain fit on one device.
         names = devices.configure_devices(1)
         return Distribution(tf.distribute.get_strategy(), names, 0, 1, True)
-    raise UserError(f"--strategy={name} is not a Keras strategy (mirrored, multi_worker)")
+    kinds = (paths.MIRRORED, paths.MULTI_WORKER_MIRRORED, paths.KERAS_DEFAULT)
+    raise UserError(f"{kind!r} is not a strategy Keras fit trains under here: {', '.join(kinds)}")
 
 
 def _mirrored_strategy(names: list):

@@ -27,6 +27,7 @@ from tfdp.export import saved_model
 from tfdp.models import catalog, lenet
 from tfdp.models.optimizers import Optimizer
 from tfdp.models.precision import input_dtype
+from tfdp import paths
 from tfdp.paths.keras import evaluation, workarounds
 from tfdp.paths.keras.callback import FitCallback, TraceSteps, restore_state
 from tfdp.paths.keras.distributed_input import distribute
@@ -38,8 +39,13 @@ from tfdp.training.path_contract import TrainingPath
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
 
-STAMPED = ("mirrored", "multi_worker")  # Replicas that meet at an exchange: arrivals say who.
 PRECISIONS = ("float32", "float64", "bfloat16")  # As resolved: never "auto" here.
+
+
+def in_sync(config) -> bool:
+    """Whether ``--strategy`` keeps replicas in sync under a ``tf.distribute`` strategy: they
+    meet at an exchange each step (its arrivals say who is late)."""
+    return paths.get(config.strategy).keras_strategy != paths.KERAS_DEFAULT
 
 
 def build_model(config, dataset):
@@ -51,7 +57,7 @@ def build_model(config, dataset):
     model = global_batch_model(
         catalog.build(config.model, dataset.image_shape, dataset.num_classes, config.precision,
                       config.sync_batch_norm, seed=None if lenet_model else config.seed),
-        config.accumulate_steps, config.strategy in STAMPED, config.label_smoothing)
+        config.accumulate_steps, in_sync(config), config.label_smoothing)
     if lenet_model:
         model.set_weights(lenet.to_keras_weights(lenet.start_params(
             config.initializer, config.seed, batch_norm=config.model == "lenet_bn",
@@ -104,9 +110,9 @@ class KerasFitPath(TrainingPath):
     def __init__(self, config, backups):
         del backups  # The run skeleton keeps them; the run's EpochEnd saves through run.backups.
         self.config = config
-        self.distribution = make_distribution(config.strategy, config.num_gpus,
-                                              config.collective_timeout)
-        if config.strategy != "plain":
+        self.distribution = make_distribution(paths.get(config.strategy).keras_strategy,
+                                              config.num_gpus, config.collective_timeout)
+        if in_sync(config):
             workarounds.apply()
         d = self.distribution
         self.devices = (d.devices if d.num_workers == 1 else
@@ -119,8 +125,7 @@ class KerasFitPath(TrainingPath):
         self.model = None
         self.dataset = pipeline.dataset_of(config)  # Every worker prepares it where it runs.
         # Stragglers, and the flight recorder a lost cluster's one-line error points to.
-        self.recorder = (Arrivals(_replica_devices(d), config.workdir)
-                         if config.strategy in STAMPED else None)
+        self.recorder = Arrivals(_replica_devices(d), config.workdir) if in_sync(config) else None
 
     def started(self) -> None:
         self.distribution.started()

@@ -1,4 +1,4 @@
-"""Three allreduce algorithms: sum per-device gradients so every device holds the total.
+"""The allreduce algorithms (``tfdp.paths.manual.algorithms`` declares them): sum per-device gradients so every device holds the total.
 
 Each takes ``grads[d][i]``, gradient i on device d, and returns ``out[d][i]``, the sum over all
 devices of gradient i, placed on device d. Placing an op with ``tf.device`` is what moves data:
@@ -10,6 +10,7 @@ import contextlib
 import tensorflow as tf
 
 from tfdp.config.plan import shard_sizes
+from tfdp.paths.manual import algorithms
 
 
 @contextlib.contextmanager
@@ -80,7 +81,8 @@ def ring_allreduce(grads: list, devices: list) -> list:
     return out
 
 
-ALLREDUCE = {"add_n": add_n_allreduce, "sharded": sharded_allreduce, "ring": ring_allreduce}
+# --allreduce's names (``tfdp.paths.manual.algorithms``, read without TensorFlow) -> their code.
+ALLREDUCE = {name: globals()[f"{name}_allreduce"] for name in algorithms.NAMES}
 
 
 def _broadcast(sums: list, devices: list) -> list:

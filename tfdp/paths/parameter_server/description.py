@@ -56,8 +56,10 @@ register(Path(
     models=("lenet", "resnet18"),
     models_note="its servers' store holds parameters only, not batch normalization's running "
                 "statistics",
-    own_flags={"ps_shards": OwnFlag((1,), "its parameters split across servers",
-                                    "keeps no parameter servers")},
+    own_flags={"ps_shards": OwnFlag(
+        (1,), "its parameters split across servers", "keeps no parameter servers",
+        help="split each large parameter (LeNet's W2 and W3) into up to this many shards, each "
+             "on another server (at most the ps tasks); 1 keeps them whole.")},
     refuses={
         "sync_every": "the coordinator already runs up to two steps per worker ahead and reads "
                       "each step's result as it arrives",
