@@ -1,4 +1,4 @@
-"""Shared test set-up: four logical CPU devices per test process, the real pipeline, prepared
+"""Shared test set-up: four logical CPU devices per test process, the real data, prepared
 once per session from the Fashion-MNIST files (``$TFDP_MANUAL_DIR`` or the shared folder), and
 the markers. The helpers tests share live beside it, each module one kind: ``processes`` (a
 child's environment, launched clusters, faults from outside), ``same_model`` (runs to compare),
@@ -6,7 +6,7 @@ child's environment, launched clusters, faults from outside), ``same_model`` (ru
 ``slurm_cluster`` (a real Slurm on emulated hosts) and ``shared_runs`` (small runs trained once a
 session for the tests that only read them).
 
-Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS pipeline between sessions (.ci/run does).
+Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
 
 The suite runs in three worker processes (pytest-xdist, ``-n 3`` in setup.cfg): one test at a
 time, it kept a 2-core machine's cores 57 % busy, most tests waiting on processes they started

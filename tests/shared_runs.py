@@ -19,7 +19,7 @@ SERVED = "saved_model,onnx,litert"
 # A user's own model, from a file outside the package (docs/your-model.md).
 YOURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "own_models",
                      "residual_cnn.py") + ":residual_cnn"
-# name -> the flags of tfdp.train (tfdp.run's keywords) besides the pipeline and the folders.
+# name -> the flags of tfdp.train (tfdp.run's keywords) besides the data and the folders.
 RUNS = {
     "manual-lenet": dict(strategy="manual", num_gpus=2, batch_size=100, lr=0.2, epochs=1,
                          steps_per_epoch=20, eval_steps=2, init="glorot",
@@ -41,7 +41,7 @@ RUNS = {
     "manual-yours": dict(strategy="manual", model=YOURS, num_gpus=2, batch_size=100, lr=0.05,
                          momentum=0.9, epochs=1, steps_per_epoch=20, eval_steps=2,
                          export_formats=SERVED),
-    # Your model on your pipeline of another shape: 32 x 32 colour images in named classes.
+    # Your model on your data of another shape: 32 x 32 colour images in named classes.
     "manual-yours-colour": dict(strategy="manual", model=YOURS, dataset="npz:colour",
                                 num_gpus=2, batch_size=100, lr=0.05, momentum=0.9, epochs=1,
                                 steps_per_epoch=20, eval_steps=2, export_formats=SERVED),
@@ -73,7 +73,7 @@ class SharedRuns:
         return self.done[name]
 
     def colour(self) -> str:
-        """An .npz file of pipeline of another shape (``colour_images``): its path."""
+        """An .npz file of data of another shape (``colour_images``): its path."""
         path = self.root / "colour.npz"
         if not path.exists():
             from tfdp.data import pipeline

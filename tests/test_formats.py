@@ -1,4 +1,4 @@
-"""--formats and python -m tfdp.export: ONNX and LiteRT files inside the version, written
+"""--export_formats and python -m tfdp.export: ONNX and LiteRT files inside the version, written
 with it or not at all; a bad name or a missing converter is one line before training."""
 
 import os

@@ -161,7 +161,7 @@ def manual_config(tmp_path, data_dir, **overrides):
 
 def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
     earlier = manual_config(tmp_path, data_dir)
-    backups = Backups(earlier.run_dir, 0, identity(earlier))
+    backups = Backups(earlier.workdir, 0, identity(earlier))
     backups.save(5, TrainingState(lenet.to_keras_weights(lenet.init_params(0))))
     with pytest.raises(UserError) as caught:
         entry.train(manual_config(tmp_path, data_dir, lr=0.1, seed=1, batch_size=32))
@@ -174,13 +174,13 @@ def test_a_resume_under_other_flags_is_refused_naming_them(tmp_path, data_dir):
 def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, data_dir, capsys,
                                                                     caplog):
     config = manual_config(tmp_path, data_dir)
-    backups = Backups(config.run_dir, 0, identity(config))
+    backups = Backups(config.workdir, 0, identity(config))
     weights = TrainingState(lenet.to_keras_weights(lenet.init_params(0, init="glorot")))
     backups.save(5, weights)
     newest = backups.save(10, weights)
     with open(newest, "r+b") as f:  # Truncated, as by a crash of the disk or the copy.
         f.truncate(os.path.getsize(newest) // 2)
-    metrics = os.path.join(config.run_dir, "metrics.json")
+    metrics = os.path.join(config.workdir, "metrics.json")
     with open(metrics, "w") as f:  # The earlier epochs' record, damaged too.
         f.write('{"epochs": [{"epo')
     result = entry.train(config)

@@ -1,6 +1,6 @@
-"""Your pipeline (``--dataset``, docs/your-pipeline.md): an image folder, an .npz file and arrays given
-to ``tfdp.run`` are the same pipeline to every path; Fashion-MNIST from an .npz file trains exactly
-the model TFDS' trains; other shapes and class counts train and export; pipeline that cannot be
+"""Your data (``--dataset``, docs/your-data.md): an image folder, an .npz file and arrays given
+to ``tfdp.run`` are the same data to every path; Fashion-MNIST from an .npz file trains exactly
+the model TFDS' trains; other shapes and class counts train and export; data that cannot be
 trained on is one line naming the file or array."""
 
 import os
@@ -209,9 +209,9 @@ def test_the_flags_check_the_form_before_anything_is_read(tmp_path):
 ])
 def test_a_cluster_trains_your_data_where_its_workers_prepared_it(tmp_path, strategy, launcher,
                                                                  model):
-    """An .npz file of 32 x 32 x 3 images in 100 classes: every worker prepares it in the pipeline
+    """An .npz file of 32 x 32 x 3 images in 100 classes: every worker prepares it in the data
     dir (two at once, under the cache's lock); the client of the from-scratch and
-    parameter-server paths, which holds no pipeline, reads its shape and classes there. Your model
+    parameter-server paths, which holds no data, reads its shape and classes there. Your model
     from a file, built on every worker (the from-scratch path's remote devices, each
     multi_worker worker)."""
     import tensorflow as tf
@@ -256,7 +256,7 @@ def write_small_images(root, train_split, test_split, side=8):
 
 def test_small_images_upscaled_by_the_flag_train_to_their_stated_accuracy(tmp_path, train_split,
                                                                           test_split):
-    """docs/your-pipeline.md states it: 0.97 on the 300 test images after 10 epochs (0.93 asked
+    """docs/your-data.md states it: 0.97 on the 300 test images after 10 epochs (0.93 asked
     here), 8 x 8 upscaled to LeNet's 28 x 28 by --image_size."""
     write_small_images(tmp_path / "small", train_split, test_split)
     result = tfdp.run(dataset=f"folder:{tmp_path / 'small'}", image_size="28", epochs=10,

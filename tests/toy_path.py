@@ -1,11 +1,11 @@
 """A path of the tests' own, declared in this one module and nowhere else: ``--strategy=toy``,
 Keras ``fit`` without tf.distribute under another name, whose tasks make a cluster of workers.
 ``tests/test_path_registry.py`` checks that the flags, ``--help``, the launcher, the bench and
-``tfdp.run`` take it; ``$TFDP_PATHS=toy_path`` registers it in a process started there."""
+``tfdp.run`` take it; ``$TFDP_PATHS=toy_path`` registers it in a process started there. It
+trains with tfdp's Keras path under the strategy its description names, as a new Keras-based
+path would."""
 
-import dataclasses
-
-from tfdp.paths import WORKERS, OwnFlag, Path, register
+from tfdp.paths import KERAS_DEFAULT, WORKERS, OwnFlag, Path, register
 from tfdp.util.errors import UserError
 
 
@@ -17,19 +17,11 @@ def check(config) -> None:
 def training_path():
     """Made when a run starts: TensorFlow is imported only then."""
     from tfdp.paths.keras.trainer import KerasFitPath
-    from tfdp.training.path_contract import TrainingPath
 
-    class ToyPath(TrainingPath):
+    class ToyPath(KerasFitPath):
         def __init__(self, config, backups):
-            self.fit = KerasFitPath(dataclasses.replace(config, strategy="plain"), backups)
-            self.devices, self.replicas = self.fit.devices, self.fit.replicas
-            self.engine = f"the toy path: {self.fit.engine}"
-
-        def train(self, run, state):
-            return self.fit.train(run, state)
-
-        def serving_model(self, precision):
-            return self.fit.serving_model(precision)
+            super().__init__(config, backups)
+            self.engine = f"the toy path: {self.engine}"
 
     return ToyPath
 
@@ -38,6 +30,7 @@ TOY = register(Path(
     name="toy",
     summary="the tests' toy path (Keras fit, one device)",
     trainer=training_path,
+    keras_strategy=KERAS_DEFAULT,
     cluster=WORKERS,
     scales_by="workers",
     models=("lenet",),

@@ -19,7 +19,7 @@ own (its peak memory is its own), in interleaved rounds:
 Options: ``sync=N``, ``acc=K`` (``--accumulate_steps``: a step is then an update of K
 micro-batches of ``batch``). Each row: time per step (median over the timed epochs), and peak
 memory above the idle process: the peak resident set (``VmHWM``, reset through
-``/proc/self/clear_refs`` once the pipeline is loaded and the replicas are placed) minus the
+``/proc/self/clear_refs`` once the data is loaded and the replicas are placed) minus the
 resident set at that moment.
 """
 

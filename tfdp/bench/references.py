@@ -1,6 +1,6 @@
 """The Keras scripts ``tfdp.bench --time_to_accuracy`` holds tfdp against, each as a user would
 write it, ``fit`` on numpy arrays, timed by tfdp's clock (``tfdp.training.clock``: from before
-the pipeline is read to the end of the evaluation, on the whole test set, that first reaches the
+the data is read to the end of the evaluation, on the whole test set, that first reaches the
 target):
 
 * ``beginner``: the beginner's CNN, the shape of Keras' and TensorFlow's tutorials: two conv
@@ -40,7 +40,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("seed", 1, "Keras' seed (weights, shuffling).")
     flags.DEFINE_integer("steps_per_epoch", None, "Cap on steps per epoch (tests).")
     flags.DEFINE_integer("eval_examples", None, "Cap on test examples (tests; default all).")
-    flags.DEFINE_string("data_dir", None, "TFDS pipeline dir (as for tfdp.train).")
+    flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
     flags.DEFINE_string("manual_dir", None, "Fashion-MNIST .gz folder (as for tfdp.train).")
 
 
@@ -105,7 +105,7 @@ def main(argv):
     from tfdp.data import pipeline, sources
 
     clock = Clock()
-    clock.start()  # Before the pipeline is read, as tfdp.train's.
+    clock.start()  # Before the data is read, as tfdp.train's.
     keras.utils.set_random_seed(FLAGS.seed)
     reference, batch = FLAGS.reference, BATCH[FLAGS.reference]
     epochs = FLAGS.epochs or EPOCHS[reference]

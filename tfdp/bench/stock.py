@@ -24,7 +24,7 @@ flags.DEFINE_integer("batch_size", 256, "Minibatch.")
 flags.DEFINE_integer("epochs", 3, "Epochs (the bench drops the first).")
 flags.DEFINE_integer("steps", 60, "Steps per epoch.")
 flags.DEFINE_boolean("synthetic", False, "Random images of the real shapes instead of the pipeline.")
-flags.DEFINE_string("data_dir", None, "TFDS pipeline dir (as for tfdp.train).")
+flags.DEFINE_string("data_dir", None, "TFDS data dir (as for tfdp.train).")
 FLAGS = flags.FLAGS
 
 

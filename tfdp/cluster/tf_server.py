@@ -2,7 +2,7 @@
 is its command line): its devices, its data, and its life until the chief has gone.
 
 It prepares the data where the worker is (the client's steps read each device's shard here,
-``tfdp.paths.manual.remote``; the parameter-server path's per-worker sources too), starts the server
+``tfdp.paths.manual.remote``; the parameter-server path's per-worker datasets too), starts the server
 with ``--num_gpus`` devices, and serves until the client, seen once, has gone.
 
 SIGTERM to a server whose client listens for it (the from-scratch path's chief writes

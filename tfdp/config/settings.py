@@ -253,11 +253,5 @@ class Config:
         model = model_spec.name_of(self.model)
         return os.path.join("runs", f"{self.strategy}-{model}-{self.num_gpus}dev-{stamp}")
 
-    @property
-    def run_dir(self) -> str:
-        if self.workdir is None:
-            raise ValueError("call with_run_dir() first: the default run folder is chosen once")
-        return self.workdir
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

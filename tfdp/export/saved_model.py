@@ -2,7 +2,7 @@
 
 Contract (signature ``serving_default``), for images of H x W x C in K classes (Fashion-MNIST:
 28 x 28 x 1, 10):
-  input   ``images``         uint8   [None, H, W, C]  raw pixels, as the pipeline holds them
+  input   ``images``         uint8   [None, H, W, C]  raw pixels, as the data holds them
   outputs ``logits``         float32 [None, K]
           ``probabilities``  float32 [None, K]
           ``classes``        int64   [None]

@@ -1,12 +1,12 @@
-"""The run skeleton: what every path does around its training, written once.
+"""A run's life, what every path does around its training, written once.
 
-``run(config, path_type)`` holds the run folder, sets the path up (a
-``tfdp.training.path_contract.TrainingPath``, chosen for ``--strategy`` by the registry),
-resumes, states the plan, trains, exports and returns the ``Result``::
+``run(resolved)`` (a ``tfdp.training.entry.ResolvedRun``) holds the run folder, sets the path up
+(the ``tfdp.training.path_contract.TrainingPath`` its description names), resumes, states the
+plan, trains, exports and returns the ``Result``::
 
-    path = path_type(config, backups)     # devices or a strategy, replicas, chief, peers
+    path = Path(config, backups)          # devices or a strategy, replicas, chief, peers, data
     first_step = resume_step(backups)     # the newest step every worker backed up, or 0
-    run = start(config, path, ...)        # pipeline, plan, reporter
+    run = start(config, path, ...)        # data, plan, reporter
     weights = path.train(run, state)      # the path's own training (the epoch loop, or fit)
     finish(run, weights, path.export)     # final line, export (written once), Result
 """
@@ -41,7 +41,7 @@ class Run:
     backups: Optional[Backups] = None
     watch: preemption.Watch = dataclasses.field(default_factory=preemption.Watch)
     stall: object = None
-    train_split: object = None   # None where the pipeline lives on a cluster's workers
+    train_split: object = None   # None where the data lives on a cluster's workers
     test_split: object = None
     tracer: Tracer = dataclasses.field(default_factory=lambda: Tracer(None, ""))
     clock: Clock = dataclasses.field(default_factory=Clock)
@@ -64,29 +64,24 @@ class Run:
         return self.reached is not None or self.first_epoch >= self.plan.epochs
 
 
-def run(config: Config, path_type, start_weights=None, splits=None,
-        export: bool = True) -> Result:
-    """Run one validated configuration on ``path_type`` (a ``TrainingPath`` subclass), holding
-    its run folder. ``start_weights`` (Keras order) replace ``--init``: tests start paths from
-    equal weights to compare them; ``splits`` (train, test) replace the pipeline the config names
-    (where the path does not keep it on a cluster's workers); without ``export`` the run ends
-    with no version written. A run given the folder of an interrupted one resumes from its
-    newest backup every worker has intact."""
+def run(resolved, start_weights=None, splits=None, export: bool = True) -> Result:
+    """Run one resolved configuration (``tfdp.training.entry.ResolvedRun``) on its path,
+    holding its run folder. ``start_weights`` (Keras order) replace ``--init``: tests start
+    paths from equal weights to compare them; ``splits`` (train, test) replace the data the
+    config names (where the path does not keep it on a cluster's workers); without ``export``
+    the run ends with no version written. A run given the folder of an interrupted one resumes
+    from its newest backup every worker has intact."""
     from tfdp.cluster.stall import PEER_LOST
 
-    given = config.workdir
-    config = run_folder.with_run_dir(config)
-    # Where every task trains a replica, each keeps its own backups.
-    every_task_trains = paths.get(config.strategy).cluster == paths.WORKERS
-    worker = tf_config.task().worker_index if every_task_trains else 0
-    with run_folder.claim(config.run_dir, worker), \
-            errors.naming_the_run(None if given else config.run_dir):
-        done = report.exported(config.run_dir)
+    config, worker = resolved.config, resolved.worker  # Each task that trains keeps backups.
+    with run_folder.claim(config.workdir, worker), \
+            errors.naming_the_run(None if resolved.folder_named else config.workdir):
+        done = report.exported(config.workdir)
         if done:
-            raise Finished(config.run_dir, done)
-        backups = Backups(config.run_dir, worker, identity(config))
-        with preemption.Watch() as watch:
-            path = path_type(config, backups)
+            raise Finished(config.workdir, done)
+        backups = Backups(config.workdir, worker, identity(config))
+    with preemption.Watch() as watch:
+            path = resolved.path.training_path()(config, backups)
             watch.install()  # The path's set-up may have created TensorFlow's own handler.
             watch.workers = path.num_workers
             try:
@@ -122,7 +117,7 @@ def run(config: Config, path_type, start_weights=None, splits=None,
 
 def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Backups = None,
           watch: preemption.Watch = None, splits=None, export: bool = True) -> Run:
-    """Check the export folder (chief, when the run exports), load the pipeline (unless it lives
+    """Check the export folder (chief, when the run exports), load the data (unless it lives
     on the cluster's workers, or ``splits`` hold it already), make and state the plan, open the
     reporter (with the epochs an interrupted run already finished, when resuming from
     ``first_step``)."""
@@ -135,16 +130,14 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     if path.is_chief and export:
         saved_model.check_export_root(config.export_root)
     clock = Clock()
-    clock.start()  # Before the pipeline is read: time to accuracy counts it (tfdp.training.clock).
+    clock.start()  # Before the data is read: time to accuracy counts it (tfdp.training.clock).
     train_split = test_split = None
-    if path.dataset is None:  # A path that names none trains on the config's, prepared here.
-        path.dataset = pipeline.dataset_of(config)
     if config.dataset != dataset_spec.DEFAULT:
         logger.info("%s", sources.describe(path.dataset))
     examples = path.examples
     if not examples:
         train_split, test_split = splits or pipeline.load_splits(path.dataset,
-                                                             config.synthetic_data)
+                                                                 config.synthetic_data)
         examples = len(train_split.labels), len(test_split.labels)
     plan = make_plan(config, path.replicas, *examples)
     logger.info("%s", plan.describe(path.engine))
@@ -159,7 +152,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
             logger.warning("this machine multiplies matrices in bfloat16 at %.2fx float32's "
                            "speed (measured once, cached): bfloat16 will be slower than "
                            "float32 here, not wrong", speed)
-    tracer = Tracer(config.traced_steps, config.run_dir, path.worker_index, path.num_workers,
+    tracer = Tracer(config.traced_steps, config.workdir, path.worker_index, path.num_workers,
                     servers=path.servers_traced)
     started = Run(config, plan, None, list(path.devices), first_step, backups,
                   watch or preemption.Watch(), path.stall, train_split, test_split, tracer,
@@ -167,7 +160,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     first_epoch, offset = started.first_epoch, started.offset
     # Every worker reads the earlier epochs (one folder for all): whether one reached the
     # target before an interruption (an export that failed, say) decides for all.
-    earlier = report.load_history(config.run_dir, first_epoch) if first_epoch else []
+    earlier = report.load_history(config.workdir, first_epoch) if first_epoch else []
     target = config.target_accuracy
     if earlier and target is not None and earlier[-1]["test_acc"] >= target:
         started.reached = earlier[-1]
@@ -178,7 +171,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
               if not started.trained else
               f"resuming a run that finished training ({first_step} steps): exporting it",
               flush=True)
-    started.reporter = report.Reporter(config.run_dir, plan.facts(config), path.devices,
+    started.reporter = report.Reporter(config.workdir, plan.facts(config), path.devices,
                                        path.is_chief, history=earlier if path.is_chief else (),
                                        eval_note=plan.eval_note)
     started.reporter.add_facts(startup_s=clock.startup, resumed=bool(first_step))
@@ -216,7 +209,7 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
     return Result(test_accuracy=records[-1]["test_acc"] if records else float("nan"),
                   sec_per_epoch=run.reporter.sec_per_epoch() if records else float("nan"),
                   history=[dict(r) for r in records], export_path=version,
-                  devices=run.reporter.devices, run_dir=run.config.run_dir, final_line=line,
+                  devices=run.reporter.devices, run_dir=run.config.workdir, final_line=line,
                   plan=run.plan, weights=weights)
 
 

@@ -20,8 +20,8 @@ from tfdp.training.state import TrainingState
 
 class TrainingPath(abc.ABC):
     """Made with ``(config, backups)`` once the run folder is held. Its ``__init__`` sets up
-    the devices or the strategy and sets ``devices`` (names for the report), ``replicas`` and
-    ``engine`` (what runs the replicas, for the plan line)."""
+    the devices or the strategy and sets ``devices`` (names for the report), ``replicas``,
+    ``engine`` (what runs the replicas, for the plan line) and ``dataset``."""
 
     devices: list
     replicas: int
@@ -31,9 +31,9 @@ class TrainingPath(abc.ABC):
     peers: Sequence = ()
     # tfdp.cluster.stall's deadline on every call into a cluster, or None.
     stall: Optional[Stall] = None
-    # The data it trains on (tfdp.data.sources.DatasetInfo: shape, classes, names), where its
-    # __init__ needs it (a model to build) or reads it where a cluster's workers prepared it;
-    # None: the skeleton prepares the config's here.
+    # The data it trains on (tfdp.data.sources.DatasetInfo: shape, classes, names), which its
+    # __init__ prepares (tfdp.data.pipeline.dataset_of) or reads where a cluster's workers
+    # prepared it: the model it builds needs it.
     dataset = None
     # (train, test) sizes when the data lives on a cluster's workers; None: the skeleton loads it.
     examples: Optional[tuple] = None

@@ -1,6 +1,6 @@
 """A run folder: named once per run, and held by one run at a time.
 
-``with_run_dir`` chooses the default folder, ``runs/<strategy>-<model>-<n>dev-<date>-<time>``.
+``new_folder`` chooses the default folder, ``runs/<strategy>-<model>-<n>dev-<date>-<time>``.
 ``claim`` takes an exclusive lock per worker (``.lock-worker-<i>``, a ``tfdp.util.files.locked``
 ``flock`` the kernel drops when the process dies, however it dies; the file is removed when the
 run ends, and a killed run's is taken over), so a second run given the same ``--workdir`` is
@@ -8,12 +8,10 @@ refused in one line instead of colliding with the first or silently resuming fro
 """
 
 import contextlib
-import dataclasses
 import errno
 import os
 import time
 
-from tfdp import paths
 from tfdp.cluster import tf_config
 from tfdp.config.settings import RUN_STAMP_ENV, Config
 from tfdp.util.errors import UserError
@@ -63,15 +61,12 @@ def claim(run_dir: str, worker_index: int = 0):
                 os.rmdir(run_dir)
 
 
-def with_run_dir(config: Config) -> Config:
-    """``config`` with ``workdir`` set: a new folder per run by default,
-    ``runs/<strategy>-<model>-<n>dev-<date>-<time>``, so runs never overwrite each other and
-    ``tensorboard --logdir runs`` compares them. To resume a run, pass its folder as
-    ``--workdir``."""
-    if config.workdir is not None:
-        return config
+def new_folder(config: Config, every_task_trains: bool) -> str:
+    """A new run folder for ``config``, which names none: ``runs/<strategy>-<model>-<n>dev-
+    <date>-<time>``, so runs never overwrite each other and ``tensorboard --logdir runs``
+    compares them (to resume a run, pass its folder as ``--workdir``). Where every task of a
+    cluster trains, its workers share the stamp their launcher or manager chose."""
     stamp = os.environ.get(RUN_STAMP_ENV)
-    every_task_trains = paths.get(config.strategy).cluster == paths.WORKERS
     if stamp is None and every_task_trains and tf_config.num_workers() > 1:
         raise UserError(f"--strategy={config.strategy} with several workers needs --workdir: "
                         "every worker must use the same run folder (tfdp.launch chooses one for "
@@ -81,4 +76,4 @@ def with_run_dir(config: Config) -> Config:
     while stamp is None and os.path.exists(path):  # Two runs started in the same second.
         n += 1
         path = f"{base}-{n}"
-    return dataclasses.replace(config, workdir=path)
+    return path

@@ -44,7 +44,7 @@ def local_feed(config, plan, devices: list, train_split: pipeline.Split,
 
 
 def images_feed(devices: list, image_shape: tuple = (28, 28, 1)) -> Feed:
-    """Only the shape of a batch of images and how it is cut, for a step made without pipeline
+    """Only the shape of a batch of images and how it is cut, for a step made without data
     (tests and benchmarks call the step on batches of their own: Fashion-MNIST's by default)."""
     return Feed([images_spec(image_shape), LABELS], None, None,
                 lambda split, images, labels: split_batch(images, labels, devices))

@@ -8,7 +8,7 @@ each device's part of the compiled step on that device's worker, sending tensors
 workers directly. This process, the client, holds no replica.
 
 1. ``connect``: join the cluster, take ``--num_gpus`` devices of every worker.
-2. The pipeline, as on a real cluster (section 12.7.3, step 1): every worker reads the arrays from
+2. The data, as on a real cluster (section 12.7.3, step 1): every worker reads the arrays from
    its own disk (``tfdp.server`` prepared them; ``pipeline.read_npy`` placed on the worker) into a
    variable there; each step the client sends only the global batch's example indices, and
    every device gathers its shard from its worker's arrays. No image passes through the client.
@@ -134,7 +134,7 @@ class Cluster:
 
 def connect(task: tf_config.Task, config, kept_steps=lambda: []) -> Cluster:
     """Join the cluster as its chief, take ``config.num_gpus`` devices of each worker, and have
-    every worker load the pipeline (``--dataset``) from its own disk."""
+    every worker load the data (``--dataset``) from its own disk."""
     num_gpus, timeout = config.num_gpus, config.collective_timeout
     peers = tf_config.job_peers(task, (JOB,))
     stall = Stall(timeout, peers, kept_steps)
@@ -188,7 +188,7 @@ def _load(worker: int, name: str, address: str, dataset, split: str) -> tuple:
         raise UserError(f"{name} ({address}) cannot read the {split} split at "
                         f"{array_cache.array_paths(folder, split)[0]} "
                         f"({e.message.splitlines()[0][:120]}): start its tfdp.server with this "
-                        "--data_dir (it prepares the pipeline there), the same on every machine"
+                        "--data_dir (it prepares the data there), the same on every machine"
                         ) from None
 
 

@@ -43,7 +43,7 @@ class FromScratchPath(TrainingPath):
             self.dataset = self.cluster.dataset
         else:
             self.devices = configure_devices(config.num_gpus)
-            # A batch too small to split is refused before the pipeline is prepared (minutes).
+            # A batch too small to split is refused before the data is prepared (minutes).
             global_batch_size(config, len(self.devices))
             self.dataset = pipeline.dataset_of(config)  # After the devices: it may start TensorFlow.
             where = f"{len(self.devices)} device(s) {self.devices}"

@@ -10,7 +10,7 @@ ParameterServerStrategy"). The cluster comes from ``TF_CONFIG``: this process is
    (``tfdp.paths.parameter_server.store``): the from-scratch LeNet's parameters, or a Keras
    ResNet-18's (Keras 3 layers read and update variables the strategy placed, batch-norm
    statistics included). The log says which server holds what.
-2. The pipeline, as on a real cluster: every worker reads the arrays from its own disk
+2. The data, as on a real cluster: every worker reads the arrays from its own disk
    (``create_per_worker_dataset``; ``tfdp.server`` prepared them). An epoch is the same global
    batches, in the same order, as on every other path; the coordinator sends each batch's
    example indices (one int32 per example) with the step that trains on it.
@@ -89,7 +89,7 @@ class ParameterServerPath(TrainingPath):
                                                          config.workdir)
         with self.stall.watching(STARTING):
             self.strategy, self.coordinator = _connect(config)
-        with self.stall.watching("loading the pipeline on the workers"):
+        with self.stall.watching("loading the data on the workers"):
             self.dataset = pipeline.dataset_on("/job:worker/replica:0/task:0/device:CPU:0",
                                            f"worker 0 ({task.cluster['worker'][0]})", config)
             folder = self.dataset.folder
