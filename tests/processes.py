@@ -65,7 +65,7 @@ def train_in_this_process(argv: list):
     # (tfdp.training.preemption.preempt_outside_runs): this process goes on to other tests.
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        train.train_from_flags(values, argv[1:])
+        train.train_from_flags(values)
     except SystemExit as e:
         return e.code
     finally:

@@ -245,9 +245,12 @@ def test_a_hand_written_tf_config_wins_and_a_server_task_becomes_tfdp_server(tmp
     whose session that would end: one line instead."""
     script = tmp_path / "join.py"
     script.write_text(
-        "import json, os, sys, types; from tfdp.cluster import managed; "
-        "config = types.SimpleNamespace(strategy=sys.argv[1], num_ps=1, num_gpus=1); "
-        "managed.join(config, sys.argv[2:], caller='tfdp.run'); "
+        "import dataclasses, json, os, sys, types; from tfdp.cluster import managed; "
+        "from tfdp.config.settings import Config; "
+        "values = {f.name: f.default for f in dataclasses.fields(Config)}; "
+        "values.update(strategy=sys.argv[1], num_ps=1, "
+        "**{k: int(v) for k, v in (a.split('=') for a in sys.argv[2:])}); "
+        "managed.join(types.SimpleNamespace(**values), caller='tfdp.run'); "
         "print(json.dumps([os.environ['TF_CONFIG'], os.environ.get('TFDP_RUN_STAMP')]))")
 
     def join(*args, **env):
@@ -261,7 +264,7 @@ def test_a_hand_written_tf_config_wins_and_a_server_task_becomes_tfdp_server(tmp
     config, stamp = json.loads(done.stdout.splitlines()[-1])
     assert json.loads(config)["task"] == {"type": "worker", "index": 1}
     assert stamp == "kubernetes-train"
-    done = join("manual", "--num_gpus=0", "--lr=1", **_pod(1, 2))
+    done = join("manual", "num_gpus=0", "lr=1", **_pod(1, 2))
     assert done.stderr.splitlines()[-1] == ("tfdp.server: error: --num_gpus must be a positive "
                                             "integer, got 0"), done.stderr
     done = subprocess.run([sys.executable, "-c", script.read_text(), "manual"],

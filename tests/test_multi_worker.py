@@ -178,15 +178,21 @@ def test_the_launcher_refuses_strategies_that_train_in_one_process(capsys, train
         "-m tfdp.train instead\n")
 
 
-@pytest.mark.parametrize("train_args, value", [
-    ([], None), (["--strategy=manual"], "manual"), (["--strategy", "manual", "--epochs=1"],
-                                                    "manual"),
-    (["--verbose"], "true"), (["--noverbose"], "false"), (["--verbose", "--epochs=1"], "true")])
-def test_the_launcher_reads_train_flags_as_absl_does(train_args, value):
-    from tfdp.launcher.local_cluster import _train_flag
+def test_the_launcher_parses_the_workers_flags_once_as_tfdp_train_does(capsys):
+    """The launcher reads the workers' command line into the ``Config`` they will run (as absl
+    reads it: ``--strategy manual``, ``--noverbose``), starts the servers with the flags they
+    share with it, and refuses what tfdp.train would refuse before any process starts."""
+    from tfdp import launch as launcher
+    from tfdp.config.flags import server_args
+    from tfdp.launcher.local_cluster import workers_config
 
-    name = "verbose" if "verbose" in "".join(train_args) else "strategy"
-    assert _train_flag(train_args, name) == value
+    config, problem = workers_config(["--strategy", "manual", "--noverbose", "--num_gpus=2",
+                                      "--dataset=mnist", "--help"])
+    assert (problem, config.strategy, config.num_gpus, config.verbose) == ("", "manual", 2, False)
+    assert server_args(config) == ["--num_gpus=2", "--dataset=mnist"]
+    assert launcher.launch(2, ["--strategy=multi_worker", "--lr=-1"]) == 2
+    assert capsys.readouterr().err == (
+        "tfdp.launch: error: --lr must be a positive finite number, got -1.0\n")
 
 
 @pytest.mark.cluster

@@ -49,8 +49,7 @@ def run(**flags):
     config = Config(**flags)
     logs.configure(config.verbose)
     # In a task of Slurm or Kubernetes: the cluster joined as tfdp.train joins it.
-    managed.join(config, [f"--{k}={v}" for k, v in flags.items() if v is not None],
-                 caller="tfdp.run")
+    managed.join(config, caller="tfdp.run")
     if model_spec.is_instance(config.model) and os.environ.get(tf_config.ENV):
         raise UserError("tfdp.run(model=<a Keras model>) in a cluster: the instance is this "
                         "process's alone, and every task must build the same model; give "

@@ -25,18 +25,18 @@ from tfdp.cluster import managed  # noqa: E402
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"tfdp.train: error: unexpected arguments {argv[1:]}; flags look like --name=value")
-    train_from_flags(flags.FLAGS, sys.argv[1:])
+    train_from_flags(flags.FLAGS)
 
 
-def train_from_flags(flag_values, args: list) -> None:
-    """All that ``tfdp.train`` does once its command line ``args`` are parsed into
-    ``flag_values`` (tests run it in their own process, with flag values of their own)."""
+def train_from_flags(flag_values) -> None:
+    """All that ``tfdp.train`` does once its command line is parsed into ``flag_values``
+    (tests run it in their own process, with flag values of their own)."""
     try:
         with preemption.preempt_outside_runs():
             config = flags.config_from_flags(flag_values)
             logs.configure(config.verbose)
             # Under Slurm or Kubernetes: TF_CONFIG from the manager; a server task leaves here.
-            managed.join(config, args)
+            managed.join(config)
             logs.import_tensorflow()
             with preemption.exit_on_second_ctrl_c("tfdp.train"):
                 from tfdp.training import entry  # TensorFlow, after logs hid its start-up.

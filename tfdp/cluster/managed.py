@@ -15,8 +15,8 @@ import sys
 
 from tfdp import paths
 from tfdp.cluster import kubernetes, slurm, task_gpus, tf_config
+from tfdp.config.flags import server_args
 from tfdp.config.settings import RUN_STAMP_ENV
-from tfdp.launcher.local_cluster import server_flags
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
 
@@ -37,11 +37,11 @@ def described(strategy: str, num_ps: int, environ=None):
     return None
 
 
-def join(config, train_args: list, caller: str = "tfdp.train") -> None:
+def join(config, caller: str = "tfdp.train") -> None:
     """Set this process's ``TF_CONFIG`` from its cluster manager, if it has one, and its GPUs
-    (``tfdp.cluster.task_gpus``); a server task becomes ``tfdp.server`` with the train flags it
-    shares (``train_args``), where this process may: not an interactive one (a Jupyter kernel, a
-    shell), whose session would end."""
+    (``tfdp.cluster.task_gpus``); a server task becomes ``tfdp.server`` with the flags it shares
+    with ``config``'s client, where this process may: not an interactive one (a Jupyter kernel,
+    a shell), whose session would end."""
     if os.environ.get(tf_config.ENV):
         return
     strategy = config.strategy
@@ -72,4 +72,4 @@ def join(config, train_args: list, caller: str = "tfdp.train") -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, "-m", "tfdp.server",
-                                  *server_flags(train_args)])
+                                  *server_args(config)])

@@ -88,6 +88,23 @@ def config_from_args(args: list) -> Config:
     return config_from_flags(values)
 
 
+# The flags a tfdp.server shares with the tfdp.train client it serves: its devices and its data.
+SHARED_WITH_SERVERS = ("num_gpus", "dataset", "image_size", "data_dir", "manual_dir",
+                       "collective_timeout", "verbose")
+
+
+def server_args(config: Config) -> list:
+    """The command line of a ``tfdp.server`` serving ``config``'s client: the shared flags that
+    ``config`` sets to other than their defaults (the server keeps its own otherwise)."""
+    defaults = {field.name: field.default for field in dataclasses.fields(Config)}
+    args = []
+    for name in SHARED_WITH_SERVERS:
+        value = getattr(config, name)
+        if value != defaults[name]:
+            args.append(f"--{name}" if value is True else f"--{name}={value}")
+    return args
+
+
 def markdown() -> str:
     """docs/flags.md: every flag of ``tfdp.train`` (and keyword of ``tfdp.run``), its default
     and its help, from ``Config``."""

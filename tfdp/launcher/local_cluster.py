@@ -74,15 +74,16 @@ class Process:
     prefix: str
 
 
-def processes(strategy: str, num_workers: int, train_args: list, addresses: list,
+def processes(config, num_workers: int, train_args: list, addresses: list,
               chief: str, stamp: str, live: bool, ps: list = ()) -> list:
-    """The processes of the cluster ``strategy`` needs, the one that reports first."""
+    """The processes of the cluster ``config`` (the workers' ``train_args`` parsed) needs, the
+    one that reports first."""
     shares = core_shares(num_workers, sorted(os.sched_getaffinity(0)))
     train = [sys.executable, "-m", "tfdp.train", *train_args]
-    if paths.get(strategy).cluster == paths.WORKERS:
+    if paths.get(config.strategy).cluster == paths.WORKERS:
         return [Process(f"worker {i}", train, worker_env(i, addresses, stamp, live), shares[i],
                         f"[{i}] ") for i in range(num_workers)]
-    server = [sys.executable, "-m", "tfdp.server", *server_flags(train_args)]
+    server = [sys.executable, "-m", "tfdp.server", *flags.server_args(config)]
     # The client only sends indices and reads scalars, and a parameter server applies updates:
     # they share every core.
     return [Process("chief", train, worker_env(0, addresses, stamp, live, chief, "chief", ps),
@@ -91,17 +92,6 @@ def processes(strategy: str, num_workers: int, train_args: list, addresses: list
                 shares[i], f"[{i}] ") for i in range(num_workers)] + [
         Process(f"ps {j}", server, worker_env(j, addresses, stamp, live, chief, "ps", ps), None,
                 f"[ps {j}] ") for j in range(len(ps))]
-
-
-def server_flags(train_args: list) -> list:
-    """The train flags a ``tfdp.server`` shares with its client: its devices and its data."""
-    shared = []
-    for name in ("num_gpus", "dataset", "image_size", "data_dir", "manual_dir",
-                 "collective_timeout", "verbose"):
-        value = _train_flag(train_args, name)
-        if value is not None:
-            shared.append(f"--{name}={value}")
-    return shared
 
 
 def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
@@ -114,12 +104,12 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
     With ``isolate`` this process first moves into a private network namespace (its workers
     inherit it: ``tfdp.launcher.isolation``). With ``hosts`` every worker runs on an emulated
     host of its own, its link shaped to ``link`` (``tfdp.launcher.emulated_hosts``)."""
-    problem = _check(num_workers, hosts, link, train_args, num_ps)
+    config, problem = workers_config(train_args)
+    problem = problem or _check(num_workers, hosts, link, config, asks_help(train_args), num_ps)
     if problem:
         say(f"tfdp.launch: error: {problem}")
         return 2
-    strategy = _strategy(train_args)
-    path = paths.get(strategy)
+    path = paths.get(config.strategy)
     client = path.cluster == paths.CLIENT
     num_ps = (num_ps or 1) if path.parameter_servers else 0
     # The client (chief) of the manual and parameter-server paths is a host too.
@@ -143,7 +133,7 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
         chief = addresses.pop(0) if client else None
         ps = addresses[num_workers:]
-        specs = processes(strategy, num_workers, train_args, addresses[:num_workers], chief,
+        specs = processes(config, num_workers, train_args, addresses[:num_workers], chief,
                           stamp, live, ps)
         if emulated:
             for line in emulated.describe(_roles(specs)):
@@ -198,7 +188,6 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
                 say(f"tfdp.launch: {line}")
             emulated.remove()
         if supervise.second_ctrl_c():
-            config = flags.config_from_args(train_args)
             folder = None if config.workdir else config.default_run_dir(
                 os.environ.get(RUN_STAMP_ENV, stamp))  # The stamp worker_env gave the workers.
             say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
@@ -232,16 +221,30 @@ def _address(spec: Process) -> str:
     return config["cluster"][config["task"]["type"]][config["task"]["index"]]
 
 
-def _check(num_workers: int, hosts: bool, link, train_args: list, num_ps=None) -> str:
-    """What is wrong with the launcher's own flags, in one line ("" if nothing)."""
+def workers_config(train_args: list) -> tuple:
+    """(the ``Config`` the workers' ``train_args`` make, parsed once here: "" or what is wrong
+    with them, in tfdp.train's one line). A request for ``--help`` is left to the workers."""
+    from absl.flags import Error
+
+    try:
+        return flags.config_from_args([a for a in train_args if a not in _HELP]), ""
+    except (UserError, Error) as e:
+        return None, str(e)
+
+
+def asks_help(train_args: list) -> bool:
+    return bool(_HELP.intersection(train_args))
+
+
+def _check(num_workers: int, hosts: bool, link, config, helping: bool = False,
+           num_ps=None) -> str:
+    """What is wrong with the launcher's own flags given the workers' ``config``, in one line
+    ("" if nothing); ``helping``: the workers are asked for their --help only."""
     if num_workers < 1:
         return f"--num_workers must be a positive integer, got {num_workers}"
-    strategy = _strategy(train_args)
-    try:
-        path = paths.get(strategy)
-    except UserError as e:
-        return str(e)
-    if path.cluster == paths.NO_CLUSTER and not _HELP.intersection(train_args):
+    strategy = config.strategy
+    path = paths.get(strategy)
+    if path.cluster == paths.NO_CLUSTER and not helping:
         # Each worker would train a run of its own, all in one folder.
         clustered = [p.name for p in paths.all_paths()
                      if p.cluster != paths.NO_CLUSTER]
@@ -266,26 +269,6 @@ def _check(num_workers: int, hosts: bool, link, train_args: list, num_ps=None) -
 
 
 _HELP = {"-h", "-help", "--help", "--helpshort", "--helpfull"}
-
-
-def _strategy(train_args: list) -> str:
-    """The --strategy the workers will run (tfdp.train's default when not given)."""
-    return _train_flag(train_args, "strategy") or "manual"
-
-
-def _train_flag(train_args: list, name: str):
-    """The last value ``train_args`` give flag ``name`` (``--name=v``, ``--name v``; for a
-    boolean ``--name``/``--noname``: "true"/"false"), or None."""
-    value = None
-    for i, arg in enumerate(train_args):
-        if arg.startswith(f"--{name}="):
-            value = arg.split("=", 1)[1]
-        elif arg == f"--{name}":
-            following = train_args[i + 1] if i + 1 < len(train_args) else ""
-            value = following if following and not following.startswith("-") else "true"
-        elif arg == f"--no{name}":
-            value = "false"
-    return value
 
 
 def _network(isolate: bool) -> str:

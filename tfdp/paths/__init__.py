@@ -103,7 +103,16 @@ def unregister(name: str) -> None:
 def _load() -> None:
     """Import the built-in paths' descriptions and those ``$TFDP_PATHS`` names, once each."""
     extra = [m.strip() for m in os.environ.get(PATHS_ENV, "").split(",") if m.strip()]
-    for module in (*BUILT_IN, *extra):
+    if not _LOADED.issuperset(BUILT_IN):
+        for module in BUILT_IN:
+            importlib.import_module(module)
+            _LOADED.add(module)
+        # The built-in paths first, whichever registered before them.
+        ordered = sorted(_REGISTERED.values(), key=lambda p: not str(p.trainer).startswith(
+            "tfdp.paths."))
+        _REGISTERED.clear()
+        _REGISTERED.update({p.name: p for p in ordered})
+    for module in extra:
         if module not in _LOADED:
             try:
                 importlib.import_module(module)
