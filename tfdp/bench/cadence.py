@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 
+from tfdp.bench import entries
 from tfdp.util.errors import UserError
 
 DEVICES = 2
@@ -41,20 +42,20 @@ DEFAULT_CONFIGS = ("bare:32,loop:32:sync=1,loop:32:sync=4,loop:32:sync=16,loop:3
 
 
 def parse(text: str) -> dict:
-    parts = text.strip().split(":")
-    config = {"name": text.strip(), "mode": parts[0], "sync": 1, "acc": 1}
-    if len(parts) < 2 or parts[0] not in MODES or not parts[1].isdigit() or int(parts[1]) < 2:
-        raise UserError(f"--cadence_configs entry {text!r}: expected mode:batch[:sync=N][:acc=K]"
-                        f" with mode in {', '.join(MODES)} and batch >= {DEVICES}")
-    config["batch"] = int(parts[1])
-    for option in parts[2:]:
-        name, _, value = option.partition("=")
+    form = (f"expected mode:batch[:sync=N][:acc=K] with mode in {', '.join(MODES)} and batch "
+            f">= {DEVICES}")
+    entry = entries.parse(text, "--cadence_configs", MODES, form)
+    if entry.count < DEVICES:
+        raise entry.refuse(form)
+    config = {"name": entry.text, "mode": entry.path, "batch": entry.count, "sync": 1, "acc": 1}
+    for word in entry.words:
+        raise entry.refuse(f"unknown option {word!r} (sync=N, acc=K)")
+    for name, value in entry.settings.items():
         if name not in ("sync", "acc") or not value.isdigit() or int(value) < 1:
-            raise UserError(f"--cadence_configs entry {text!r}: unknown option {option!r} "
-                            "(sync=N, acc=K)")
+            raise entry.refuse(f"unknown option {f'{name}={value}'!r} (sync=N, acc=K)")
         config[name] = int(value)
     if config["mode"] != "loop" and config["sync"] > 1:
-        raise UserError(f"--cadence_configs entry {text!r}: sync=N is the loop's")
+        raise entry.refuse("sync=N is the loop's")
     return config
 
 

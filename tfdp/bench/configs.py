@@ -11,6 +11,7 @@ import tempfile
 from absl import flags
 
 from tfdp import paths
+from tfdp.bench import entries
 from tfdp.config.flags import config_from_args
 from tfdp.paths.manual import algorithms
 from tfdp.util.errors import UserError
@@ -24,35 +25,31 @@ def path_names() -> tuple:
 
 
 def parse_config(text: str) -> dict:
-    parts = text.strip().split(":")
-    if len(parts) < 2 or parts[0] not in path_names() or not parts[1].isdigit() or int(parts[1]) < 1:
-        raise ValueError(f"--configs entry {text!r}: expected path:devices[:option...] with "
-                         f"path in {', '.join(path_names())}")
-    own = paths.get(parts[0]).own_flags if parts[0] != STOCK else {}
-    config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
+    entry = entries.parse(text, "--configs", path_names())
+    own = paths.get(entry.path).own_flags if entry.path != STOCK else {}
+    config = {"name": entry.text, "path": entry.path, "devices": entry.count,
               "allreduce": own["allreduce"].off[0] if "allreduce" in own else "-",
               "eager": False, "jit": False, "spe": 1, "precision": "float32", "intra": None,
               "inter": None}
-    for option in parts[2:]:
-        name, _, value = option.partition("=")
-        if option in algorithms.NAMES:
-            config["allreduce"] = option
-        elif option == "eager":
-            config["eager"] = True
-        elif option == "jit":
-            config["jit"] = True
-        elif option in ("bf16", "bfloat16"):
+    for word in entry.words:
+        if word in algorithms.NAMES:
+            if "allreduce" not in own:
+                raise entry.refuse(f"--strategy={entry.path} has no allreduce of its own to "
+                                   "choose")
+            config["allreduce"] = word
+        elif word in ("eager", "jit"):
+            config[word] = True
+        elif word in ("bf16", "bfloat16"):
             config["precision"] = "bfloat16"
-        elif name in ("spe", "intra", "inter") and value.isdigit() and int(value) > 0:
-            config[name] = int(value)
         else:
-            raise ValueError(f"--configs entry {text!r}: unknown option {option!r}")
-    if "allreduce" not in own and any(o in algorithms.NAMES for o in parts[2:]):
-        raise ValueError(f"--configs entry {text!r}: --strategy={config['path']} has no "
-                         "allreduce of its own to choose")
-    if config["path"] == STOCK and (config["precision"] != "float32" or config["spe"] > 1):
-        raise ValueError(f"--configs entry {text!r}: stock is Keras' defaults (float32, one "
-                         "step per execution); tune plain:1 instead")
+            raise entry.refuse(f"unknown option {word!r}")
+    for name, value in entry.settings.items():
+        if name not in ("spe", "intra", "inter") or not value.isdigit() or int(value) < 1:
+            raise entry.refuse(f"unknown option {f'{name}={value}'!r}")
+        config[name] = int(value)
+    if entry.path == STOCK and (config["precision"] != "float32" or config["spe"] > 1):
+        raise entry.refuse("stock is Keras' defaults (float32, one step per execution); tune "
+                           "plain:1 instead")
     return config
 
 

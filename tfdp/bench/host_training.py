@@ -41,6 +41,7 @@ import tempfile
 from typing import NamedTuple, Optional
 
 from tfdp import paths
+from tfdp.bench import entries
 from tfdp.launcher import emulated_hosts
 from tfdp.paths.manual import algorithms
 from tfdp.util.errors import UserError
@@ -58,29 +59,26 @@ def gradient_bytes() -> int:
     return sum(v.size * 4 for v in lenet.init_params(0, init="glorot").values())
 
 
+HOSTS_FORM = ("manual:k[:add_n|sharded|ring][:acc=K][:bucket=KB][:overlap=none], "
+              "multi_worker:k or parameter_server:k[:ps=n] (k hosts, and n more for the "
+              "servers; K micro-batches per update; gradients in buckets of KB)")
+
+
 def parse(text: str) -> dict:
-    parts = text.strip().split(":")
-    options = parts[2:]
-    settings = dict(o.partition("=")[::2] for o in options if "=" in o)
-    allreduce = [o for o in options if o in algorithms.NAMES]
-    allreduce_options = {"acc", "bucket", "overlap"} & set(settings)
-    clustered = {p.name: p for p in paths.all_paths()
-                 if p.cluster != paths.NO_CLUSTER}
-    path = clustered.get(parts[0])
-    own_allreduce = path is not None and "allreduce" in path.own_flags
-    if (len(parts) < 2 or path is None or not parts[1].isdigit() or int(parts[1]) < 1
-            or len(options) != len(settings) + len(allreduce) or len(allreduce) > 1
-            or set(settings) - {"acc", "bucket", "overlap", "ps"}
-            or (not own_allreduce and (allreduce or allreduce_options))
-            or (not path.parameter_servers and "ps" in settings)
+    clustered = {p.name: p for p in paths.all_paths() if p.cluster != paths.NO_CLUSTER}
+    entry = entries.parse(text, "--configs", tuple(clustered),
+                          f"with --hosts, expected {HOSTS_FORM}")
+    path, settings = clustered[entry.path], entry.settings
+    own_allreduce = "allreduce" in path.own_flags
+    allowed = ({"acc", "bucket", "overlap"} if own_allreduce else set()) | (
+        {"ps"} if path.parameter_servers else set())
+    allreduce = [w for w in entry.words if w in algorithms.NAMES and own_allreduce]
+    if (len(allreduce) != len(entry.words) or len(allreduce) > 1 or set(settings) - allowed
             or settings.get("overlap", "none") != "none"
             or not all(settings[k].isdigit() and int(settings[k]) > 0
                        for k in ("acc", "bucket", "ps") if k in settings)):
-        raise UserError(f"--configs entry {text!r}: with --hosts, expected manual:k[:add_n|"
-                        "sharded|ring][:acc=K][:bucket=KB][:overlap=none], multi_worker:k or "
-                        "parameter_server:k[:ps=n] (k hosts, and n more for the servers; K "
-                        "micro-batches per update; gradients in buckets of KB)")
-    return {"name": text.strip(), "path": parts[0], "workers": int(parts[1]),
+        raise entry.refuse(f"with --hosts, expected {HOSTS_FORM}")
+    return {"name": entry.text, "path": entry.path, "workers": entry.count,
             "allreduce": allreduce[0] if allreduce else (
                 path.own_flags["allreduce"].off[0] if own_allreduce else "-"),
             "accumulate": int(settings.get("acc", 1)),

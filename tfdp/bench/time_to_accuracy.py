@@ -30,6 +30,7 @@ import sys
 import tempfile
 
 from tfdp import paths
+from tfdp.bench import entries
 from tfdp.bench.configs import path_command
 from tfdp.config.recipes import RECIPES
 from tfdp.config.settings import Config
@@ -48,29 +49,26 @@ TRAIN_FLAGS = {field.name for field in dataclasses.fields(Config)} - BENCH_SETS
 
 
 def parse(text: str) -> dict:
-    parts = text.strip().split(":")
-    known = (*paths.names(), *REFERENCES)
-    if len(parts) < 2 or parts[0] not in known or not parts[1].isdigit() or int(parts[1]) < 1:
-        raise UserError(f"--tta_configs entry {text!r}: expected path:devices[:option...] with "
-                        f"path in {', '.join(known)}")
-    config = {"name": text.strip(), "path": parts[0], "devices": int(parts[1]),
+    entry = entries.parse(text, "--tta_configs", (*paths.names(), *REFERENCES))
+    reference = entry.path in REFERENCES
+    config = {"name": entry.text, "path": entry.path, "devices": entry.count,
               "recipe": "fast", "epochs": None, "train_flags": {}}
-    for option in parts[2:]:
-        name, _, value = option.partition("=")
-        if option in ("fast", "textbook"):
-            config["recipe"] = option
-        elif name == "e" and value.isdigit() and int(value) > 0:
+    for word in entry.words:
+        if word not in ("fast", "textbook"):
+            raise entry.refuse(f"unknown option {word!r}")
+        config["recipe"] = word
+    for name, value in entry.settings.items():
+        if name == "e" and value.isdigit() and int(value) > 0:
             config["epochs"] = int(value)
-        elif name in TRAIN_FLAGS and value and config["path"] not in REFERENCES:
+        elif name in TRAIN_FLAGS and value and not reference:
             config["train_flags"][name] = value
         elif name in BENCH_SETS:
-            raise UserError(f"--tta_configs entry {text!r}: the bench sets --{name} itself")
+            raise entry.refuse(f"the bench sets --{name} itself")
         else:
-            raise UserError(f"--tta_configs entry {text!r}: unknown option {option!r}")
-    if config["path"] in REFERENCES:
-        if config["devices"] != 1:
-            raise UserError(f"--tta_configs entry {text!r}: the Keras references run on 1 "
-                            "device")
+            raise entry.refuse(f"unknown option {f'{name}={value}'!r}")
+    if reference:
+        if entry.count != 1:
+            raise entry.refuse("the Keras references run on 1 device")
         config["recipe"] = "-"
     return config
 
