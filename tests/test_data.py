@@ -8,7 +8,7 @@ import pytest
 
 from same_model import head
 from tfdp.config import plan
-from tfdp.data import pipeline, fashion_mnist, tfds
+from tfdp.data import fashion_mnist, pipeline, tfds
 from tfdp.paths.keras import distributed_input as sharding
 from tfdp.util.errors import UserError
 
@@ -38,6 +38,13 @@ def test_damaged_manual_file_is_named(manual_dir, tmp_path):
         f.write(b"\x00\x01\x02")
     with pytest.raises(UserError, match="train-labels-idx1-ubyte.gz is damaged"):
         tfds.prepare(fashion_mnist.DATASET, str(tmp_path / "tfds"), str(target))
+
+
+def test_the_shared_manual_folder_is_looked_for_beside_the_checkout():
+    from conftest import REPO
+
+    assert os.path.normpath(fashion_mnist._SHARED_MANUAL_DIR) == os.path.normpath(
+        os.path.join(REPO, "..", "shared", "data", "fashion_mnist"))
 
 
 def test_splits_have_the_real_shapes(train_split, test_split):
