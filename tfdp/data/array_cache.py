@@ -130,3 +130,27 @@ def _digest(path: str) -> str:
 def remove(folder: str) -> None:
     """A folder whose making failed: nothing half-made is left."""
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def named_by_path(kind: str, what: str, name: str) -> str:
+    """The cache folder's name of a source read from the file or folder ``what`` (``name``:
+    what run folders call it): apart for every path."""
+    tag = hashlib.sha256(os.path.abspath(what).encode()).hexdigest()[:12]
+    return f"{kind}-{name}-{tag}"
+
+
+def fingerprint(what: str) -> str:
+    """What tells that the file or folder ``what`` changed since it was prepared: its size and
+    modification time, or every file's name, size and modification time."""
+    digest = hashlib.sha256()
+    if os.path.isfile(what):
+        status = os.stat(what)
+        digest.update(f"{status.st_size} {status.st_mtime_ns}".encode())
+        return digest.hexdigest()
+    for top, folders, names in os.walk(what):
+        folders.sort()
+        for name in sorted(names):
+            status = os.stat(os.path.join(top, name))
+            relative = os.path.relpath(os.path.join(top, name), what)
+            digest.update(f"{relative} {status.st_size} {status.st_mtime_ns}\n".encode())
+    return digest.hexdigest()

@@ -1,8 +1,10 @@
-"""Arrays as ``--dataset=npz:FILE`` (the form of Keras' ``mnist.npz``: ``x_train``,
-``y_train``, ``x_test``, ``y_test``, optionally ``class_names``) and ``tfdp.run(dataset=...)``
-give them: checked (one line naming the array that cannot be trained on), then written into the
-array cache (``tfdp.data.sources``), resized where ``--image_size`` asks.
+"""``--dataset=arrays:DIGEST``: arrays given to ``tfdp.run(dataset=...)``, which wrote them to the
+cache under their digest (``tfdp.data.sources.from_arrays``); and what every source of arrays
+does (``tfdp.data.npz`` too): the arrays checked (one line naming the one that cannot be
+trained on), then written into the array cache, resized where ``--image_size`` asks.
 """
+
+import os
 
 import numpy as np
 
@@ -14,19 +16,18 @@ from tfdp.util.logs import logger
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def read_npz(path: str) -> dict:
-    spec = f"npz:{path}"
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            missing = [k for k in KEYS if k not in f.files]
-            if missing:
-                raise UserError(f"--dataset={spec}: the file lacks {', '.join(missing)} (it needs "
-                                f"{', '.join(KEYS)}, as Keras' mnist.npz)")
-            arrays = {k: f[k] for k in (*KEYS, "class_names") if k in f.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise UserError(f"--dataset={spec}: not an .npz file numpy can read ({type(e).__name__}: "
-                        f"{str(e)[:120]})") from None
-    return checked(arrays, f"--dataset={spec}")
+def cache_name(what: str, spec: str) -> str:
+    return f"arrays-{what}"
+
+
+def fingerprint(what: str):
+    return None  # Arrays named by their digest never change.
+
+
+def fill(what: str, spec: str, folder: str, size, data_dir, manual_dir) -> dict:
+    raise UserError(f"--dataset={spec}: these arrays are not in the cache of --data_dir "
+                    f"{os.path.dirname(os.path.dirname(folder))}: give the arrays to tfdp.run "
+                    "again, with this data_dir")
 
 
 def checked(arrays: dict, where: str) -> dict:

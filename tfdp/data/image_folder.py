@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from tfdp.config import dataset_spec
 from tfdp.data import array_cache
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
@@ -50,6 +51,18 @@ def _listing(root_: str, spec: str) -> tuple:
                         f"({', '.join(only)} in one only): a class's label is its place in the "
                         "sorted names, so both need the same")
     return found["train"][0], {split: listed for split, (_, listed) in found.items()}
+
+
+def cache_name(what: str, spec: str) -> str:
+    return array_cache.named_by_path("folder", what, dataset_spec.name_of(spec))
+
+
+def fingerprint(what: str) -> str:
+    return array_cache.fingerprint(what)
+
+
+def fill(what: str, spec: str, folder: str, size, data_dir, manual_dir) -> dict:
+    return write(what, spec, folder, size)
 
 
 def write(root_: str, spec: str, folder: str, size) -> dict:

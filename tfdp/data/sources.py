@@ -3,9 +3,9 @@
 
 1. ``prepare(spec, data_dir, manual_dir, image_size)``: under a file lock, so that workers
    starting together prepare it once, the source is read into the cache unless an intact copy
-   of it is there: a TFDS dataset (``tfdp.data.tfds``), an image folder
-   (``tfdp.data.image_folder``), an .npz file, or arrays ``tfdp.run`` was given (``from_arrays``;
-   both ``tfdp.data.arrays``). Every image is checked on the way: one line
+   of it is there, by the module of its kind (``SOURCES``): a TFDS dataset
+   (``tfdp.data.tfds``), an image folder (``tfdp.data.image_folder``), an .npz file
+   (``tfdp.data.npz``), or arrays ``tfdp.run`` was given (``from_arrays``; ``tfdp.data.arrays``). Every image is checked on the way: one line
    names a file or array that cannot be trained on, and nothing is left half-made.
 2. The image shape, channels and classes come from the data; images of different sizes are
    resized (bilinear) to one size: ``--image_size``, else the most common one, stated.
@@ -16,13 +16,12 @@ import errno
 import functools
 import hashlib
 import os
-import re
 from typing import NamedTuple, Optional
 
 import numpy as np
 
 from tfdp.config import dataset_spec
-from tfdp.data import array_cache, arrays as array_source, image_folder
+from tfdp.data import array_cache, arrays, image_folder, npz, tfds
 from tfdp.util import files
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
@@ -48,20 +47,25 @@ def root(data_dir: Optional[str]) -> str:
                            or os.path.expanduser("~/tensorflow_datasets"))
 
 
+# Every kind of --dataset (tfdp.config.dataset_spec.KINDS), each a module of its own with the
+# same three functions: cache_name(what, spec), its cache folder's name; fingerprint(what), what
+# tells that it changed since it was prepared (None: it never does); fill(what, spec, folder,
+# size, data_dir, manual_dir), its arrays written into the cache folder, returning its info.
+SOURCES = {"tfds": tfds, "folder": image_folder, "npz": npz, "arrays": arrays}
+
+
+def source_of(spec: str) -> tuple:
+    """(the module that reads ``spec``'s kind, what it names: a TFDS name, a path, a digest)."""
+    kind, what = dataset_spec.kind_of(spec)
+    return SOURCES[kind], what
+
+
 def cache_folder(spec: str, data_dir: Optional[str], image_size=None) -> str:
     """The array cache of ``spec`` under ``data_dir`` (nothing is read: a cluster's client
     names it to workers that prepared it)."""
-    kind, what = dataset_spec.kind_of(spec)
+    source, what = source_of(spec)
     sized = f"-{'x'.join(map(str, dataset_spec.size(image_size)))}" if image_size else ""
-    if kind == "tfds":  # Named as given (its config and version too): no TFDS call to find it.
-        named = re.sub(r"[^\w.-]", "_", what)
-        return os.path.join(root(data_dir), "tfdp-datasets", f"tfds-{named}{sized}")
-    if kind == "arrays":
-        return os.path.join(root(data_dir), "tfdp-datasets", f"arrays-{what}{sized}")
-    where = os.path.abspath(what)
-    tag = hashlib.sha256(where.encode()).hexdigest()[:12]
-    return os.path.join(root(data_dir), "tfdp-datasets",
-                        f"{kind}-{dataset_spec.name_of(spec)}-{tag}{sized}")
+    return os.path.join(root(data_dir), "tfdp-datasets", source.cache_name(what, spec) + sized)
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,15 +73,16 @@ def prepare(spec: str = dataset_spec.DEFAULT, data_dir: Optional[str] = None,
             manual_dir: Optional[str] = None, image_size=None) -> DatasetInfo:
     """``spec``'s ``DatasetInfo``, its array cache made first where there is no intact one (in
     the user's cache folder where ``data_dir`` is read-only)."""
-    kind, what = dataset_spec.kind_of(spec)
+    kind, what = source_of(spec)
     folder = cache_folder(spec, data_dir, image_size)
-    source = _fingerprint(kind, what)
+    source = kind.fingerprint(what)
     found = _usable(folder, source)
     if found:
         return DatasetInfo.of(spec, folder, found)
+    size = dataset_spec.size(image_size) if image_size else None
 
     def fill(into):
-        return _fill(kind, what, spec, into, image_size, data_dir, manual_dir)
+        return kind.fill(what, spec, into, size, data_dir, manual_dir)
 
     try:
         held = _lock(folder)
@@ -121,17 +126,17 @@ def _made(folder: str, source, spec: str, fill) -> dict:
     return found
 
 
-def from_arrays(arrays, data_dir: Optional[str] = None) -> str:
+def from_arrays(given, data_dir: Optional[str] = None) -> str:
     """``tfdp.run(dataset=...)``'s arrays, (x_train, y_train, x_test, y_test) or a dict of those
     keys (and ``class_names``), written to the cache once: the spec that names them there."""
-    if not isinstance(arrays, dict):
-        if len(arrays) != 4:
+    if not isinstance(given, dict):
+        if len(given) != 4:
             raise UserError("tfdp.run(dataset=...): give (x_train, y_train, x_test, y_test) or a "
                             "dict of those names, or a --dataset string")
-        arrays = dict(zip(array_source.KEYS, arrays))
-    checked = array_source.checked(arrays, "tfdp.run(dataset=...)")
+        given = dict(zip(arrays.KEYS, given))
+    checked = arrays.checked(given, "tfdp.run(dataset=...)")
     digest = hashlib.sha256()
-    for key in array_source.KEYS:
+    for key in arrays.KEYS:
         digest.update(repr(checked[key].shape).encode())
         digest.update(np.ascontiguousarray(checked[key]).data)
     digest.update(repr(checked["class_names"]).encode())
@@ -140,7 +145,7 @@ def from_arrays(arrays, data_dir: Optional[str] = None) -> str:
     if not _usable(folder, None):
         held = _lock(folder)
         try:
-            _made(folder, None, spec, lambda into: array_source.write(checked, into, None, spec))
+            _made(folder, None, spec, lambda into: arrays.write(checked, into, None, spec))
         finally:
             files.unlock(f"{folder}.lock", held)
     return spec
@@ -154,40 +159,6 @@ def _usable(folder: str, source) -> Optional[dict]:
         logger.info("the data of %s changed since it was prepared: preparing it again", folder)
         return None
     return info if array_cache.intact(folder) else None
-
-
-def _fingerprint(kind: str, what: str):
-    """What tells that a folder or file changed since it was prepared: every file's name,
-    size and modification time. TFDS' prepared datasets and given arrays do not change."""
-    if kind not in ("folder", "npz"):
-        return None
-    digest = hashlib.sha256()
-    if kind == "npz":
-        status = os.stat(what)
-        digest.update(f"{status.st_size} {status.st_mtime_ns}".encode())
-        return digest.hexdigest()
-    for top, folders, names in os.walk(what):
-        folders.sort()
-        for name in sorted(names):
-            status = os.stat(os.path.join(top, name))
-            relative = os.path.relpath(os.path.join(top, name), what)
-            digest.update(f"{relative} {status.st_size} {status.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
-
-
-def _fill(kind, what, spec, folder, image_size, data_dir, manual_dir) -> dict:
-    size = dataset_spec.size(image_size) if image_size else None
-    if kind == "tfds":
-        from tfdp.data import tfds
-
-        return tfds.write_arrays(what, data_dir, manual_dir, folder, size,
-                                        image_folder.fit)
-    if kind == "folder":
-        return image_folder.write(what, spec, folder, size)
-    if kind == "npz":
-        return array_source.write(array_source.read_npz(what), folder, size, spec)
-    raise UserError(f"--dataset={spec}: these arrays are not in the cache of --data_dir "
-                    f"{root(data_dir)}: give the arrays to tfdp.run again, with this data_dir")
 
 
 def describe(info: DatasetInfo) -> str:

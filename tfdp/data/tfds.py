@@ -39,6 +39,21 @@ def prepare(name: str, data_dir: Optional[str], manual_dir: Optional[str]):
         return _prepare_once(tfds, name, data_dir, manual_dir)
 
 
+def cache_name(what: str, spec: str) -> str:
+    """Named as given (its config and version too): no TFDS call to find it."""
+    return "tfds-" + re.sub(r"[^\w.-]", "_", what)
+
+
+def fingerprint(what: str):
+    return None  # A prepared TFDS dataset does not change.
+
+
+def fill(what: str, spec: str, folder: str, size, data_dir, manual_dir) -> dict:
+    from tfdp.data.image_folder import fit
+
+    return write_arrays(what, data_dir, manual_dir, folder, size, fit)
+
+
 def write_arrays(name: str, data_dir, manual_dir, folder: str, size, fit) -> dict:
     """Both splits of the prepared ``name`` into the cache ``folder``, in batches (a dataset
     larger than memory is written as it is read); images resized by ``fit`` to ``size`` where
