@@ -78,11 +78,11 @@ def test_help_lists_a_path_named_in_tfdp_paths():
 
 def test_the_launcher_and_slurm_make_the_toy_paths_cluster(toy):
     from tfdp.cluster import tf_config
-    from tfdp.launcher import local_cluster
+    from tfdp.launcher import local_cluster, processes
 
     toy_config = Config(strategy="toy")
     assert local_cluster._check(2, False, None, toy_config) == ""
-    specs = local_cluster.processes(toy_config, 2, ["--strategy=toy"], ["a:1", "b:2"], None,
+    specs = processes.processes(toy_config, 2, ["--strategy=toy"], ["a:1", "b:2"], None,
                                     "s", False)
     assert [s.role for s in specs] == ["worker 0", "worker 1"]
     assert all(s.argv[1:3] == ["-m", "tfdp.train"] for s in specs)

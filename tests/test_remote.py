@@ -18,7 +18,7 @@ from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
 from tfdp.config.settings import Config
-from tfdp.launcher.local_cluster import free_ports
+from tfdp.launcher.processes import free_ports
 from tfdp.training.backups import Backups
 
 pytestmark = pytest.mark.cluster

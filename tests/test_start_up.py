@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 from processes import child_env, run_module, train_command
 from tfdp.cluster import tf_config
-from tfdp.launcher.local_cluster import free_ports
+from tfdp.launcher.processes import free_ports
 from tfdp.util import files
 from tfdp.util.errors import UserError
 

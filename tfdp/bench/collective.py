@@ -14,7 +14,7 @@ import statistics
 import tensorflow as tf
 from absl import app, flags
 
-from tfdp.bench.host_allreduce import mark, timed
+from tfdp.bench.timing_process import mark, timed
 from tfdp.cluster import tf_config
 from tfdp.util import logs
 

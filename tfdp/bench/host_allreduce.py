@@ -18,8 +18,8 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
+from tfdp.bench.timing_process import MARK
 from tfdp.launcher import emulated_hosts
 from tfdp.launcher.children import prepare_child
 from tfdp.paths.manual import algorithms
@@ -29,31 +29,10 @@ from tfdp.util.errors import UserError
 TF_ALGORITHM = "tf_collective_ring"
 SERVER_PORT, COLLECTIVE_PORT = 2222, 2223
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9}
-# The timing processes print MARK before and after each phase and wait for a line on stdin,
-# so the byte counters of every host are read between phases.
-MARK = "tfdp-bench-mark"
 # tfdp's gradient is this many equal parameters unless --pieces says otherwise (divisible by 2, 3
 # and 4: sharded gives each of k workers the same share), so sizes are rounded to multiples of
 # 4 x PIECES bytes.
 PIECES = 12
-
-
-def mark(label: str) -> None:
-    """In a timing process: say where we are, and wait until the counters have been read."""
-    print(f"{MARK} {label}", flush=True)
-    sys.stdin.readline()
-
-
-def timed(call, repeats: int) -> list:
-    """Seconds of each of ``repeats`` calls of ``call`` (whose result it waits for)."""
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return samples
-
-
 def parse_size(text: str) -> int:
     """``0.43MB``, ``4MB``, ``64KB``, ``1000000`` -> bytes (decimal units, as link rates)."""
     value = text.strip().lower()

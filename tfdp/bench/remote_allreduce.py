@@ -22,7 +22,8 @@ import statistics
 import tensorflow as tf
 from absl import app, flags
 
-from tfdp.bench.host_allreduce import PIECES, mark, timed
+from tfdp.bench.host_allreduce import PIECES
+from tfdp.bench.timing_process import mark, timed
 from tfdp.paths.manual.allreduce import ALLREDUCE
 
 flags.DEFINE_list("sizes", ["4000000"], "Gradient sizes in bytes, as float32.")
