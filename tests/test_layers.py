@@ -218,3 +218,23 @@ def test_the_package_imports_its_modules_when_first_asked_for():
                           cwd=REPO, timeout=60, check=True)
     imported = ["['tfdp', 'tfdp.util', 'tfdp.util.errors']", "True"]
     assert done.stdout.split("\n")[:2] == imported, done.stdout
+
+
+def test_no_module_over_300_lines_and_no_function_over_8_parameters():
+    """The sizes the package keeps (docs/design.md): a module over 300 lines is doing two things,
+    a function taking more than 8 parameters is missing the object that holds them."""
+    long, wide = [], []
+    for module, path in modules().items():
+        with open(path) as f:
+            text = f.read()
+        if text.count("\n") > 300:
+            long.append(module)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                count = len(names) + bool(a.vararg) + bool(a.kwarg) - (names[:1] in (["self"],
+                                                                                      ["cls"]))
+                if count > 8:
+                    wide.append(f"{module}.{node.name} ({count})")
+    assert not long and not wide, (long, wide)
