@@ -146,6 +146,9 @@ def test_a_folder_that_cannot_be_trained_on_is_one_line_naming_the_file(tmp_path
                                                     r"x_test's \(20, 16, 1\)"),
     (dict(y_train=np.array([0, 1, 1])), r"y_train has int64 \(3,\): give one integer label per "
                                         r"image of x_train \(4\)"),
+    (dict(y_train=np.array([0, 3, 3, 0]), y_test=np.array([0, 3, 3, 0])),
+     r"y_train has no example of class 1, 2 \(its labels go up to 3\): the model would have 4 "
+     r"outputs, some never trained"),
 ])
 def test_arrays_that_cannot_be_trained_on_are_one_line_naming_the_array(tmp_path, change,
                                                                        message):
@@ -157,6 +160,38 @@ def test_arrays_that_cannot_be_trained_on_are_one_line_naming_the_array(tmp_path
         sources.prepare(f"npz:{tmp_path / 'data.npz'}", str(tmp_path / "data"))
     with pytest.raises(UserError, match=rf"^tfdp\.run\(dataset=\.\.\.\): {message}"):
         sources.from_arrays(arrays, str(tmp_path / "data"))
+
+
+def test_a_label_gap_named_by_class_names_is_kept_with_a_warning(tmp_path, caplog):
+    arrays = dict(x_train=np.zeros((4, 16, 16), np.uint8), y_train=np.array([0, 2, 2, 0]),
+                  x_test=np.zeros((4, 16, 16), np.uint8), y_test=np.array([0, 2, 2, 0]),
+                  class_names=np.array(["cat", "dog", "emu"]))
+    spec = sources.from_arrays(arrays, str(tmp_path / "data"))
+    info = sources.prepare(spec, str(tmp_path / "data"))
+    assert info.num_classes == 3 and info.class_names == ("cat", "dog", "emu")
+    assert "y_train has no example of class 1 (dog): the model keeps an output for each" in (
+        caplog.text)
+
+
+def test_an_npz_file_without_a_key_names_the_key(tmp_path):
+    np.savez(tmp_path / "data.npz", x_train=np.zeros((4, 16, 16), np.uint8),
+             y_train=np.array([0, 1, 1, 0]), x_test=np.zeros((4, 16, 16), np.uint8))
+    with pytest.raises(UserError, match=r"^--dataset=npz:.*data\.npz: the file lacks y_test "
+                                        r"\(it needs x_train, y_train, x_test, y_test, as Keras' "
+                                        r"mnist\.npz; it holds x_train, y_train, x_test\)$"):
+        sources.prepare(f"npz:{tmp_path / 'data.npz'}", str(tmp_path / "data"))
+
+
+def test_dot_named_entries_beside_the_classes_are_skipped_as_keras_skips_them(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (4, 16, 16, 1), np.uint8)
+    root = tmp_path / "folder"
+    for split in ("train", "test"):
+        write_folder(root, images, np.array([0, 1, 1, 0]), ["a", "b"], split)
+        (root / split / ".ipynb_checkpoints").mkdir()
+        (root / split / "a" / ".hidden.png").write_text("not an image")
+    info = sources.prepare(f"folder:{root}", str(tmp_path / "data"))
+    assert info.class_names == ("a", "b") and info.examples == {"train": 4, "test": 4}
 
 
 def test_images_of_several_sizes_are_resized_to_the_most_common_or_the_flag(tmp_path, caplog):

@@ -60,6 +60,7 @@ def checked(arrays: dict, where: str) -> dict:
         raise UserError(f"{where}: x_train's images are {checked['x_train'].shape[1:]}, x_test's "
                         f"{checked['x_test'].shape[1:]}: train and test need one shape")
     classes = int(checked["y_train"].max()) + 1
+    named = "class_names" in arrays
     names = [str(n) for n in np.asarray(arrays.get("class_names", range(classes))).ravel()]
     if int(checked["y_test"].max()) >= classes:
         raise UserError(f"{where}: y_test holds the label {checked['y_test'].max()}, out of "
@@ -67,8 +68,23 @@ def checked(arrays: dict, where: str) -> dict:
     if len(names) < classes:
         raise UserError(f"{where}: class_names names {len(names)} classes, the labels go up to "
                         f"{classes - 1}")
+    missing = sorted(set(range(classes)) - set(np.unique(checked["y_train"]).tolist()))
+    if missing and not named:
+        raise UserError(f"{where}: y_train has no example of class {_listed(missing)} (its "
+                        f"labels go up to {classes - 1}): the model would have {classes} "
+                        "outputs, some never trained; number the classes 0, 1, ... without "
+                        "gaps, or give class_names naming every class to keep them")
+    if missing:
+        logger.warning("%s: y_train has no example of class %s (%s): the model keeps an output "
+                       "for each, never trained", where, _listed(missing),
+                       ", ".join(names[i] for i in missing[:10]))
     checked["class_names"] = tuple(names)
     return checked
+
+
+def _listed(labels: list) -> str:
+    shown = ", ".join(map(str, labels[:10]))
+    return shown + (f" and {len(labels) - 10} more" if len(labels) > 10 else "")
 
 
 def write(given: dict, folder: str, size, spec: str) -> dict:

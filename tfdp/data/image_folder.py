@@ -32,14 +32,16 @@ def _listing(root_: str, spec: str) -> tuple:
         if not os.path.isdir(top):
             raise UserError(f"--dataset={spec}: there is no folder {top} (the layout: "
                             "ROOT/train/<class>/*.png and ROOT/test/<class>/*.png)")
-        classes = sorted(d for d in os.listdir(top) if os.path.isdir(os.path.join(top, d)))
+        # Dot-named entries (.ipynb_checkpoints, .DS_Store) are no classes, as Keras skips them.
+        classes = sorted(d for d in os.listdir(top)
+                         if not d.startswith(".") and os.path.isdir(os.path.join(top, d)))
         if not classes:
             raise UserError(f"--dataset={spec}: {top} holds no class folders (one subfolder "
                             "per class, named as the class)")
         listed = []
         for label, name in enumerate(classes):
             images = sorted(f for f in os.listdir(os.path.join(top, name))
-                            if f.lower().endswith(IMAGE_EXTENSIONS))
+                            if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS))
             if not images:
                 raise UserError(f"--dataset={spec}: the class folder {os.path.join(top, name)} "
                                 f"holds no images ({', '.join(IMAGE_EXTENSIONS)})")

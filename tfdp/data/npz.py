@@ -27,12 +27,14 @@ def read_npz(path: str) -> dict:
     spec = f"npz:{path}"
     try:
         with np.load(path, allow_pickle=False) as f:
-            missing = [k for k in KEYS if k not in f.files]
-            if missing:
-                raise UserError(f"--dataset={spec}: the file lacks {', '.join(missing)} (it needs "
-                                f"{', '.join(KEYS)}, as Keras' mnist.npz)")
-            arrays = {k: f[k] for k in (*KEYS, "class_names") if k in f.files}
+            names = list(f.files)
+            arrays = {k: f[k] for k in (*KEYS, "class_names") if k in names}
     except (OSError, ValueError, EOFError) as e:
         raise UserError(f"--dataset={spec}: not an .npz file numpy can read ({type(e).__name__}: "
                         f"{str(e)[:120]})") from None
+    missing = [k for k in KEYS if k not in names]
+    if missing:  # Checked after reading: UserError is a ValueError, which the reading catches.
+        raise UserError(f"--dataset={spec}: the file lacks {', '.join(missing)} (it needs "
+                        f"{', '.join(KEYS)}, as Keras' mnist.npz; it holds "
+                        f"{', '.join(names) or 'nothing'})")
     return checked(arrays, f"--dataset={spec}")
