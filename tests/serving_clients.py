@@ -100,7 +100,9 @@ def onnx_runtime(path, images):
                                            providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     seen = {"inputs": {i.name: i.type for i in session.get_inputs()},
-            "outputs": {o.name: o.type for o in session.get_outputs()}}
+            "outputs": {o.name: o.type for o in session.get_outputs()},
+            "class_names": json.loads(session.get_modelmeta().custom_metadata_map.get(
+                "class_names", "null"))}
     return dict(zip(names, session.run(None, {"images": images}))), seen
 
 
@@ -186,6 +188,10 @@ def serve(path, images_file, labels_file, margin=str(TIE), as_command=True) -> d
                     litert_logits=relative(outputs["logits"], reference), litert_bytes=size,
                     litert_same_classes=float(np.mean(outputs["classes"] == tf2_classes)))
     seen["names_by_class"] = {str(c): name for c, name in sorted(names_by_class.items())}
+    with open(os.path.join(path, "assets", "labels.txt"), encoding="utf-8") as f:
+        seen["labels_txt"] = f.read().splitlines()
+    labels = tf.saved_model.load(path).signatures["labels"]()["class_names"].numpy()
+    seen["labels_signature"] = [n.decode() for n in labels]
     return seen
 
 

@@ -27,6 +27,27 @@ def test_versions_count_up_and_serve(tmp_path):
     np.testing.assert_allclose(out["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-6)
 
 
+def test_the_class_names_travel_with_the_model_as_labels_txt_and_a_signature(tmp_path):
+    """In class order: the asset ``labels.txt`` (one a line) that a client reads from the
+    version's folder, the ``labels`` signature for TF2's loader, and the same signature as
+    TensorFlow's own ``saved_model_cli`` shows it to a serving client."""
+    import subprocess
+    import sys
+
+    names = ["T-shirt/top", "Trouser", "Pull over", "Dress", "Coat", "Sandal", "Shirt",
+             "Sneaker", "Bag", "Ankle boot"]
+    version = saved_model.export(module(), str(tmp_path / "exp"), class_names=names)
+    with open(os.path.join(version, "assets", "labels.txt"), encoding="utf-8") as f:
+        assert f.read().splitlines() == names
+    loaded = tf.saved_model.load(version)
+    assert [n.decode() for n in loaded.signatures["labels"]()["class_names"].numpy()] == names
+    shown = subprocess.run([sys.executable, "-m", "tensorflow.python.tools.saved_model_cli",
+                            "show", "--dir", version, "--tag_set", "serve", "--signature_def",
+                            "labels"], capture_output=True, text=True, timeout=120)
+    assert "outputs['class_names'] tensor_info:" in shown.stdout, shown.stderr[-2000:]
+    assert "dtype: DT_STRING" in shown.stdout and "shape: (10)" in shown.stdout, shown.stdout
+
+
 def test_failed_save_leaves_earlier_versions_alone(tmp_path, monkeypatch):
     root = str(tmp_path / "exp")
     saved_model.export(module(), root)

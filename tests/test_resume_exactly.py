@@ -21,12 +21,14 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO
-from shared_runs import YOURS
 from processes import (child_env, children, tf_config_of, train_command, train_in_this_process,
                        wait_for)
 from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
-DROPOUT = os.path.join(REPO, "tests", "own_models", "zoo.py") + ":dropout_cnn"
+ZOO = os.path.join(REPO, "tests", "own_models", "zoo.py")
+DROPOUT = ZOO + ":dropout_cnn"
+# A subclassed model with Dropout and BatchNormalization, as Keras' guides write one.
+SUBCLASSED = ZOO + ":subclassed"
 STEPS = 96  # Steps per epoch; two epochs. The signal comes in the first 40 steps of one.
 FLAGS = ("--recipe=fast", "--precision=float64", "--epochs=2", f"--steps_per_epoch={STEPS}",
          "--batch_size=64", "--lr=0.1", "--eval_steps=1")
@@ -43,12 +45,11 @@ PATHS = {
     # One worker: asynchronous SGD with two is not reproducible step for step. The recipe
     # keeps no momentum and no averages here (tfdp.config.recipes), so its state is the weights.
     "parameter_server": ("launch", ["--num_workers=1", "--num_ps=1"], []),
-    # Your model (batch normalization and all) from scratch: its state is its variables.
-    "manual-yours": ("train", ["--num_gpus=2", EMA, f"--model={YOURS}"]),
-    # Dropout and every other seeded layer (their seed states), with Adam's and AdamW's
-    # moments and step count, from scratch and under fit.
-    "manual-dropout-adam": ("train", ["--num_gpus=2", EMA, f"--model={DROPOUT}",
-                                      "--optimizer=adam", "--lr=0.002"]),
+    # Your model from scratch, its state its variables: batch normalization's statistics and
+    # Dropout's seed states, with Adam's moments and step count and the averages.
+    "manual-yours": ("train", ["--num_gpus=2", EMA, f"--model={SUBCLASSED}",
+                               "--optimizer=adam", "--lr=0.002"]),
+    # Dropout and every other seeded layer (their seed states), with AdamW's moments, under fit.
     "mirrored-dropout-adamw": ("train", ["--num_gpus=2", f"--model={DROPOUT}",
                                          "--optimizer=adamw", "--lr=0.002"]),
 }

@@ -31,6 +31,7 @@ a version has all its formats or does not exist; ``python -m tfdp.export <versio
 """
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -74,6 +75,8 @@ def convert(version: str, formats: tuple, source: str = None) -> list:
         target = os.path.join(version, FILES[name])
         partial = target + ".partial"
         (_to_onnx if name == "onnx" else _to_litert)(source or version, partial)
+        if name == "onnx":
+            _name_the_classes(partial, os.path.join(version, "assets", "labels.txt"))
         os.chmod(partial, 0o644)
         os.replace(partial, target)
         written.append(target)
@@ -90,6 +93,21 @@ def _to_onnx(saved_model: str, path: str) -> None:
     if done.returncode != 0 or not os.path.exists(path):
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UserError(f"tf2onnx could not convert {saved_model} to ONNX: {tail}")
+
+
+def _name_the_classes(onnx_file: str, labels_txt: str) -> None:
+    """The class names in the ONNX model's metadata (``class_names``: a JSON list in class
+    order), where ONNX Runtime shows them (``session.get_modelmeta().custom_metadata_map``)."""
+    import onnx
+
+    if not os.path.exists(labels_txt):
+        return
+    with open(labels_txt, encoding="utf-8") as f:
+        names = f.read().splitlines()
+    model = onnx.load(onnx_file)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "class_names", json.dumps(names)
+    onnx.save(model, onnx_file)
 
 
 # What the LiteRT converter writes to fd 2 on every conversion: its shared library's own copy

@@ -9,6 +9,10 @@ Contract (signature ``serving_default``), for images of H x W x C in K classes (
           ``class_names``    string  [None]           each class's name (TFDS' label names, or
                                                       an image folder's class folders)
 
+and the class names themselves, in class order: the asset ``assets/labels.txt`` (one name a
+line, as TF Serving users and model zoos read it) and the signature ``labels`` (no inputs;
+output ``class_names`` string [K]).
+
 With ``--eval_flip`` the logits are the mean of the image's and its mirror image's, as the
 run evaluated them: what is served scores what the run reported.
 
@@ -44,34 +48,54 @@ from tfdp.util.errors import UserError
 from tfdp.util.files import process_alive
 
 SIGNATURE = "serving_default"
+# The class names in class order: an asset of every version, one a line, and the signature
+# (no inputs) that returns them.
+LABELS, LABELS_SIGNATURE = "labels.txt", "labels"
 # A version is written in "<export_root>/.partial-<host>-<pid>-<random>" and renamed into place.
 _PARTIAL = ".partial-"
 _PARTIAL_NAME = re.compile(r"^\.partial-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")
 
 
-def serving_archive(model: keras.Model, eval_flip: bool = False,
-                    class_names=None) -> "keras.export.ExportArchive":
-    """``model`` (float images in [0, 1] -> logits) behind the serving contract (with
-    ``eval_flip``, averaged with its logits of the mirror images), naming each class by
-    ``class_names`` (default: their numbers); the images' shape is the model's input's."""
+def write_archive(model: keras.Model, path: str, eval_flip: bool = False,
+                  class_names=None) -> None:
+    """``model`` (float images in [0, 1] -> logits) written to ``path`` behind the serving
+    contract (with ``eval_flip``, averaged with its logits of the mirror images), naming each
+    class by ``class_names`` (default: their numbers); the images' shape is the model's
+    input's. The names travel as the asset ``labels.txt`` (one a line, in class order), which
+    the ``labels`` signature reads."""
     archive = keras.export.ExportArchive()
     archive.track(model)
     if class_names is None:
         class_names = [str(k) for k in range(model.outputs[0].shape[-1])]
     names = tf.constant(list(class_names), tf.string)
+    scratch = tempfile.mkdtemp(prefix="tfdp-labels-")
+    try:
+        labels_txt = os.path.join(scratch, LABELS)
+        with open(labels_txt, "w", encoding="utf-8") as f:
+            f.write("".join(f"{name}\n" for name in class_names))
+        # A table read from labels.txt: the archive keeps a table's file as an asset.
+        table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+            labels_txt, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER, tf.string,
+            tf.lookup.TextFileIndex.WHOLE_LINE), default_value="")
+        archive.track(table)
+        def serve(images):
+            logits = tf.cast(test_logits(lambda x: model(x, training=False),
+                                         pipeline.to_float(images), eval_flip), tf.float32)
+            classes = tf.argmax(logits, axis=-1, output_type=tf.int64)
+            return {"logits": logits,
+                    "probabilities": tf.nn.softmax(logits),
+                    "classes": classes,
+                    "class_names": tf.gather(names, classes)}
 
-    def serve(images):
-        logits = tf.cast(test_logits(lambda x: model(x, training=False),
-                                     pipeline.to_float(images), eval_flip), tf.float32)
-        classes = tf.argmax(logits, axis=-1, output_type=tf.int64)
-        return {"logits": logits,
-                "probabilities": tf.nn.softmax(logits),
-                "classes": classes,
-                "class_names": tf.gather(names, classes)}
+        def labels():
+            return {"class_names": table.lookup(tf.range(len(class_names), dtype=tf.int64))}
 
-    images = tf.TensorSpec([None, *model.inputs[0].shape[1:]], tf.uint8, name="images")
-    archive.add_endpoint(SIGNATURE, serve, input_signature=[images])
-    return archive
+        images = tf.TensorSpec([None, *model.inputs[0].shape[1:]], tf.uint8, name="images")
+        archive.add_endpoint(SIGNATURE, serve, input_signature=[images])
+        archive.add_endpoint(LABELS_SIGNATURE, labels, input_signature=[])
+        archive.write_out(path, verbose=False)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def check_export_root(export_root: str) -> None:
@@ -107,13 +131,12 @@ def export(model: keras.Model, export_root: str, formats_csv: str = "saved_model
                            dir=export_root)
     twin = None
     try:
-        serving_archive(model, eval_flip, class_names).write_out(tmp, verbose=False)
+        write_archive(model, tmp, eval_flip, class_names)
         wanted = tuple(formats_csv.split(","))
         if len(wanted) > 1 and any(layer.dtype_policy.compute_dtype != "float32"
                                    for layer in model.layers):
             twin = tempfile.mkdtemp(prefix="tfdp-float32-twin-")
-            serving_archive(float32_twin(), eval_flip, class_names).write_out(twin,
-                                                                              verbose=False)
+            write_archive(float32_twin(), twin, eval_flip, class_names)
         formats.convert(tmp, wanted, source=twin)
         _readable_by_all(tmp)
         while True:  # Another run may take a number at the same moment: take the next.
@@ -147,7 +170,7 @@ def save_scratch(model: keras.Model, path: str, eval_flip: bool = False,
                  class_names=None) -> None:
     """Save to a throwaway ``path`` (non-chief workers must take part in saving, then delete)."""
     try:
-        serving_archive(model, eval_flip, class_names).write_out(path, verbose=False)
+        write_archive(model, path, eval_flip, class_names)
     finally:
         shutil.rmtree(path, ignore_errors=True)
 
