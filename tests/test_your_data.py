@@ -194,20 +194,33 @@ def test_dot_named_entries_beside_the_classes_are_skipped_as_keras_skips_them(tm
     assert info.class_names == ("a", "b") and info.examples == {"train": 4, "test": 4}
 
 
-def test_images_of_several_sizes_are_resized_to_the_most_common_or_the_flag(tmp_path, caplog):
-    rng = np.random.default_rng(0)
+def test_images_of_several_sizes_are_fitted_to_the_most_common_or_the_flag(tmp_path, caplog):
+    """Fitted keeping their aspect ratio (padded with black, as Keras' pad_to_aspect_ratio);
+    a tie between two sizes goes to the larger, and the line says so."""
+    from PIL import Image
+
+    from tfdp.data import array_cache
+
     root = tmp_path / "folder"
     for split in ("train", "test"):
-        write_folder(root, rng.integers(0, 256, (3, 20, 24, 3), np.uint8), np.array([0, 1, 1]),
-                     ["a", "b"], split)
-        write_folder(root, rng.integers(0, 256, (1, 30, 30, 3), np.uint8), np.array([0]),
-                     ["a"], split, first=3)
+        for name, size, value in (("a", (24, 20), 100), ("a2", (30, 30), 255),
+                                  ("b", (24, 20), 50), ("b2", (30, 30), 7)):
+            folder = root / split / name[0]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", size, (value,) * 3).save(folder / f"{name}.png")
     info = sources.prepare(f"folder:{root}", str(tmp_path / "data"))
+    assert info.image_shape == (30, 30, 3)  # Two of 20x24, two of 30x30: the larger.
+    assert ("images of 2 sizes, each fitted to 30x30 (the most common, the larger of a tie; "
+            "--image_size sets it) keeping their aspect ratio, the rest padded with black") in (
+        caplog.text)
+    sources.prepare.cache_clear()
+    info = sources.prepare(f"folder:{root}", str(tmp_path / "data"), None, "20x24")
     assert info.image_shape == (20, 24, 3)
-    assert "images of 2 sizes, resized to 20x24 (the most common; --image_size sets it)" in \
-        caplog.text
-    assert sources.prepare(f"folder:{root}", str(tmp_path / "data"), None,
-                            "16x12").image_shape == (16, 12, 3)
+    images = np.asarray(array_cache.load(info.folder, "train", 4, info.image_shape).images)
+    square = images[1]  # a/a2.png: 30x30 white, fitted into 20x24 as a centred 20x20.
+    assert (square[:, 2:22] == 255).all() and (square[:, :2] == 0).all() and (
+        square[:, 22:] == 0).all()
+    assert (images[0] == 100).all()  # a/a.png: 20x24 already.
 
 
 def test_a_folder_changed_since_is_prepared_again(tmp_path, caplog):

@@ -60,8 +60,9 @@ class Config:
         "y_train, x_test, y_test, as Keras' mnist.npz); tfdp.run also takes the arrays "
         "themselves. Shape, channels and classes come from the data (docs/your-data.md).")
     image_size: Optional[str] = _flag(
-        None, "HxW (or one side) to resize every image to: images of different sizes are "
-        "resized to the most common size unless this is given.")
+        None, "HxW (or one side) to fit every image to, keeping its aspect ratio (the rest "
+        "padded with black): images of different sizes are fitted to the most common size "
+        "(a tie: the larger) unless this is given.")
     num_gpus: int = _flag(
         1, "Devices to train on (per worker under multi_worker and across machines). With fewer "
         "GPUs than this, the devices that exist are split into logical devices (logical CPUs on a "

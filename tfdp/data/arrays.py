@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from tfdp.data import array_cache
-from tfdp.data.image_folder import fit, info
+from tfdp.data.image_folder import FITTED, fit, info
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
 
@@ -107,7 +107,8 @@ def write(given: dict, folder: str, size, spec: str) -> dict:
         cached.labels[:] = labels
         cached.images.flush()
         cached.labels.flush()
-    logger.info("--dataset=%s: %d training and %d test images of %s", spec,
-                len(given["y_train"]), len(given["y_test"]), "x".join(map(str, shape)))
+    logger.info("--dataset=%s: %d training and %d test images of %s%s", spec,
+                len(given["y_train"]), len(given["y_test"]), "x".join(map(str, shape)),
+                f", each fitted {FITTED}" if shape != given["x_train"].shape[1:] else "")
     return info(shape, given["class_names"],
                 {split: len(given[f"y_{split}"]) for split in array_cache.SPLITS})

@@ -101,21 +101,31 @@ def write(root_: str, spec: str, folder: str, size) -> dict:
 
 
 def _most_common(sizes: collections.Counter, spec: str) -> tuple:
-    (height, width), _ = sizes.most_common(1)[0]
+    """The most common size; a tie goes to the larger (more pixels, then the taller): a
+    smaller size would throw detail away."""
+    (height, width), _ = max(sizes.items(), key=lambda s: (s[1], s[0][0] * s[0][1], s[0][0]))
     if len(sizes) > 1:
-        logger.info("--dataset=%s: images of %d sizes, resized to %dx%d (the most common; "
-                    "--image_size sets it)", spec, len(sizes), height, width)
+        tied = sum(count == sizes[(height, width)] for count in sizes.values()) > 1
+        logger.info("--dataset=%s: images of %d sizes, each fitted to %dx%d (the most common%s; "
+                    "--image_size sets it) %s", spec, len(sizes), height, width,
+                    ", the larger of a tie" if tied else "", FITTED)
     return height, width
 
 
+# How an image of another size is made to fit, as Keras' image_dataset_from_directory(...,
+# pad_to_aspect_ratio=True) does: nothing stretched, nothing cut off.
+FITTED = "keeping their aspect ratio, the rest padded with black"
+
+
 def fit(image, shape: tuple) -> np.ndarray:
-    """A PIL image as uint8 [height, width, channels] of ``shape``: its mode converted, resized
-    (bilinear) where its size differs."""
-    from PIL import Image
+    """A PIL image as uint8 [height, width, channels] of ``shape``: its mode converted and,
+    where its size differs, scaled (bilinear) to fit inside keeping its aspect ratio, centred,
+    the rest black (``FITTED``)."""
+    from PIL import Image, ImageOps
 
     image = image.convert("L" if shape[2] == 1 else "RGB")
     if image.size != (shape[1], shape[0]):
-        image = image.resize((shape[1], shape[0]), Image.BILINEAR)
+        image = ImageOps.pad(image, (shape[1], shape[0]), Image.BILINEAR, color=0)
     return np.asarray(image, np.uint8).reshape(shape)
 
 

@@ -8,7 +8,8 @@
    (``tfdp.data.npz``), or arrays ``tfdp.run`` was given (``from_arrays``; ``tfdp.data.arrays``). Every image is checked on the way: one line
    names a file or array that cannot be trained on, and nothing is left half-made.
 2. The image shape, channels and classes come from the data; images of different sizes are
-   resized (bilinear) to one size: ``--image_size``, else the most common one, stated.
+   fitted to one size keeping their aspect ratio (``tfdp.data.image_folder.fit``):
+   ``--image_size``, else the most common one (a tie: the larger), stated.
 3. A folder or a file is read again when it changed since (its listing's sizes and times).
 """
 
