@@ -80,7 +80,7 @@ def run(resolved, start_weights=None, splits=None, export: bool = True) -> Resul
         if done:
             raise Finished(config.workdir, done)
         backups = Backups(config.workdir, worker, identity(config))
-    with preemption.Watch() as watch:
+        with preemption.Watch() as watch:
             path = resolved.path.training_path()(config, backups)
             watch.install()  # The path's set-up may have created TensorFlow's own handler.
             watch.workers = path.num_workers
