@@ -83,8 +83,9 @@ def test_mirrored_trains_uneven_and_empty_shards_like_manual(tmp_path, data_dir,
 
 def test_keras_still_needs_the_build_workaround(tmp_path, data_dir):
     """Keras builds the model from the MEAN of the replicas' first batches, which fails when
-    their shards differ in size (3 x 33 + 34 here); ``keras_mwms_fix`` builds from one
-    replica's batch. A process of its own: the patch, once applied, stays for the process."""
+    their shards differ in size (3 x 33 + 34 here); ``tfdp.paths.keras.workarounds`` builds
+    from one replica's batch. A process of its own: the patch, once applied, stays for the
+    process."""
     result = run_module("tfdp.train", "--strategy=mirrored", "--num_gpus=3", "--batch_size=100",
                         "--epochs=1", "--steps_per_epoch=1", "--eval_steps=1",
                         f"--data_dir={data_dir}", f"--workdir={tmp_path / 'work'}",
