@@ -78,6 +78,9 @@ def write_archive(model: keras.Model, path: str, eval_flip: bool = False,
             labels_txt, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER, tf.string,
             tf.lookup.TextFileIndex.WHOLE_LINE), default_value="")
         archive.track(table)
+
+        # The serving signature names classes from a constant, not the table: the ONNX and
+        # LiteRT converters take no lookup tables.
         def serve(images):
             logits = tf.cast(test_logits(lambda x: model(x, training=False),
                                          pipeline.to_float(images), eval_flip), tf.float32)

@@ -82,9 +82,7 @@ class Reporter:
         """Record an epoch (``trained``: its training, as the path measured it) and rewrite the
         outputs. ``extra``: a path's own figures for the record (the parameter servers'
         staleness), ``note`` their words on the line."""
-        loss, train_acc, seconds, resumed_at = (trained.loss, trained.train_acc, trained.seconds,
-                                                trained.resumed_at)
-        examples = trained.examples
+        loss, train_acc, seconds, examples, resumed_at = trained
         record = {"epoch": epoch + 1, "loss": float(loss), "train_acc": float(train_acc),
                   "test_loss": float(test_loss), "test_acc": float(test_acc),
                   "seconds": float(seconds), "examples": int(examples),
