@@ -35,6 +35,9 @@ flags.DEFINE_integer("num_gpus", 1, "Devices this worker serves (as tfdp.train's
 flags.DEFINE_string("dataset", "fashion_mnist", "The data to prepare where this worker is (as "
                     "tfdp.train's --dataset: a TFDS name, folder:ROOT or npz:FILE).")
 flags.DEFINE_string("image_size", None, "As tfdp.train's --image_size.")
+flags.DEFINE_float("validation_split", None, "As tfdp.train's --validation_split.")
+flags.DEFINE_integer("seed", 0, "As tfdp.train's --seed (which examples --validation_split "
+                     "holds out).")
 flags.DEFINE_string("data_dir", None, "tensorflow-datasets data dir; give every machine the "
                     "client's (default: TFDS's own).")
 flags.DEFINE_string("manual_dir", None, "Folder with the four Fashion-MNIST .gz files, to "
@@ -62,7 +65,8 @@ def main(argv):
             raise UserError(f"--collective_timeout must be a positive integer, got "
                             f"{FLAGS.collective_timeout}")
         data = (dict(dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, manual_dir=FLAGS.manual_dir,
-                     image_size=FLAGS.image_size) if FLAGS.data else None)
+                     image_size=FLAGS.image_size, validation_split=FLAGS.validation_split,
+                     seed=FLAGS.seed) if FLAGS.data else None)
         chief = serve(task, FLAGS.num_gpus, data, FLAGS.collective_timeout)
     except UserError as e:
         sys.exit(f"tfdp.server: error: {e}")

@@ -37,9 +37,9 @@ _GONE_AFTER_SECONDS = 3.0
 
 def serve(task: tf_config.Task, num_gpus: int, data: dict = None, wait: float = 60.0) -> str:
     """Prepare the ``data`` (``tfdp.data.sources.prepare``'s keywords: ``dataset``, ``data_dir``,
-    ``manual_dir``, ``image_size``; None: none), start the server, return when the chief has
-    come and gone (raise when it was cut off instead); ``wait``: seconds for the cluster's names
-    to resolve."""
+    ``manual_dir``, ``image_size``, ``validation_split``, ``seed``; None: none), start the
+    server, return when the chief has come and gone (raise when it was cut off instead);
+    ``wait``: seconds for the cluster's names to resolve."""
     if "chief" not in task.cluster:
         raise UserError(f"{tf_config.ENV} names no chief: the chief is the client, the process "
                         "running python -m tfdp.train")
@@ -110,13 +110,16 @@ class _Stop:
                        f"{self.chief} did not stop within {PREEMPT_GRACE:g} s")
 
 
-def _prepare_data(dataset, data_dir, manual_dir, image_size) -> str:
+def _prepare_data(dataset, data_dir, manual_dir, image_size, validation_split, seed) -> str:
     """Prepare the dataset and leave its arrays where the client's steps read them."""
     from tfdp.data import sources
 
     where = sources.cache_folder(dataset, data_dir, image_size)
-    folder = sources.prepare(dataset, data_dir, manual_dir, image_size).folder
-    if folder != where:  # Kept in the user's cache: the data dir is read-only here.
+    folder = sources.prepare(dataset, data_dir, manual_dir, image_size, validation_split,
+                             seed).folder
+    # Kept in the user's cache: the data dir is read-only here (a split's folder is the
+    # dataset's name and its own suffix).
+    if not folder.startswith(where):
         raise UserError(f"cannot leave the arrays the client reads in {where} (not writable?): "
                         "give a --data_dir this worker can write to, the same on every machine")
     return folder

@@ -71,6 +71,9 @@ def common(config) -> None:
     paths.get(config.strategy)  # Its own line when there is no such path.
     model_spec.check_spec(config.model)
     dataset_spec.check(config.dataset, config.image_size)
+    if config.validation_split is not None and not 0 <= config.validation_split < 1:
+        raise UserError(f"--validation_split must be from 0 to below 1 (the share of each "
+                        f"class held out), got {config.validation_split}")
     for path in paths.all_paths():  # The choices a path declares for its own flags.
         for flag, own in path.own_flags.items():
             if own.choices:

@@ -89,8 +89,8 @@ def config_from_args(args: list) -> Config:
 
 
 # The flags a tfdp.server shares with the tfdp.train client it serves: its devices and its data.
-SHARED_WITH_SERVERS = ("num_gpus", "dataset", "image_size", "data_dir", "manual_dir",
-                       "collective_timeout", "verbose")
+SHARED_WITH_SERVERS = ("num_gpus", "dataset", "image_size", "validation_split", "seed",
+                       "data_dir", "manual_dir", "collective_timeout", "verbose")
 
 
 def server_args(config: Config) -> list:

@@ -43,12 +43,14 @@ class Plan:
     one_cycle_rise: float      # one_cycle: the share of total_steps over which the rate rises
     total_steps: int           # the run's steps: epochs x steps_per_epoch
     train_examples: int        # in the training split
-    eval_examples: int         # test examples each evaluation covers
-    test_examples: int         # in the test split
-    eval_steps: Optional[int]  # cap on evaluation batches (None: the whole test set)
+    eval_examples: int         # examples each evaluation after an epoch covers
+    split_examples: int        # in the split evaluated after every epoch
+    eval_steps: Optional[int]  # cap on evaluation batches (None: the whole split)
     init: str
     precision: str
     optimizer: str = "sgd"     # --optimizer: named in the run's line unless the textbook's
+    evaluated: str = "test"    # the split evaluated after every epoch (or "validation")
+    tested: int = 0            # test examples evaluated once after training (with validation)
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of global step ``step`` (``learning_rate``)."""
@@ -58,10 +60,18 @@ class Plan:
 
     @property
     def eval_note(self) -> str:
-        """`` (first 512 of 10000 test examples)`` when evaluation covers part of the test set."""
-        if self.eval_examples >= self.test_examples:
-            return ""
-        return f" (first {self.eval_examples} of {self.test_examples} test examples)"
+        """`` (first 512 of 10000 test examples)`` when evaluation covers part of its split."""
+        return covered(self.eval_examples, self.split_examples, self.evaluated)
+
+    @property
+    def test_examples(self) -> int:
+        """How many test examples the evaluation after training covers (``tested``, capped as
+        every evaluation is by ``--eval_steps``)."""
+        return eval_examples(self.tested, self.micro_batch, self.eval_steps)
+
+    @property
+    def test_note(self) -> str:
+        return covered(self.test_examples, self.tested, "test")
 
     def describe(self, engine: str) -> str:
         """The run's one line: ``engine`` says what runs the replicas (devices, allreduce or
@@ -80,7 +90,9 @@ class Plan:
         return (f"{self.strategy}: {engine}; global batch {self.global_batch} = "
                 f"{' + '.join(map(str, self.per_replica_batch))} per replica{accumulated}; "
                 f"{self.steps_per_epoch} steps/epoch; {lr}; {self.precision}; "
-                f"evaluating {self.eval_examples} of {self.test_examples} test examples")
+                f"evaluating {self.eval_examples} of {self.split_examples} {self.evaluated} "
+                "examples" + (f" after every epoch, {self.test_examples} of {self.tested} test "
+                              "examples once after training" if self.tested else ""))
 
     def facts(self, config) -> dict:
         """What the run used, for ``metrics.json`` (beside the configuration as given)."""
@@ -90,6 +102,7 @@ class Plan:
                 "steps_per_epoch": self.steps_per_epoch, "warmup_steps": self.warmup_steps,
                 "peak_lr": self.peak_lr, "schedule": self.schedule,
                 "total_steps": self.total_steps, "eval_examples": self.eval_examples,
+                "evaluated": self.evaluated,
                 "init": self.init, "precision": self.precision, "optimizer": self.optimizer}
 
 
@@ -110,8 +123,11 @@ def peak_lr(config, replicas: int) -> float:
     return config.lr * replicas if config.scale_lr else config.lr
 
 
-def make_plan(config, replicas: int, train_examples: int, test_examples: int) -> Plan:
-    """The plan of ``config`` on ``replicas`` replicas (refuses a batch too small to split)."""
+def make_plan(config, replicas: int, train_examples: int, split_examples: int,
+              evaluated: str = "test", tested: int = 0) -> Plan:
+    """The plan of ``config`` on ``replicas`` replicas (refuses a batch too small to split),
+    evaluating the split ``evaluated`` of ``split_examples`` after every epoch and ``tested``
+    test examples once after training."""
     micro = global_batch_size(config, replicas)
     batch = micro * config.accumulate_steps
     if batch > train_examples:
@@ -134,9 +150,10 @@ def make_plan(config, replicas: int, train_examples: int, test_examples: int) ->
         schedule=config.schedule, one_cycle_rise=config.one_cycle_rise,
         total_steps=steps * config.epochs,
         train_examples=train_examples,
-        eval_examples=eval_examples(test_examples, micro, config.eval_steps),
-        test_examples=test_examples, eval_steps=config.eval_steps, init=config.initializer,
-        precision=config.precision, optimizer=config.optimizer)
+        eval_examples=eval_examples(split_examples, micro, config.eval_steps),
+        split_examples=split_examples, eval_steps=config.eval_steps, init=config.initializer,
+        precision=config.precision, optimizer=config.optimizer, evaluated=evaluated,
+        tested=tested)
 
 
 def steps_per_epoch(num_examples: int, batch_size: int, cap: Optional[int] = None) -> int:
@@ -146,8 +163,13 @@ def steps_per_epoch(num_examples: int, batch_size: int, cap: Optional[int] = Non
 
 
 def eval_examples(num_examples: int, batch_size: int, steps_cap: Optional[int]) -> int:
-    """How many test examples ``steps_cap`` evaluation batches cover."""
+    """How many of a split's examples ``steps_cap`` evaluation batches cover."""
     return min(num_examples, steps_cap * batch_size) if steps_cap else num_examples
+
+
+def covered(evaluated: int, examples: int, split: str) -> str:
+    """`` (first 512 of 10000 test examples)`` where an evaluation covers part of ``split``."""
+    return "" if evaluated >= examples else f" (first {evaluated} of {examples} {split} examples)"
 
 
 def shard_sizes(n, k: int) -> list:

@@ -56,13 +56,19 @@ class Config:
     dataset: str = _flag(
         "fashion_mnist", "The images to train on: a TFDS image-classification dataset by name "
         "(fashion_mnist, mnist, cifar10, ...; prepared in --data_dir), folder:ROOT (images in "
-        "ROOT/train/<class>/ and ROOT/test/<class>/, PNG or JPEG), or npz:FILE (x_train, "
-        "y_train, x_test, y_test, as Keras' mnist.npz); tfdp.run also takes the arrays "
-        "themselves. Shape, channels and classes come from the data (docs/your-data.md).")
+        "ROOT/<class>/, or in ROOT/train/<class>/ and ROOT/test/<class>/; PNG or JPEG), or "
+        "npz:FILE (x_train, y_train, x_test, y_test, as Keras' mnist.npz); tfdp.run also "
+        "takes the arrays themselves. Shape, channels and classes come from the data "
+        "(docs/your-data.md).")
     image_size: Optional[str] = _flag(
         None, "HxW (or one side) to fit every image to, keeping its aspect ratio (the rest "
         "padded with black): images of different sizes are fitted to the most common size "
         "(a tie: the larger) unless this is given.")
+    validation_split: Optional[float] = _flag(
+        None, "The share of each class's training images held out, drawn by --seed, to "
+        "evaluate on after every epoch (the lines, --target_accuracy); the test set is then "
+        "evaluated once, at the end. Default: 0, or 0.2 for a dataset without a test set "
+        "(folder:ROOT as ROOT/<class>/*).")
     num_gpus: int = _flag(
         1, "Devices to train on (per worker under multi_worker and across machines). With fewer "
         "GPUs than this, the devices that exist are split into logical devices (logical CPUs on a "

@@ -3,8 +3,12 @@
 One folder per dataset (``tfdp.data.sources`` decides where and fills it)::
 
     train-images.npy  train-labels.npy  test-images.npy  test-labels.npy   uint8 NHWC, int64
-    digests.sha256    the four arrays' SHA-256, written after them
+    digests.sha256    the arrays' SHA-256, written after them
     info.json         what the data is (shape, classes, names, sizes), written last
+
+A dataset with no test set (an image folder of ``ROOT/<class>/*``) has no test arrays; one whose
+training set was split (``--validation_split``, ``tfdp.data.validation``) has validation arrays
+too: ``info.json``'s ``examples`` names the splits a folder holds.
 
 A folder without ``info.json`` is one whose writing was cut short; arrays whose digests no longer
 match were damaged since (a flipped byte keeps shapes and dtypes): both are made again. The
@@ -25,7 +29,8 @@ from tfdp.util import files
 from tfdp.util.logs import logger
 
 INFO = "info.json"
-SPLITS = ("train", "test")
+SPLITS = ("train", "test")  # What a source gives; "test" may be missing (splits_of).
+VALIDATION = "validation"   # Held out of "train" by --validation_split.
 _FORMAT = 1
 _CHUNK = 1 << 24
 
@@ -63,10 +68,15 @@ def _allocated(path: str, dtype, shape: tuple) -> np.memmap:
     return np.memmap(path, dtype, "r+", offset, shape)
 
 
+def splits_of(info: dict) -> list:
+    """The splits a cache folder of ``info`` holds, in a fixed order."""
+    return [split for split in ("train", VALIDATION, "test") if split in info["examples"]]
+
+
 def finish(folder: str, info: dict) -> None:
     """Flush the arrays, write their digests, then ``info.json``: the folder is complete."""
     digests = []
-    for split in SPLITS:
+    for split in splits_of(info):
         for path in array_paths(folder, split):
             digests.append(f"{_digest(path)}  {os.path.basename(path)}\n")
     files.write_atomic(os.path.join(folder, "digests.sha256"), lambda f: f.write("".join(digests)))
@@ -89,13 +99,13 @@ def read_info(folder: str):
     return info if info.get("format") == _FORMAT else None
 
 
-def intact(folder: str) -> bool:
-    """Whether the four arrays still have the digests written with them (read through once)."""
+def intact(folder: str, info: dict) -> bool:
+    """Whether the arrays still have the digests written with them (read through once)."""
     try:
         with open(os.path.join(folder, "digests.sha256")) as f:
             written = f.read()
         now = "".join(f"{_digest(p)}  {os.path.basename(p)}\n"
-                      for split in SPLITS for p in array_paths(folder, split))
+                      for split in splits_of(info) for p in array_paths(folder, split))
     except OSError as e:
         logger.warning("the cached arrays in %s cannot be read (%s): preparing the data again",
                        folder, e.strerror or e)

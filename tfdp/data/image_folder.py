@@ -1,6 +1,8 @@
-"""An image folder as ``--dataset=folder:ROOT`` reads it: ``ROOT/train/<class>/*`` and
-``ROOT/test/<class>/*`` (the layout ``keras.utils.image_dataset_from_directory`` reads), the
-class names the sorted folder names, into the array cache (``tfdp.data.sources``).
+"""An image folder as ``--dataset=folder:ROOT`` reads it, in either layout
+``keras.utils.image_dataset_from_directory`` reads: ``ROOT/<class>/*``, a training set that
+``--validation_split`` divides (``tfdp.data.validation``), or ``ROOT/train/<class>/*`` and
+``ROOT/test/<class>/*``; the class names the sorted folder names; into the array cache
+(``tfdp.data.sources``).
 
 Every file's header is read first (its size and mode: grayscale when every image is, RGB
 otherwise; the most common size unless ``--image_size`` says), then every image decoded into
@@ -23,36 +25,46 @@ GRAY_MODES = ("1", "L", "LA", "I", "I;16", "F")
 _PROGRESS_S = 5.0
 
 
+LAYOUTS = ("ROOT/<class>/* (a training set, --validation_split holds part of it out) or "
+           "ROOT/train/<class>/* and ROOT/test/<class>/*")
+
+
 def _listing(root_: str, spec: str) -> tuple:
-    """(class names, {split: [(path, label), ...]}), every split's classes the same, none
-    empty."""
-    found = {}
-    for split in array_cache.SPLITS:
-        top = os.path.join(root_, split)
-        if not os.path.isdir(top):
-            raise UserError(f"--dataset={spec}: there is no folder {top} (the layout: "
-                            "ROOT/train/<class>/*.png and ROOT/test/<class>/*.png)")
-        # Dot-named entries (.ipynb_checkpoints, .DS_Store) are no classes, as Keras skips them.
-        classes = sorted(d for d in os.listdir(top)
-                         if not d.startswith(".") and os.path.isdir(os.path.join(top, d)))
-        if not classes:
-            raise UserError(f"--dataset={spec}: {top} holds no class folders (one subfolder "
-                            "per class, named as the class)")
-        listed = []
-        for label, name in enumerate(classes):
-            images = sorted(f for f in os.listdir(os.path.join(top, name))
-                            if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS))
-            if not images:
-                raise UserError(f"--dataset={spec}: the class folder {os.path.join(top, name)} "
-                                f"holds no images ({', '.join(IMAGE_EXTENSIONS)})")
-            listed += [(os.path.join(top, name, f), label) for f in images]
-        found[split] = (classes, listed)
+    """(class names, {split: [(path, label), ...]}): ``ROOT/train|test/<class>/*`` where ROOT
+    holds ``train/`` or ``test/``, both splits with the same classes; else ``ROOT/<class>/*``,
+    a training set alone (``image_dataset_from_directory``'s one-folder layout)."""
+    if not any(os.path.isdir(os.path.join(root_, split)) for split in array_cache.SPLITS):
+        classes, listed = _classes(root_, spec)
+        return classes, {"train": listed}
+    found = {split: _classes(os.path.join(root_, split), spec) for split in array_cache.SPLITS}
     if found["train"][0] != found["test"][0]:
         only = sorted(set(found["train"][0]) ^ set(found["test"][0]))
         raise UserError(f"--dataset={spec}: train and test have different class folders "
                         f"({', '.join(only)} in one only): a class's label is its place in the "
                         "sorted names, so both need the same")
     return found["train"][0], {split: listed for split, (_, listed) in found.items()}
+
+
+def _classes(top: str, spec: str) -> tuple:
+    """(the class folders' names, sorted; [(path, label), ...]) of ``top``'s class folders,
+    none empty. Dot-named entries (.ipynb_checkpoints, .DS_Store) are skipped, as Keras skips
+    them."""
+    if not os.path.isdir(top):
+        raise UserError(f"--dataset={spec}: there is no folder {top} (the layouts: {LAYOUTS})")
+    classes = sorted(d for d in os.listdir(top)
+                     if not d.startswith(".") and os.path.isdir(os.path.join(top, d)))
+    if not classes:
+        raise UserError(f"--dataset={spec}: {top} holds no class folders (one subfolder per "
+                        f"class, named as the class; the layouts: {LAYOUTS})")
+    listed = []
+    for label, name in enumerate(classes):
+        images = sorted(f for f in os.listdir(os.path.join(top, name))
+                        if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS))
+        if not images:
+            raise UserError(f"--dataset={spec}: the class folder {os.path.join(top, name)} "
+                            f"holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+        listed += [(os.path.join(top, name, f), label) for f in images]
+    return classes, listed
 
 
 def cache_name(what: str, spec: str) -> str:
@@ -72,7 +84,7 @@ def write(root_: str, spec: str, folder: str, size) -> dict:
 
     classes, listed = _listing(root_, spec)
     sizes, gray = collections.Counter(), True
-    for split in array_cache.SPLITS:  # Headers only: sizes and modes, every file opened.
+    for split in listed:  # Headers only: sizes and modes, every file opened.
         for path, _ in listed[split]:
             try:
                 with Image.open(path) as image:
@@ -82,9 +94,9 @@ def write(root_: str, spec: str, folder: str, size) -> dict:
                 raise UserError(f"--dataset={spec}: {path} is not an image PIL can read "
                                 f"({type(e).__name__}: {str(e)[:120]})") from None
     shape = (*(size or _most_common(sizes, spec)), 1 if gray else 3)
-    counts = {split: len(listed[split]) for split in array_cache.SPLITS}
+    counts = {split: len(listed[split]) for split in listed}
     progress = _Progress(spec, sum(counts.values()))
-    for split in array_cache.SPLITS:
+    for split in listed:
         arrays = array_cache.new_arrays(folder, split, counts[split], shape)
         for i, (path, label) in enumerate(listed[split]):
             try:

@@ -2,9 +2,10 @@
 
 1. ``tfdp.data.sources.prepare``: ``--dataset`` (Fashion-MNIST by default) prepared once into tfdp's
    array cache, described by a ``DatasetInfo`` (image shape, classes, names).
-2. ``load_splits``: the train and test splits as arrays memory-mapped from that cache
-   (``tfdp.data.array_cache``): a batch reads its own examples, so a dataset larger than the run's
-   memory trains.
+2. ``load_splits``: the train split and the one evaluated after every epoch (the validation
+   split where ``--validation_split`` made one, else the test split) as arrays memory-mapped
+   from that cache (``tfdp.data.array_cache``): a batch reads its own examples, so a dataset
+   larger than the run's memory trains.
 3. ``train_batches`` / ``eval_batches``: a ``tf.data`` pipeline of global batches whose order
    depends only on (seed, epoch), so every path and device count sees the same batches. It
    does not autotune (``_pipeline_options``). With ``--augment=flip`` each training example
@@ -25,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp.config import dataset_spec
-from tfdp.data import array_cache, sources
+from tfdp.data import array_cache, sources, validation
 from tfdp.data.array_cache import Split
 from tfdp.data.sources import DatasetInfo
 from tfdp.util.errors import UserError
@@ -34,22 +35,30 @@ from tfdp.util.errors import UserError
 def dataset_of(config) -> DatasetInfo:
     """The run's ``DatasetInfo``: its data prepared here (once per process)."""
     return sources.prepare(config.dataset, config.data_dir, config.manual_dir,
-                            config.image_size)
+                           config.image_size, config.validation_split, config.seed)
 
 
 def dataset_on(device: str, name: str, config) -> DatasetInfo:
     """The run's ``DatasetInfo`` as the cluster worker owning ``device`` prepared it (its
     ``info.json``, read there: this process may hold no data at all). ``name`` names the worker
     in the error."""
-    folder = sources.cache_folder(config.dataset, config.data_dir, config.image_size)
+    whole = _info_on(device, name, config,
+                     sources.cache_folder(config.dataset, config.data_dir, config.image_size))
+    share = validation.fraction(config.validation_split, whole.examples, config.dataset)
+    if not share:
+        return whole
+    return _info_on(device, name, config, sources.split_folder(whole, share, config.seed))
+
+
+def _info_on(device: str, name: str, config, folder: str) -> DatasetInfo:
     try:
         with tf.device(device):
             text = tf.io.read_file(os.path.join(folder, array_cache.INFO)).numpy()
     except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
         raise UserError(f"{name} has not prepared --dataset={config.dataset} in {folder} "
                         f"({e.message.splitlines()[0][:120]}): start its tfdp.server with this "
-                        "--dataset and --data_dir (it prepares the data there), the same on "
-                        "every machine") from None
+                        "--dataset, --validation_split, --seed and --data_dir (it prepares the "
+                        "data there), the same on every machine") from None
     return DatasetInfo.of(config.dataset, folder, json.loads(text))
 
 
@@ -73,12 +82,18 @@ def read_npy(path: str, dtype: tf.DType, item_shape: tuple) -> tf.Tensor:
 
 
 def load_splits(info: DatasetInfo, synthetic: bool = False) -> tuple:
-    """(train, test) for a run: the data ``info`` describes, or random arrays of its sizes."""
+    """(train, the split evaluated after every epoch) for a run: the data ``info`` describes,
+    or random arrays of its sizes."""
+    return tuple(load(info, split, synthetic) for split in ("train", info.evaluated))
+
+
+def load(info: DatasetInfo, split: str, synthetic: bool = False) -> Split:
+    """``split`` of the data ``info`` describes (memory-mapped), or random arrays of its
+    size."""
     if synthetic:
-        return tuple(synthetic_split(info.examples[split], info.image_shape, info.num_classes,
-                                     seed) for split, seed in (("train", 1), ("test", 2)))
-    return tuple(array_cache.load(info.folder, split, info.examples[split], info.image_shape)
-                 for split in array_cache.SPLITS)
+        return synthetic_split(info.examples[split], info.image_shape, info.num_classes,
+                               1 + array_cache.splits_of({"examples": info.examples}).index(split))
+    return array_cache.load(info.folder, split, info.examples[split], info.image_shape)
 
 
 def synthetic_split(num_examples: int, image_shape: tuple = (28, 28, 1), num_classes: int = 10,

@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from tfdp.config import dataset_spec
-from tfdp.data import array_cache, arrays, image_folder, npz, tfds
+from tfdp.data import array_cache, arrays, image_folder, npz, tfds, validation
 from tfdp.util import files
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
@@ -34,12 +34,32 @@ class DatasetInfo(NamedTuple):
     image_shape: tuple    # (height, width, channels)
     num_classes: int
     class_names: tuple    # what the export names each class
-    examples: dict        # {"train": n, "test": m}
+    examples: dict        # {"train": n, "test": m}, "validation" where it was split, no "test"
+    validation: Optional[dict] = None  # {"split": F, "seed": seed} where it was split
 
     @classmethod
     def of(cls, spec: str, folder: str, info: dict) -> "DatasetInfo":
         return cls(spec, folder, tuple(info["image_shape"]), int(info["num_classes"]),
-                   tuple(info["class_names"]), dict(info["examples"]))
+                   tuple(info["class_names"]), dict(info["examples"]), info.get("validation"))
+
+    @property
+    def evaluated(self) -> str:
+        """The split evaluated after every epoch: the validation split where there is one."""
+        return array_cache.VALIDATION if self.validation else "test"
+
+    @property
+    def uses(self) -> dict:
+        """{what a run reads a split for: the split}: "train", "eval" (after every epoch) and,
+        where a validation split is evaluated after every epoch and there is a test set,
+        "test" (once after training)."""
+        return {"train": "train", "eval": self.evaluated,
+                **({"test": self.tested} if self.tested else {})}
+
+    @property
+    def tested(self) -> Optional[str]:
+        """The split evaluated once at the end, apart: the test set, where a validation split
+        is evaluated after every epoch."""
+        return "test" if self.validation and "test" in self.examples else None
 
 
 def root(data_dir: Optional[str]) -> str:
@@ -71,9 +91,41 @@ def cache_folder(spec: str, data_dir: Optional[str], image_size=None) -> str:
 
 @functools.lru_cache(maxsize=None)
 def prepare(spec: str = dataset_spec.DEFAULT, data_dir: Optional[str] = None,
-            manual_dir: Optional[str] = None, image_size=None) -> DatasetInfo:
+            manual_dir: Optional[str] = None, image_size=None,
+            validation_split: Optional[float] = None, seed: int = 0) -> DatasetInfo:
     """``spec``'s ``DatasetInfo``, its array cache made first where there is no intact one (in
-    the user's cache folder where ``data_dir`` is read-only)."""
+    the user's cache folder where ``data_dir`` is read-only), with ``validation_split`` of
+    its training set held out by ``seed`` (``tfdp.data.validation``) in a cache of its own."""
+    whole = _prepared(spec, data_dir, manual_dir, image_size)
+    share = validation.fraction(validation_split, whole.examples, spec)
+    if not share:
+        return whole
+    folder = split_folder(whole, share, seed)
+    source = _digests_of(whole.folder)  # Made again when the dataset's arrays are.
+    found = _usable(folder, source)
+    if not found:
+        held = _lock(folder)
+        try:
+            found = _made(folder, source, spec,
+                          lambda into: validation.write(whole, into, share, seed))
+        finally:
+            files.unlock(f"{folder}.lock", held)
+    return DatasetInfo.of(spec, folder, found)
+
+
+def split_folder(whole: DatasetInfo, share: float, seed: int) -> str:
+    """The cache folder of ``whole`` with ``share`` of its training set held out by ``seed``."""
+    return whole.folder + validation.suffix(share, seed)
+
+
+def _digests_of(folder: str) -> str:
+    with open(os.path.join(folder, "digests.sha256"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _prepared(spec: str, data_dir: Optional[str], manual_dir: Optional[str],
+              image_size) -> DatasetInfo:
+    """``spec``'s ``DatasetInfo`` as its source gives it (every split it has)."""
     kind, what = source_of(spec)
     folder = cache_folder(spec, data_dir, image_size)
     source = kind.fingerprint(what)
@@ -159,11 +211,18 @@ def _usable(folder: str, source) -> Optional[dict]:
     if info.get("source") != source:
         logger.info("the data of %s changed since it was prepared: preparing it again", folder)
         return None
-    return info if array_cache.intact(folder) else None
+    return info if array_cache.intact(folder, info) else None
 
 
 def describe(info: DatasetInfo) -> str:
     """The run's line about its data."""
-    return (f"data: {dataset_spec.name_of(info.spec)}, {info.examples['train']} training and "
-            f"{info.examples['test']} test images of {'x'.join(map(str, info.image_shape))}, "
-            f"{info.num_classes} classes")
+    counts = info.examples
+    parts = [f"{counts['train']} training"]
+    if info.validation:
+        parts.append(f"{counts[array_cache.VALIDATION]} validation (--validation_split="
+                     f"{info.validation['split']:g}, evaluated after every epoch)")
+    if "test" in counts:
+        parts.append(f"{counts['test']} test" + (" (evaluated once, at the end)"
+                                                  if info.validation else ""))
+    return (f"data: {dataset_spec.name_of(info.spec)}, {', '.join(parts[:-1])} and {parts[-1]} "
+            f"images of {'x'.join(map(str, info.image_shape))}, {info.num_classes} classes")

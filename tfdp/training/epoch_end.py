@@ -13,7 +13,9 @@ from tfdp.training.report import Trained
 
 
 class EpochEnd:
-    """``evaluate()`` -> (test loss, test accuracy); ``state()`` the run's training state to
+    """``evaluate()`` -> (loss, accuracy) on the split evaluated after every epoch,
+    ``evaluate(final=True)`` on the test set once after training (where a validation split is
+    the other: ``plan.tested``); ``state()`` the run's training state to
     back up (``tfdp.training.state.TrainingState``); ``figures()`` -> (a path's own figures of
     the epoch for its record, words for its line); ``preempted()`` whether to stop after this
     epoch (default: this process's ``Watch``; across workers, their agreement)."""
@@ -36,9 +38,14 @@ class EpochEnd:
                                extra=dict(extra, clock_s=clock), note=note)
         saved = run.backups.save(step, self.state()) if run.backups else None
         target = run.config.target_accuracy
-        if target is not None and test_acc >= target:
+        reached = target is not None and test_acc >= target
+        if reached:
             # Every worker evaluated the same global accuracy: all stop here, and export.
             run.reached = run.reporter.records[-1]
+        if run.plan.tested and (reached or epoch + 1 == run.plan.epochs):
+            with watching(run.stall, "evaluating the test set"):
+                run.reporter.tested(*self.evaluate(final=True), note=run.plan.test_note)
+        if reached:
             return True
         if self.preempted():
             raise run.watch.preempted(step, saved)

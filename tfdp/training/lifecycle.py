@@ -42,7 +42,8 @@ class Run:
     watch: preemption.Watch = dataclasses.field(default_factory=preemption.Watch)
     stall: object = None
     train_split: object = None   # None where the data lives on a cluster's workers
-    test_split: object = None
+    eval_split: object = None    # evaluated after every epoch (validation, or test)
+    test_split: object = None    # evaluated once after training, where validation is the above
     tracer: Tracer = dataclasses.field(default_factory=lambda: Tracer(None, ""))
     clock: Clock = dataclasses.field(default_factory=Clock)
     reached: Optional[dict] = None  # The record of the epoch that reached --target_accuracy.
@@ -131,15 +132,18 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
         saved_model.check_export_root(config.export_root)
     clock = Clock()
     clock.start()  # Before the data is read: time to accuracy counts it (tfdp.training.clock).
-    train_split = test_split = None
-    if config.dataset != dataset_spec.DEFAULT:
-        logger.info("%s", sources.describe(path.dataset))
+    train_split = eval_split = test_split = None
+    dataset = path.dataset
+    if config.dataset != dataset_spec.DEFAULT or dataset.validation:
+        logger.info("%s", sources.describe(dataset))
     examples = path.examples
+    tested = dataset.examples["test"] if dataset.tested and not splits else 0
     if not examples:
-        train_split, test_split = splits or pipeline.load_splits(path.dataset,
-                                                                 config.synthetic_data)
-        examples = len(train_split.labels), len(test_split.labels)
-    plan = make_plan(config, path.replicas, *examples)
+        train_split, eval_split = splits or pipeline.load_splits(dataset, config.synthetic_data)
+        examples = len(train_split.labels), len(eval_split.labels)
+        if tested:
+            test_split = pipeline.load(dataset, dataset.tested, config.synthetic_data)
+    plan = make_plan(config, path.replicas, *examples, dataset.evaluated, tested)
     logger.info("%s", plan.describe(path.engine))
     changed = recipes.changed(config)
     if changed:
@@ -155,8 +159,8 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     tracer = Tracer(config.traced_steps, config.workdir, path.worker_index, path.num_workers,
                     servers=path.servers_traced)
     started = Run(config, plan, None, list(path.devices), first_step, backups,
-                  watch or preemption.Watch(), path.stall, train_split, test_split, tracer,
-                  clock)
+                  watch or preemption.Watch(), path.stall, train_split, eval_split, test_split,
+                  tracer, clock)
     first_epoch, offset = started.first_epoch, started.offset
     # Every worker reads the earlier epochs (one folder for all): whether one reached the
     # target before an interruption (an export that failed, say) decides for all.
@@ -173,7 +177,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
               flush=True)
     started.reporter = report.Reporter(config.workdir, plan.facts(config), path.devices,
                                        path.is_chief, history=earlier if path.is_chief else (),
-                                       eval_note=plan.eval_note)
+                                       eval_note=plan.eval_note, evaluated=plan.evaluated)
     started.reporter.add_facts(startup_s=clock.startup, resumed=bool(first_step))
     return started
 
@@ -206,7 +210,11 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
     if version:
         print(f"exported {version}", flush=True)
     records = run.reporter.records
-    return Result(test_accuracy=records[-1]["test_acc"] if records else float("nan"),
+    last = records[-1]["test_acc"] if records else float("nan")
+    validated = run.plan.evaluated == "validation"
+    tested = run.reporter.facts.get("test", {}).get("acc", float("nan"))
+    return Result(test_accuracy=tested if validated else last,
+                  validation_accuracy=last if validated else None,
                   sec_per_epoch=run.reporter.sec_per_epoch() if records else float("nan"),
                   history=[dict(r) for r in records], export_path=version,
                   devices=run.reporter.devices, run_dir=run.config.workdir, final_line=line,
@@ -215,14 +223,14 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
 
 def _target_line(run: Run, target: float) -> str:
     """Whether the run reached ``target``, and on the clock when (tfdp.training.clock)."""
-    note = run.plan.eval_note
+    note, split = run.plan.eval_note, run.plan.evaluated
     if run.reached:
         r = run.reached
-        return (f"reached {target:g} test accuracy{note} in {r.get('clock_s', 0.0):.1f} s "
+        return (f"reached {target:g} {split} accuracy{note} in {r.get('clock_s', 0.0):.1f} s "
                 f"(epoch {r['epoch']}: {r['test_acc']:.4f})")
     records = run.reporter.records
     best = max(records, key=lambda r: r["test_acc"]) if records else None
-    return (f"did not reach {target:g} test accuracy{note}"
+    return (f"did not reach {target:g} {split} accuracy{note}"
             + (f": the best was {best['test_acc']:.4f} (epoch {best['epoch']}), "
                f"{records[-1].get('clock_s', 0.0):.1f} s on the clock" if best else ""))
 

@@ -30,7 +30,9 @@ class Steps:
     ``issue(batches, first_step, count)`` starts global steps ``first_step`` (counted from 0)
     to ``first_step + count - 1`` on the next ``count`` batches, each at the plan's learning
     rate of its step, and returns something ``collect`` turns into one ``(loss, correct,
-    examples)`` per step, waiting for them; ``evaluate()`` returns (test loss, test accuracy);
+    examples)`` per step, waiting for them; ``evaluate()`` returns (loss, accuracy) on the split
+    evaluated after every epoch, ``evaluate(final=True)`` on the test set once after training
+    (where the other is a validation split: ``plan.tested``);
     ``state()`` the training state after the last step collected (a
     ``tfdp.training.state.TrainingState``: what every backup holds); ``epoch_figures()`` a
     path's own figures of the epoch just trained (for the record, and words for its line)."""
@@ -47,7 +49,7 @@ class Steps:
     def collect(self, pending) -> list:
         raise NotImplementedError
 
-    def evaluate(self) -> tuple:
+    def evaluate(self, final: bool = False) -> tuple:
         raise NotImplementedError
 
     def state(self):

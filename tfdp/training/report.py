@@ -47,14 +47,19 @@ class Reporter:
     """
 
     def __init__(self, workdir: str, facts: dict, devices: list, is_chief: bool = True,
-                 history: list = (), eval_note: str = ""):
+                 history: list = (), eval_note: str = "", evaluated: str = "test"):
         self.workdir = workdir
         self.facts = dict(facts)
         self.config = self.facts.get("config", self.facts)
         self.devices = list(devices)
         self.is_chief = is_chief
         self.records = list(history)
-        self.eval_note = eval_note  # Says so when evaluation covers part of the test set.
+        self.eval_note = eval_note  # Says so when evaluation covers part of its split.
+        # What the lines call the split evaluated after each epoch, as Keras does: "val" for a
+        # validation split (metrics.json's records keep test_loss and test_acc, and its
+        # "evaluated" names the split).
+        self.label = "val" if evaluated == "validation" else "test"
+        self.test_note = ""
         self._progress = None
         self._writers = {}
         if is_chief:
@@ -96,8 +101,8 @@ class Reporter:
         if self._progress:
             self._progress.close()
         print(f"epoch {record['epoch']}/{self.config['epochs']}: loss {loss:.4f}, "
-              f"train_acc {train_acc:.3f}, test_loss {test_loss:.4f}, "
-              f"test_acc {test_acc:.3f}{self.eval_note}, {seconds:.1f} s, "
+              f"train_acc {train_acc:.3f}, {self.label}_loss {test_loss:.4f}, "
+              f"{self.label}_acc {test_acc:.3f}{self.eval_note}, {seconds:.1f} s, "
               f"{record['examples_per_sec']:.0f} examples/s{note}"
               + (f" (resumed: steps after {resumed_at} only)" if resumed_at else ""), flush=True)
         scalars = {"train": {"loss": loss, "acc": train_acc, "seconds": seconds,
@@ -127,9 +132,24 @@ class Reporter:
         whole = [r for r in self.records if "resumed_at_step" not in r] or self.records
         return statistics.fmean(r["seconds"] for r in whole)
 
+    def tested(self, loss: float, accuracy: float, note: str = "") -> None:
+        """The test set's figures, evaluated once after training where a validation split was
+        evaluated after every epoch: a line, and ``metrics.json``'s ``test``."""
+        self.facts["test"] = {"loss": float(loss), "acc": float(accuracy)}
+        self.test_note = note
+        if self.is_chief:
+            print(f"test set, evaluated once after training{note}: loss {loss:.4f}, "
+                  f"acc {accuracy:.4f}", flush=True)
+            self._write_json()
+
     def final_line(self) -> str:
-        """``test acc: 0.85, 16.5 sec/epoch on [...]``, printed by the chief."""
-        line = (f"test acc{self.eval_note}: {self.records[-1]['test_acc']:.2f}, "
+        """``test acc: 0.85, 16.5 sec/epoch on [...]``, printed by the chief: the test set's
+        accuracy (once at the end, where a validation split was evaluated after each epoch),
+        else the last validation's."""
+        tested = self.facts.get("test")
+        label, accuracy, note = (("test", tested["acc"], self.test_note) if tested
+                                 else (self.label, self.records[-1]["test_acc"], self.eval_note))
+        line = (f"{label} acc{note}: {accuracy:.2f}, "
                 f"{self.sec_per_epoch():.1f} sec/epoch on {self.devices}")
         if self.is_chief:
             print(line, flush=True)

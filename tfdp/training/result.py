@@ -8,8 +8,12 @@ from typing import Optional
 class Result:
     """One finished run.
 
-    ``history`` holds one dict per epoch, the records of ``metrics.json`` (``epoch``, ``loss``,
-    ``train_acc``, ``test_loss``, ``test_acc``, ``seconds``, ``examples_per_sec``).
+    ``test_accuracy`` is the test set's: the last epoch's evaluation, or, where a validation
+    split (``--validation_split``) was evaluated after every epoch, the test set's evaluated
+    once after training (NaN for data without a test set); ``validation_accuracy`` is then the
+    last epoch's (None without one). ``history`` holds one dict per epoch, the records of
+    ``metrics.json`` (``epoch``, ``loss``, ``train_acc``, ``test_loss``, ``test_acc``: the
+    evaluated split's, ``seconds``, ``examples_per_sec``).
     ``weights`` are the trained weights in Keras order (``model.get_weights()``; for LeNet the
     same list on every path). ``export_path`` is None on a worker that is not the chief.
     """
@@ -23,6 +27,7 @@ class Result:
     final_line: str
     plan: object = dataclasses.field(repr=False)
     weights: list = dataclasses.field(repr=False)
+    validation_accuracy: Optional[float] = None
 
     def plot(self):
         """The accuracy and loss per epoch as a matplotlib figure (a notebook draws it inline)."""

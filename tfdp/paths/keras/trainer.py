@@ -150,13 +150,20 @@ class KerasFitPath(TrainingPath):
         if not run.trained:
             # Evaluated by tfdp's callback with one iterator for the run, not by fit
             # (evaluation.py).
-            test = pipeline.eval_batches(run.test_split, plan.micro_batch, config.eval_steps)
-            evaluator = evaluation.Evaluator(
-                model, strategy,
-                distribute(strategy, test, replicas, input_dtype(config.precision)),
-                steps=steps_per_epoch(plan.eval_examples, plan.micro_batch),
-                eval_flip=config.eval_flip)
-            callbacks = [FitCallback(run, self.distribution, evaluator.evaluate, self.recorder)]
+            def evaluator(split, examples):
+                batches = pipeline.eval_batches(split, plan.micro_batch, config.eval_steps)
+                return evaluation.Evaluator(
+                    model, strategy,
+                    distribute(strategy, batches, replicas, input_dtype(config.precision)),
+                    steps=steps_per_epoch(examples, plan.micro_batch), eval_flip=config.eval_flip)
+
+            after_epochs = evaluator(run.eval_split, plan.eval_examples).evaluate
+
+            def evaluate(final=False):  # The test set once after training: plan.tested.
+                return (evaluator(run.test_split, plan.test_examples).evaluate() if final
+                        else after_epochs())
+
+            callbacks = [FitCallback(run, self.distribution, evaluate, self.recorder)]
             if run.tracer.on:
                 callbacks.append(TraceSteps(run.tracer, run.first_step))
             # fit's epochs all have steps_per_epoch steps: a resume within an epoch first fits

@@ -4,16 +4,17 @@ it has them) on every replica, the test batch split across the devices as in tra
 import tensorflow as tf
 
 from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
-from tfdp.paths.manual.feed import Feed, images_feed
+from tfdp.paths.manual.feed import EVAL, Feed, images_feed
 from tfdp.paths.manual.replicate import Replicas
 from tfdp.paths.manual.step import StepSettings, unless_empty
 
 
 def make_eval_step(replicas: Replicas, settings: StepSettings = StepSettings(),
-                   feed: Feed = None):
+                   feed: Feed = None, split: str = EVAL):
     """``step(*batch) -> (summed loss, correct)`` of the model as evaluated
-    (``Replicas.evaluated``), the batch split like in training; with ``settings.eval_flip`` the
-    logits are the mean of each image's and its mirror image's."""
+    (``Replicas.evaluated``) on a batch of ``split`` (the feed's ``EVAL`` or ``TEST``), split
+    like in training; with ``settings.eval_flip`` the logits are the mean of each image's and
+    its mirror image's."""
     dtype, model = replicas.dtype, replicas.model
     feed = feed or images_feed(replicas.devices)
 
@@ -25,7 +26,7 @@ def make_eval_step(replicas: Replicas, settings: StepSettings = StepSettings(),
     def step(*batch):
         losses, correct = [], []
         for device, params, (x, y) in zip(replicas.devices, replicas.evaluated(),
-                                          feed.shards("test", *batch)):
+                                          feed.shards(split, *batch)):
             with tf.device(device):
                 loss, right = unless_empty(y, lambda: shard_sums(params, x, y),
                                             lambda: [tf.zeros([], dtype), tf.zeros([], tf.int64)])

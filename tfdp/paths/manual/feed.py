@@ -21,15 +21,22 @@ def images_spec(image_shape: tuple) -> tf.TensorSpec:
     return tf.TensorSpec([None, *image_shape], tf.uint8)
 
 
+# What a batch is cut from (``shards``' first argument): the training split, the split
+# evaluated after every epoch, and the test set evaluated once after training (the keys of
+# ``tfdp.data.sources.DatasetInfo.uses``).
+TRAIN, EVAL, TEST = "train", "eval", "test"
+
+
 class Feed(NamedTuple):
     signature: list
     train_batches: Callable   # (first_epoch, offset) -> iterator over the remaining batches
-    eval_batches: Callable    # () -> the evaluation's batches
-    shards: Callable          # (split, *batch) -> [(images, labels) on each device]
+    eval_batches: Callable    # () -> the batches evaluated after every epoch
+    shards: Callable          # (TRAIN, EVAL or TEST, *batch) -> [(images, labels) per device]
+    test_batches: Callable = None  # () -> the test set's batches, evaluated after training
 
 
 def local_feed(config, plan, devices: list, train_split: pipeline.Split,
-               test_split: pipeline.Split) -> Feed:
+               eval_split: pipeline.Split, test_split: pipeline.Split = None) -> Feed:
     """Global batches of images from arrays in this process, split with ``split_batch``."""
     shape = train_split.images.shape[1:]
     shards = images_feed(devices, shape).shards
@@ -40,7 +47,9 @@ def local_feed(config, plan, devices: list, train_split: pipeline.Split,
                                        config.augment == "flip").skip(offset))
 
     return Feed([images_spec(shape), LABELS], train_batches,
-                lambda: pipeline.eval_batches(test_split, plan.micro_batch, plan.eval_steps), shards)
+                lambda: pipeline.eval_batches(eval_split, plan.micro_batch, plan.eval_steps),
+                shards,
+                lambda: pipeline.eval_batches(test_split, plan.micro_batch, plan.eval_steps))
 
 
 def images_feed(devices: list, image_shape: tuple = (28, 28, 1)) -> Feed:

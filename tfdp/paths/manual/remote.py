@@ -33,7 +33,7 @@ from tfdp.cluster.stall import STARTING, Stall
 from tfdp.cluster.tf_server import LISTENING, PREEMPTED
 from tfdp.config.plan import shard_sizes
 from tfdp.data import array_cache, pipeline
-from tfdp.paths.manual.feed import Feed
+from tfdp.paths.manual.feed import EVAL, TEST, TRAIN, Feed
 from tfdp.trace import arrivals
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
@@ -81,15 +81,17 @@ class Cluster:
         flip = config.augment == "flip"
 
         def train_batches(first_epoch, offset):
-            return pipeline.index_batches(self.examples["train"], plan.global_batch, config.seed,
+            return pipeline.index_batches(self.examples[TRAIN], plan.global_batch, config.seed,
                                       first_epoch, offset, config.epochs,
                                       plan.steps_per_epoch, flip)
 
-        return Feed([INDICES], train_batches,
-                    lambda: pipeline.eval_indices(self.examples["test"], plan.micro_batch,
-                                              plan.eval_steps).map(lambda i: (i,)),
-                    lambda split, indices: self.shards(split, indices,
-                                                       flip and split == "train"))
+        def eval_batches(split):
+            return pipeline.eval_indices(self.examples[split], plan.micro_batch,
+                                         plan.eval_steps).map(lambda i: (i,))
+
+        return Feed([INDICES], train_batches, lambda: eval_batches(EVAL),
+                    lambda split, indices: self.shards(split, indices, flip and split == TRAIN),
+                    lambda: eval_batches(TEST))
 
     def preempted_worker(self) -> Optional[str]:
         """What preempted the cluster, if a worker's ``tfdp.server`` got a SIGTERM ("SIGTERM to
@@ -159,13 +161,14 @@ def connect(task: tf_config.Task, config, kept_steps=lambda: []) -> Cluster:
     dataset = pipeline.dataset_on(_cpu(0), "{} ({})".format(*peers[0]), config)
     folder = dataset.folder
     arrays, examples = {}, {}
-    for split in ("train", "test"):
+    for use, split in dataset.uses.items():
         with stall.watching(f"loading the {split} split on the workers"):
-            arrays[split] = [_load(w, name, address, dataset, split)
-                             for w, (name, address) in enumerate(peers)]
-            examples[split] = _check_same(split, arrays[split], peers)
-    logger.info("data: %d training and %d test examples, read by each of the %d workers from "
-                "its own %s", examples["train"], examples["test"], len(peers), folder)
+            arrays[use] = [_load(w, name, address, dataset, split)
+                           for w, (name, address) in enumerate(peers)]
+            examples[use] = _check_same(split, arrays[use], peers)
+    logger.info("data: %s examples, read by each of the %d workers from its own %s",
+                ", ".join(f"{examples[use]} {split}" for use, split in dataset.uses.items()),
+                len(peers), folder)
     cluster = Cluster(task, devices, worker_of, arrays, examples, stall, dataset)
     stall.unresponsive = cluster.unresponsive  # For the line of a call that outlasts the timeout.
     stall.probe(cluster.ask, arrivals.PAUSE_S)  # A worker paused, named whatever it was doing.

@@ -42,7 +42,7 @@ from tfdp.models.loss import count_correct, summed_cross_entropy
 from tfdp.models.optimizers import Optimizer
 from tfdp.paths.manual.allreduce import ALLREDUCE, on_replica
 from tfdp.paths.manual.buckets import exchange
-from tfdp.paths.manual.feed import Feed, images_feed
+from tfdp.paths.manual.feed import TRAIN, Feed, images_feed
 from tfdp.paths.manual.replicate import Replicas
 from tfdp.trace.arrivals import stamp_after
 
@@ -89,7 +89,7 @@ def make_train_step(replicas: Replicas, settings: StepSettings = StepSettings(),
     def step(*batch_and_lr):
         *batch, lr = batch_and_lr
         with tf.name_scope("input"):
-            shards = feed.shards("train", *batch)
+            shards = feed.shards(TRAIN, *batch)
         n = tf.cast(tf.shape(batch[-1])[0], dtype)  # Labels, or indices: both one per example.
         shard_results = replica_gradients(replicas, shards, n, settings)
         with tf.name_scope("allreduce"):

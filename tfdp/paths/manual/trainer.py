@@ -16,7 +16,7 @@ from tfdp.data import pipeline
 from tfdp.models import stateless
 from tfdp.paths.manual import remote
 from tfdp.paths.manual.evaluation import make_eval_step
-from tfdp.paths.manual.feed import Feed, local_feed
+from tfdp.paths.manual.feed import EVAL, TEST, TRAIN, Feed, local_feed
 from tfdp.paths.manual.replicate import Replicas
 from tfdp.paths.manual.step import StepSettings, make_train_step
 from tfdp.paths.manual.window import make_train_window
@@ -39,7 +39,7 @@ class FromScratchPath(TrainingPath):
             self.devices, where = self.cluster.devices, self.cluster.describe()
             self.stall, self.peers = self.cluster.stall, self.cluster.stall.peers
             self.servers_traced = self.peers  # They run the step, but no loop to trace it.
-            self.examples = (self.cluster.examples["train"], self.cluster.examples["test"])
+            self.examples = (self.cluster.examples[TRAIN], self.cluster.examples[EVAL])
             self.dataset = self.cluster.dataset
         else:
             self.devices = configure_devices(config.num_gpus)
@@ -100,7 +100,7 @@ def train(run, model, state: TrainingState, feed: Feed = None,
                                   first_step=run.first_step, model=model)
     steps = ReplicaSteps(run, replicas, settings,
                          feed or local_feed(config, run.plan, run.devices, run.train_split,
-                                            run.test_split),
+                                            run.eval_split, run.test_split),
                          arrivals or Arrivals(run.devices, config.workdir))
     loop.train(run, steps)
     return steps.trained()
@@ -112,12 +112,13 @@ class ReplicaSteps(loop.Steps):
 
     def __init__(self, run, replicas: Replicas, settings: StepSettings, feed: Feed,
                  arrivals: Arrivals):
-        self.run, self.replicas, self.feed = run, replicas, feed
+        self.run, self.replicas, self.feed, self.settings = run, replicas, feed, settings
         self.sync_every = run.config.steps_between_syncs
         self.arrivals, self.collected = arrivals, run.first_step
         self.train_window = make_train_window(make_train_step(replicas, settings, feed),
                                               run.plan, settings.eager)
         self.eval_step = make_eval_step(replicas, settings, feed)
+        self.test_step = None  # Made (traced) where the test set is evaluated after training.
 
     def batches(self, first_epoch, offset):
         return self.feed.train_batches(first_epoch, offset)
@@ -137,9 +138,15 @@ class ReplicaSteps(loop.Steps):
     def epoch_figures(self):
         return self.arrivals.epoch_figures()
 
-    def evaluate(self):
-        return loop.mean_over((self.eval_step(*batch) for batch in self.feed.eval_batches()),
-                              self.run.plan.eval_examples)
+    def evaluate(self, final=False):
+        plan = self.run.plan
+        if not final:
+            return loop.mean_over((self.eval_step(*batch) for batch in self.feed.eval_batches()),
+                                  plan.eval_examples)
+        self.test_step = self.test_step or make_eval_step(self.replicas, self.settings,
+                                                          self.feed, TEST)
+        return loop.mean_over((self.test_step(*batch) for batch in self.feed.test_batches()),
+                              plan.test_examples)
 
     def trained(self) -> dict:
         """The model trained: replica 0's parameters, averaged under ``--ema``."""

@@ -93,13 +93,15 @@ class ParameterServerPath(TrainingPath):
             self.dataset = pipeline.dataset_on("/job:worker/replica:0/task:0/device:CPU:0",
                                            f"worker 0 ({task.cluster['worker'][0]})", config)
             folder = self.dataset.folder
-            self.arrays = {split: self.coordinator.create_per_worker_dataset(
+            self.arrays = {use: self.coordinator.create_per_worker_dataset(
                 _arrays_fn(folder, split, self.dataset.image_shape))
-                for split in ("train", "test")}
-            self.examples = _examples(self.coordinator, self.arrays)
+                for use, split in self.dataset.uses.items()}
+            self.sizes = _examples(self.coordinator, self.arrays)
+            self.examples = self.sizes["train"], self.sizes["eval"]
         num_workers = len(task.cluster["worker"])
-        logger.info("data: %d training and %d test examples, read by each of the %d workers from "
-                    "its own %s", *self.examples, num_workers, folder)
+        logger.info("data: %s examples, read by each of the %d workers from its own %s",
+                    ", ".join(f"{self.sizes[use]} {split}"
+                              for use, split in self.dataset.uses.items()), num_workers, folder)
         self.devices = [f"/job:worker/replica:0/task:{i}" for i in range(num_workers)]
         self.replicas = 1
         self.engine = (f"{num_workers} worker(s) and {self.servers} parameter server(s), "
@@ -114,7 +116,7 @@ class ParameterServerPath(TrainingPath):
         # In metrics.json: what each server holds (the host benchmark's arithmetic needs it).
         run.reporter.add_facts(parameter_server_bytes=self.store.bytes_per_server(self.servers))
         steps = ScheduledSteps(run, self.coordinator, self.recorder, self.store, self.arrays,
-                               self.examples)
+                               self.sizes)
         loop.train(run, steps)
         self.weights = steps.state().weights
         return self.weights
@@ -140,14 +142,15 @@ def _arrays_fn(folder: str, split: str, image_shape: tuple):
         pipeline.read_arrays(folder, split, image_shape)).repeat()
 
 
-def _examples(coordinator, arrays) -> tuple:
-    """(train, test) sizes, as a worker holds them."""
+def _examples(coordinator, arrays) -> dict:
+    """{use: size} of ``arrays`` ({use: per-worker dataset}), as a worker holds them."""
     @tf.function
     def size(iterator):
         return tf.shape(next(iterator)[1])[0]
 
-    found = [coordinator.schedule(size, args=(iter(arrays[split]),)) for split in ("train", "test")]
-    return tuple(int(value.fetch()) for value in found)
+    found = {use: coordinator.schedule(size, args=(iter(dataset),))
+             for use, dataset in arrays.items()}
+    return {use: int(value.fetch()) for use, value in found.items()}
 
 
 class _Step:
@@ -167,12 +170,13 @@ class ScheduledSteps(loop.Steps):
         self.pace, self.window = pace, 2 * len(pace.names)
         self.train_step = make_train_step(store, run.config)
         self.eval_step = make_eval_step(store, run.config.eval_flip)
-        self.train_arrays, self.test_arrays = iter(arrays["train"]), iter(arrays["test"])
+        # {use: iterator}: "train", "eval" (after every epoch), "test" (once after training).
+        self.arrays = {use: iter(dataset) for use, dataset in arrays.items()}
         self.staleness, self.in_flight = [], []  # in_flight: issued, not yet collected.
 
     def batches(self, first_epoch, offset):
         config, plan = self.run.config, self.run.plan
-        return pipeline.index_batches(self.examples[0], plan.global_batch, config.seed,
+        return pipeline.index_batches(self.examples["train"], plan.global_batch, config.seed,
                                   first_epoch, offset, config.epochs, plan.steps_per_epoch,
                                   config.augment == "flip")
 
@@ -185,7 +189,7 @@ class ScheduledSteps(loop.Steps):
 
     def _schedule(self, step: _Step) -> None:
         step.remote = self._surviving(lambda: self.coordinator.schedule(
-            self.train_step, args=(self.train_arrays, step.batch, step.lr)))
+            self.train_step, args=(self.arrays["train"], step.batch, step.lr)))
 
     def collect(self, step):
         while step.result is None:
@@ -223,12 +227,14 @@ class ScheduledSteps(loop.Steps):
             except _CLUSTER_ERRORS as e:
                 _raise_unless_a_worker_failed(e)
 
-    def evaluate(self):
+    def evaluate(self, final=False):
+        use = "test" if final else "eval"  # The test set once after training (plan.tested).
+        plan = self.run.plan
         while True:
             results = [self._surviving(lambda i=indices: self.coordinator.schedule(
-                self.eval_step, args=(self.test_arrays, i)))
-                for indices in pipeline.eval_indices(self.examples[1], self.run.plan.micro_batch,
-                                                 self.run.plan.eval_steps)]
+                self.eval_step, args=(self.arrays[use], i)))
+                for indices in pipeline.eval_indices(self.examples[use], plan.micro_batch,
+                                                     plan.eval_steps)]
             try:
                 sums = [value.fetch() for value in results]
             except _CLUSTER_ERRORS as e:
@@ -237,7 +243,7 @@ class ScheduledSteps(loop.Steps):
                                _first_line(e))
                 self._surviving(self.coordinator.done)
                 continue
-            return loop.mean_over(sums, self.run.plan.eval_examples)
+            return loop.mean_over(sums, plan.test_examples if final else plan.eval_examples)
 
     def state(self) -> TrainingState:
         with watching(self.run.stall, READING):
