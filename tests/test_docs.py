@@ -158,3 +158,37 @@ def test_the_examples_run(tmp_path, data_dir):
                     if logs.STARTUP_BANNERS.match(line) or "cuInit" in line], done.stderr[-3000:]
     # own_keras_model.py: your model through tfdp.run, exported where a run exports it.
     assert (tmp_path / "saved_models" / "small_resnet" / "1" / "saved_model.pb").exists()
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as -."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_every_link_and_anchor_of_the_docs_leads_somewhere():
+    """Every relative link of the README and docs/ names a file that exists, and an anchor
+    (``page.md#part``, ``#part``) a heading of that page, as GitHub renders them."""
+    pages = [os.path.join(REPO, "README.md")] + [
+        os.path.join(top, name) for top, _, names in os.walk(os.path.join(REPO, "docs"))
+        for name in names if name.endswith(".md")]
+    anchors, broken = {}, []
+    for page in pages:
+        with open(page) as f:
+            text = re.sub(r"^```.*?^```", "", f.read(), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            if not os.path.exists(linked):
+                broken.append(f"{os.path.relpath(page, REPO)}: {target} (no such file)")
+                continue
+            if anchor and linked.endswith(".md"):
+                if linked not in anchors:
+                    with open(linked) as f:
+                        body = re.sub(r"^```.*?^```", "", f.read(), flags=re.M | re.S)
+                    anchors[linked] = {slug(h) for h in re.findall(r"^#+ (.*)$", body, re.M)}
+                if anchor not in anchors[linked]:
+                    broken.append(f"{os.path.relpath(page, REPO)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)

@@ -173,7 +173,8 @@ def test_batch_norm_moving_statistics_are_one_value_across_replicas(layer, one_v
 
 
 def test_evaluator_covers_the_same_batches_every_time(test_split):
-    """2 replicas, 3 batches of 96, 96 and 8 (shards of 48 and 4): the sums are global and exact."""
+    """2 replicas, 3 batches of 96, 96 and 8 (shards of 48 and 4): the sums are global and
+    exact, the confusion matrix the one counted by hand."""
     split = head(test_split, 200)
     strategy = tf.distribute.MirroredStrategy(DEVICES[:2])
     with strategy.scope():
@@ -186,11 +187,16 @@ def test_evaluator_covers_the_same_batches_every_time(test_split):
     logits = model(pipeline.to_float(split.images), training=False)
     loss = float(np.mean(keras.losses.sparse_categorical_crossentropy(
         split.labels, logits, from_logits=True)))
-    accuracy = float(np.mean(np.argmax(logits, axis=-1) == split.labels))
+    predicted = np.argmax(logits, axis=-1)
+    accuracy = float(np.mean(predicted == split.labels))
+    by_hand = np.zeros((10, 10), np.int64)  # Row: the true class; column: the predicted one.
+    for true, guess in zip(split.labels, predicted):
+        by_hand[true, guess] += 1
     for _ in range(2):  # The second pass starts where the first began: one pass each time.
-        got_loss, got_accuracy = evaluator.evaluate()
+        got_loss, got_accuracy, got_confusion = evaluator.evaluate()
         assert got_accuracy == pytest.approx(accuracy, abs=1e-9)
         assert got_loss == pytest.approx(loss, rel=1e-5)
+        assert np.array_equal(got_confusion, by_hand)
 
 
 def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monkeypatch):

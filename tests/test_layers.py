@@ -22,7 +22,7 @@ LAYERS = [
     {"trace", "export"},                                       # seeing the steps; the export
     {"training"},                                              # what every run does
     {"paths.manual", "paths.keras", "paths.parameter_server"},  # the paths
-    {"api", "train", "launch", "server", "bench"},             # the commands
+    {"train", "launch", "server", "predict", "bench"},         # the commands
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
@@ -158,7 +158,7 @@ def defined(module_path: str) -> set:
             if isinstance(node, ast.ClassDef):
                 names |= {f"{node.name}.{m.name}" for m in node.body
                           if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        elif isinstance(node, ast.ImportFrom):  # A package's face: tfdp.run is tfdp.api.run.
+        elif isinstance(node, ast.ImportFrom):  # A package's face: tfdp.run is tfdp.training.from_python's.
             names |= {a.asname or a.name for a in node.names}
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -213,7 +213,7 @@ def test_the_package_imports_its_modules_when_first_asked_for():
     import sys
 
     code = ("import sys, tfdp; print(sorted(m for m in sys.modules if m.startswith('tfdp'))); "
-            "tfdp.run; print('tfdp.api' in sys.modules)")
+            "tfdp.run; print('tfdp.training.from_python' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, timeout=60, check=True)
     imported = ["['tfdp', 'tfdp.util', 'tfdp.util.errors']", "True"]

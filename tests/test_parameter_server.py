@@ -285,7 +285,7 @@ def test_a_worker_failure_reaching_the_chief_reschedules_the_lost_steps_only():
     cancelled = tf.errors.CancelledError(None, None, "RecvFromRemoteAsync is cancelled.")
     steps = trainer.ScheduledSteps.__new__(trainer.ScheduledSteps)
     steps.coordinator, steps.staleness, steps.train_step = _Coordinator(worker), [], None
-    steps.train_arrays, steps.pace = None, WorkerPace(2, "")
+    steps.arrays, steps.pace = {"train": None}, WorkerPace(2, "")
     first, finished, lost = (trainer._Step(i, np.zeros([n]), 0.1)
                              for i, n in ((1, 2), (2, 3), (3, 4)))
     first.remote = _Remote(error=worker)

@@ -236,8 +236,8 @@ def test_one_folder_of_classes_holds_out_a_share_of_each_class_by_seed(tmp_path,
 def test_with_a_validation_split_every_path_trains_the_same_model_and_tests_once(
         tmp_path, train_split, test_split, capsys):
     """Float64 from equal weights, from scratch and under tf.distribute: the validation split
-    evaluated after every epoch, the test set once after training, the same figures; the
-    lines, metrics.json and the Result say which is which."""
+    evaluated after every epoch, the test set once after training, the same figures and the
+    same confusion matrix; the lines, metrics.json and the Result say which is which."""
     import json
 
     from same_model import comparable_start
@@ -272,6 +272,17 @@ def test_with_a_validation_split_every_path_trains_the_same_model_and_tests_once
     assert metrics["config"]["validation_split"] == 0.3
     plan = manual.plan  # 3 of each class's 10 held out; the test set's 30, all evaluated.
     assert (plan.train_examples, plan.split_examples, plan.tested) == (70, 30, 30)
+    # Where the final evaluation (the test set's) goes wrong: counted by each path's own
+    # evaluation step, the same on both.
+    confusion = metrics["confusion"]
+    manual_confusion = json.loads((tmp_path / "manual" / "metrics.json").read_text())["confusion"]
+    assert confusion == manual_confusion and confusion["split"] == "test"
+    counts = np.array(confusion["counts"])
+    assert counts.shape == (10, 10) and counts.sum(axis=1).tolist() == [3] * 10
+    assert np.trace(counts) / 30 == mirrored.test_accuracy
+    assert confusion["class_names"] == [f"class {k}" for k in range(10)]
+    assert confusion["per_class_accuracy"] == [counts[k, k] / 3 for k in range(10)]
+    assert (tmp_path / "mirrored" / "confusion.png").stat().st_size > 1000
 
 
 def test_images_of_several_sizes_are_fitted_to_the_most_common_or_the_flag(tmp_path, caplog):

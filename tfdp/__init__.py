@@ -23,7 +23,8 @@ __all__ = ["run", "configure_devices", "Result", "UserError", "Diverged", "Preem
            "Finished"]
 # Imported when first asked for: ``python -m tfdp.train`` imports this package before its own
 # first line, and a Ctrl-C while it imported more came out as a traceback.
-_LATER = {"run": "tfdp.api", "configure_devices": "tfdp.api", "Result": "tfdp.training.result"}
+_LATER = {"run": "tfdp.training.from_python", "configure_devices": "tfdp.training.from_python",
+          "Result": "tfdp.training.result"}
 
 
 def __getattr__(name):

@@ -37,6 +37,13 @@ def own_losses(losses, dtype):
     return tf.add_n([tf.zeros([], dtype)] + [tf.cast(loss, dtype) for loss in losses])
 
 
+def confusion(logits, labels):
+    """The confusion matrix of a batch, int64 [K, K]: row = the true class, column = the class
+    the ``logits`` rank first (its trace counts the correct ones)."""
+    return tf.math.confusion_matrix(labels, tf.argmax(logits, -1), num_classes=logits.shape[-1],
+                                    dtype=tf.int64)
+
+
 def count_correct(logits, labels):
     """How many of ``labels`` the ``logits`` rank first, as an int64 scalar."""
     return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int64))

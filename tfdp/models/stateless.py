@@ -42,6 +42,7 @@ class HandWrittenLeNet:
         self.trainable = tuple(name for name in self.names if name not in lenet.STATISTICS)
         self.moving = self.statistics
         self.states = ()
+        self.num_classes = num_classes
 
     @classmethod
     def of(cls, params: dict, compute=None) -> "HandWrittenLeNet":
@@ -91,6 +92,7 @@ class KerasModel:
         weights = set(self.names)
         self.states = tuple(name for name in self.statistics if name not in weights)
         self.input_dtype = model.inputs[0].dtype  # catalog.build's models are functional.
+        self.num_classes = model.outputs[0].shape[-1]
 
     def initial(self) -> list:
         """The model's own starting weights (its initializers'), in ``names``' order."""

@@ -13,9 +13,10 @@ from tfdp.training.report import Trained
 
 
 class EpochEnd:
-    """``evaluate()`` -> (loss, accuracy) on the split evaluated after every epoch,
-    ``evaluate(final=True)`` on the test set once after training (where a validation split is
-    the other: ``plan.tested``); ``state()`` the run's training state to
+    """``evaluate()`` -> (loss, accuracy, confusion matrix) on the split evaluated after every
+    epoch, ``evaluate(final=True)`` on the test set once after training (where a validation
+    split is the other: ``plan.tested``); the final evaluation's confusion matrix is reported
+    (``Reporter.confusion``); ``state()`` the run's training state to
     back up (``tfdp.training.state.TrainingState``); ``figures()`` -> (a path's own figures of
     the epoch for its record, words for its line); ``preempted()`` whether to stop after this
     epoch (default: this process's ``Watch``; across workers, their agreement)."""
@@ -31,7 +32,7 @@ class EpochEnd:
         Raises ``Preempted`` after the backup when asked to stop."""
         run = self.run
         with watching(run.stall, f"evaluating epoch {epoch + 1}"):
-            test_loss, test_acc = self.evaluate()
+            test_loss, test_acc, *confusion = self.evaluate()  # And its confusion matrix.
         clock = run.clock.reading()  # Stopped at the evaluation, as MLPerf's run_stop.
         extra, note = self.figures()
         run.reporter.epoch_end(epoch, trained, test_loss, test_acc,
@@ -42,9 +43,14 @@ class EpochEnd:
         if reached:
             # Every worker evaluated the same global accuracy: all stop here, and export.
             run.reached = run.reporter.records[-1]
-        if run.plan.tested and (reached or epoch + 1 == run.plan.epochs):
+        last, split = reached or epoch + 1 == run.plan.epochs, run.plan.evaluated
+        if run.plan.tested and last:
             with watching(run.stall, "evaluating the test set"):
-                run.reporter.tested(*self.evaluate(final=True), note=run.plan.test_note)
+                loss, accuracy, *confusion = self.evaluate(final=True)
+            run.reporter.tested(loss, accuracy, note=run.plan.test_note)
+            split = "test"
+        if last and confusion:  # Where the final evaluation goes wrong.
+            run.reporter.confusion(confusion[0], split)
         if reached:
             return True
         if self.preempted():

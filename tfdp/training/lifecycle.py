@@ -178,7 +178,8 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     started.reporter = report.Reporter(config.workdir, plan.facts(config), path.devices,
                                        path.is_chief, history=earlier if path.is_chief else (),
                                        eval_note=plan.eval_note, evaluated=plan.evaluated)
-    started.reporter.add_facts(startup_s=clock.startup, resumed=bool(first_step))
+    started.reporter.add_facts(startup_s=clock.startup, resumed=bool(first_step),
+                               class_names=list(dataset.class_names))
     return started
 
 

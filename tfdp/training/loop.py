@@ -18,6 +18,8 @@ divergence is found when its call's losses are read, and named by its own step.
 import collections
 import time
 
+import numpy as np
+
 from tfdp.cluster.stall import watching
 from tfdp.training import divergence
 from tfdp.training.epoch_end import EpochEnd
@@ -163,10 +165,10 @@ def _training(done: int, count: int) -> str:
 
 
 def mean_over(batch_sums, examples: int) -> tuple:
-    """(mean loss, accuracy) from ``(summed loss, correct)`` pairs of evaluation batches that
-    cover ``examples`` examples."""
-    loss = correct = 0
-    for batch_loss, batch_correct in batch_sums:
+    """(mean loss, accuracy, confusion matrix) from ``(summed loss, confusion matrix)`` pairs
+    of evaluation batches that cover ``examples`` examples."""
+    loss, confusion = 0.0, 0
+    for batch_loss, batch_confusion in batch_sums:
         loss += float(batch_loss)
-        correct += int(batch_correct)
-    return loss / examples, correct / examples
+        confusion = confusion + np.asarray(batch_confusion, np.int64)
+    return loss / examples, int(np.trace(confusion)) / examples, confusion

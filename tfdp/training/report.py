@@ -142,6 +142,26 @@ class Reporter:
                   f"acc {accuracy:.4f}", flush=True)
             self._write_json()
 
+    def confusion(self, counts, split: str) -> None:
+        """The final evaluation's confusion matrix (``tfdp.training.confusion``): in
+        ``metrics.json``, as ``confusion.png`` and in TensorBoard."""
+        from tfdp.training import confusion
+
+        names = self.facts.get("class_names") or [str(k) for k in range(len(counts))]
+        self.facts["confusion"] = confusion.record(counts, names, split)
+        if not self.is_chief:
+            return
+        self._write_json()
+        fig = confusion.figure(counts, names, f"{split} set, epoch {self.records[-1]['epoch']}")
+        path = os.path.join(self.workdir, confusion.FILE)
+        files.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
+        with open(path, "rb") as f:
+            image = tf.image.decode_png(f.read(), channels=3)[tf.newaxis]
+        with self._writers["test"].as_default(step=self.records[-1]["epoch"]):
+            tf.summary.image("confusion", image,
+                             description=f"the confusion matrix of the {split} set")
+        self._writers["test"].flush()
+
     def final_line(self) -> str:
         """``test acc: 0.85, 16.5 sec/epoch on [...]``, printed by the chief: the test set's
         accuracy (once at the end, where a validation split was evaluated after each epoch),

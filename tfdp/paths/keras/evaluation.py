@@ -17,17 +17,20 @@ shard is empty adds zeros without running the model.
 import contextlib
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdp.models.loss import test_logits
 
 
 class Evaluator:
-    """``evaluate()`` -> (mean loss, accuracy) over ``steps`` batches of ``distributed``."""
+    """``evaluate()`` -> (mean loss, accuracy, confusion matrix) over ``steps`` batches of
+    ``distributed``, for a model of ``num_classes`` outputs."""
 
-    def __init__(self, model, strategy, distributed, steps: int, eval_flip: bool = False):
+    def __init__(self, model, strategy, distributed, steps: int, eval_flip: bool = False,
+                 num_classes: int = 10):
         self.model, self.strategy, self.steps = model, strategy, steps
-        self.eval_flip = eval_flip
+        self.eval_flip, self.num_classes = eval_flip, num_classes
         self._distributed = distributed
         self._iterator = None
         self._step = tf.function(self._sums)
@@ -37,16 +40,19 @@ class Evaluator:
             logits = test_logits(lambda x: self.model(x, training=False), images,
                                  self.eval_flip)
             loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-            correct = tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels)
-            return tf.stack([tf.cast(tf.reduce_sum(loss), tf.float32),
-                             tf.reduce_sum(tf.cast(correct, tf.float32)),
-                             tf.cast(tf.shape(labels)[0], tf.float32)])
+            return (tf.cast(tf.reduce_sum(loss), tf.float32),
+                    tf.argmax(logits, axis=-1, output_type=labels.dtype))
 
         def replica(images, labels, *_):
             # An empty shard (a final batch smaller than the replica count) adds zeros and
             # never reaches a kernel: oneDNN's convolution refuses an empty batch.
-            return tf.cond(tf.size(labels) > 0, lambda: sums(images, labels),
-                           lambda: tf.zeros([3]))
+            loss, predicted = tf.cond(tf.size(labels) > 0, lambda: sums(images, labels),
+                                      lambda: (tf.zeros([]), tf.zeros([0], labels.dtype)))
+            confusion = tf.math.confusion_matrix(labels, predicted, self.num_classes,
+                                                 dtype=tf.float32)
+            # One vector to reduce: the loss, the examples, the confusion matrix.
+            return tf.concat([tf.stack([loss, tf.cast(tf.shape(labels)[0], tf.float32)]),
+                              tf.reshape(confusion, [-1])], 0)
 
         return self.strategy.reduce("SUM", self.strategy.run(replica, args=next(iterator)),
                                     axis=None)
@@ -57,8 +63,9 @@ class Evaluator:
         with averaged_weights(self.model, self.strategy):
             totals = sum(self._step(self._iterator).numpy().astype("float64")
                          for _ in range(self.steps))
-        loss, correct, examples = totals
-        return loss / examples, correct / examples
+        loss, examples = totals[:2]
+        confusion = totals[2:].reshape(self.num_classes, self.num_classes).round().astype(np.int64)
+        return loss / examples, np.trace(confusion) / examples, confusion
 
 
 def averages_of(optimizer) -> list:

@@ -155,7 +155,8 @@ class KerasFitPath(TrainingPath):
                 return evaluation.Evaluator(
                     model, strategy,
                     distribute(strategy, batches, replicas, input_dtype(config.precision)),
-                    steps=steps_per_epoch(examples, plan.micro_batch), eval_flip=config.eval_flip)
+                    steps=steps_per_epoch(examples, plan.micro_batch), eval_flip=config.eval_flip,
+                    num_classes=self.dataset.num_classes)
 
             after_epochs = evaluator(run.eval_split, plan.eval_examples).evaluate
 

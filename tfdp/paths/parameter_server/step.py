@@ -6,7 +6,7 @@
 import tensorflow as tf
 
 from tfdp.data import pipeline
-from tfdp.models.loss import count_correct, summed_cross_entropy, test_logits
+from tfdp.models.loss import confusion, count_correct, summed_cross_entropy, test_logits
 from tfdp.models.optimizers import Optimizer
 from tfdp.paths.parameter_server.store import Store
 
@@ -48,12 +48,12 @@ def make_train_step(store: Store, config):
 
 
 def make_eval_step(store: Store, eval_flip: bool = False):
-    """``step(arrays, indices) -> (summed loss, correct)`` on one worker."""
+    """``step(arrays, indices) -> (summed loss, confusion matrix)`` on one worker."""
 
     def step(arrays, indices):
         images, labels = next(arrays)
         x, y = tf.gather(images, indices), tf.gather(labels, indices)
         logits = test_logits(lambda x: store.logits(x, training=False), x, eval_flip)
-        return summed_cross_entropy(logits, y), count_correct(logits, y)
+        return summed_cross_entropy(logits, y), confusion(logits, y)
 
     return tf.function(step, autograph=False)  # As the from-scratch steps (nothing to convert).

@@ -37,7 +37,7 @@ def run(**flags):
     unknown = sorted(set(flags) - set(FLAGS))
     if unknown:
         raise UserError(f"unknown flag(s) {', '.join(unknown)}: tfdp.run takes the flags of "
-                        "python -m tfdp.train (see tfdp.api.FLAGS)")
+                        "python -m tfdp.train (see tfdp.training.from_python.FLAGS)")
     if model_spec.is_keras_model(flags.get("model")):  # Your model itself: its weights start.
         flags["model"] = model_spec.spec_of_instance(flags["model"])
     elif callable(flags.get("model")):  # Your model's function itself (docs/your-model.md).
