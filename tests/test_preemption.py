@@ -5,6 +5,8 @@ resumes from it to the same model."""
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -269,7 +271,8 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
 
 # --- Ctrl-C in a terminal -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("signum, by", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+@pytest.mark.parametrize("signum, by", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM"),
+                                        (signal.SIGHUP, "SIGHUP")])
 def test_a_signal_while_the_command_imports_its_modules_ends_it_in_its_one_line(signum, by):
     """``python -m tfdp.train`` as ``-m`` runs it, the signal sent the moment the command starts
     to import its modules (on a loaded machine a Ctrl-C typed in its first seconds landed there
@@ -348,3 +351,41 @@ def test_ctrl_c_in_a_terminal_saves_like_sigterm_and_a_second_stops_at_once(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming at epoch 1/1, step {step}/400 (global step {step})" in resumed.stdout
     assert "exported " in resumed.stdout
+
+
+# --- A closed terminal ----------------------------------------------------------------------------
+
+@pytest.mark.cluster
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
+def test_a_closed_terminal_saves_the_step_and_the_same_command_resumes(tmp_path, data_dir):
+    """A run in a real terminal (tmux), which is closed in the middle of its epoch: SIGHUP is a
+    preemption, so the run saves its step inside the epoch (by default it would die with
+    everything since the last backup), though the terminal it writes to has gone; the same
+    command resumes there."""
+    tmux = ["tmux", "-L", f"tfdp-test-{os.getpid()}"]  # A tmux server of the test's own.
+    argv = train_command(data_dir, tmp_path, "--num_gpus=2", "--epochs=1",
+                         "--steps_per_epoch=400", "--batch_size=128", "--eval_steps=1")
+    subprocess.run(tmux + ["new-session", "-d", "-s", "run", "-x", "200", "-y", "20", "-c", REPO,
+                           "exec " + " ".join(shlex.quote(a) for a in argv)],
+                   check=True, timeout=30, env=child_env(TFDP_LIVE_PROGRESS="1"))
+    try:
+        pane = subprocess.run(tmux + ["list-panes", "-t", "run", "-F", "#{pane_pid}"],
+                              capture_output=True, text=True, check=True, timeout=30)
+        pid = int(pane.stdout.split()[0])  # The run itself: the shell exec'd it.
+
+        def screen():
+            return subprocess.run(tmux + ["capture-pane", "-p", "-t", "run"],
+                                  capture_output=True, text=True, timeout=30).stdout
+
+        progress = re.compile(r"epoch 1/1 +(\d+)/400 ")
+        wait_for(lambda: any(int(k) >= 20 for k in progress.findall(screen())), 240,
+                 "the first epoch's 20th step on the terminal")
+    finally:
+        subprocess.run(tmux + ["kill-server"], timeout=30)  # The terminal closes.
+    wait_for(lambda: not alive(pid), 120, "the run to save and exit")
+    steps = Backups(str(tmp_path / "run"), 0, {}).steps()
+    assert steps and 20 <= steps[-1] < 400, steps  # Saved inside the epoch.
+    resumed = run_train(argv)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (f"resuming at epoch 1/1, step {steps[-1]}/400 (global step {steps[-1]})"
+            in resumed.stdout), resumed.stdout[-3000:]

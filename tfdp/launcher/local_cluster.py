@@ -49,8 +49,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
     procs, copiers, emulated, specs = [], [], None, []
     supervise.SIGNALLED.clear()
-    previous = {sig: signal.signal(sig, supervise.on_signal)
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, supervise.on_signal) for sig in supervise.STOP_SIGNALS
+                if signal.getsignal(sig) != signal.SIG_IGN}  # SIGHUP under nohup stays ignored.
     try:
         if hosts:
             stale = emulated_hosts.remove_stale()
@@ -97,7 +97,7 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
         return supervise.supervise(procs, poll_seconds, grace)
     except (KeyboardInterrupt, supervise.Terminated) as stop:
         interrupted = isinstance(stop, KeyboardInterrupt)
-        say(f"tfdp.launch: {'interrupted' if interrupted else 'SIGTERM'}; asking the "
+        say(f"tfdp.launch: {'interrupted' if interrupted else supervise.signalled()}; asking the "
             f"{'chief' if client else 'workers'} to save and stop")
         # The client saves what it reads from the workers or servers: they stay up until it has.
         codes = supervise.preempt(procs[:1] if client else procs, grace)

@@ -13,6 +13,7 @@ import subprocess
 import time
 
 from tfdp.launcher.output import say
+from tfdp.util import logs
 from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
 # How often one parameter-server worker is started again after dying while its chief runs.
@@ -24,10 +25,20 @@ class Terminated(Exception):
 
 
 SIGNALLED = []
+# What stops the launcher, its workers saving first: SIGTERM, Ctrl-C, and SIGHUP (its terminal
+# closed).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def on_signal(signum, frame):
+    if signum == signal.SIGHUP:  # The terminal has gone: the workers' lines may not reach it.
+        logs.away_from_a_closed_terminal()
     SIGNALLED.append(signum)
+
+
+def signalled() -> str:
+    """The name of the first signal that stopped the launcher."""
+    return {signal.SIGHUP: "SIGHUP"}.get(SIGNALLED[0], "SIGTERM") if SIGNALLED else "SIGTERM"
 
 
 def raise_if_signalled():

@@ -1,5 +1,5 @@
-"""SIGTERM, or a first Ctrl-C, is a preemption: stop at a step boundary, save, exit non-zero,
-resume later.
+"""SIGTERM, SIGHUP (a closed terminal) or a first Ctrl-C is a preemption: stop at a step
+boundary, save, exit non-zero, resume later.
 
 ``Watch`` turns SIGTERM and SIGINT into a flag, and never raises from the signal handler while
 a run is in progress: a handler runs wherever Python is, and that is often TensorFlow's own
@@ -34,10 +34,21 @@ import sys
 import threading
 import time
 
+from tfdp.util import logs
 from tfdp.util.errors import INTERRUPTED_EXIT_CODE, Interrupted, Preempted
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
-NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+# SIGHUP (the terminal closed, the ssh session lost) is a preemption too, as torchrun takes
+# it; unless it is ignored (``nohup``), which tfdp leaves as it is.
+HANGUP = signal.SIGHUP
+SIGNALS = (signal.SIGTERM, signal.SIGINT, HANGUP)
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", HANGUP: "SIGHUP"}
+# Signals that a supervisor repeats as it ends a job: ignored once a run has stopped for one.
+_REPEATED = (signal.SIGTERM, HANGUP)
+
+
+def _taken(signum) -> bool:
+    """Whether tfdp takes ``signum``: not SIGHUP where this process ignores it (``nohup``)."""
+    return not (signum == HANGUP and signal.getsignal(HANGUP) == signal.SIG_IGN)
 
 
 class Watch:
@@ -85,7 +96,7 @@ class Watch:
         """Take SIGTERM and SIGINT (again: creating a MultiWorkerMirroredStrategy installs
         TensorFlow's own C++ SIGTERM handler over Python's)."""
         if threading.current_thread() is threading.main_thread():  # Only it may set handlers.
-            for signum in SIGNALS:
+            for signum in filter(_taken, SIGNALS):
                 previous = signal.signal(signum, self._on_signal)
                 self._previous.setdefault(signum, previous)
 
@@ -117,6 +128,8 @@ class Watch:
         _FINISHED.set()
 
     def _on_signal(self, signum, frame):
+        if signum == HANGUP:
+            logs.away_from_a_closed_terminal()
         if self._finished:
             return
         if self._requested and signum == signal.SIGINT:
@@ -152,7 +165,7 @@ def hold_until_main() -> None:
     """A command line's first call: a SIGTERM or Ctrl-C while its modules import is held (raised
     there, it came out of the import machinery as a traceback) until ``preempt_outside_runs``
     takes the signals and ends the command at once, in its one line."""
-    for signum in SIGNALS:
+    for signum in filter(_taken, SIGNALS):
         signal.signal(signum, lambda signum, frame: _HELD.append(signum))
 
 
@@ -178,14 +191,18 @@ def preempt_outside_runs():
         return
 
     def outside_runs(signum, frame):
-        if not _FINISHED.is_set() and not (_STOPPED.is_set() and signum == signal.SIGTERM):
+        if signum == HANGUP:
+            logs.away_from_a_closed_terminal()
+        if not _FINISHED.is_set() and not (_STOPPED.is_set() and signum in _REPEATED):
             raise Preempted(0, by=NAMES[signum])
 
     _FINISHED.clear()
     _STOPPED.clear()
-    previous = {signum: signal.signal(signum, outside_runs) for signum in SIGNALS}
+    previous = {signum: signal.signal(signum, outside_runs) for signum in filter(_taken, SIGNALS)}
     try:
         if _HELD:
+            if HANGUP in _HELD:
+                logs.away_from_a_closed_terminal()
             raise Preempted(0, by=NAMES[_HELD[0]])
         yield
     except Exception as e:
@@ -199,7 +216,7 @@ def preempt_outside_runs():
         raise
     finally:
         for signum, handler in previous.items():
-            settled = _FINISHED.is_set() or (_STOPPED.is_set() and signum == signal.SIGTERM)
+            settled = _FINISHED.is_set() or (_STOPPED.is_set() and signum in _REPEATED)
             signal.signal(signum, signal.SIG_IGN if settled else handler)
 
 
