@@ -214,6 +214,13 @@ def _usable(folder: str, source) -> Optional[dict]:
     return info if array_cache.intact(folder, info) else None
 
 
+def counted(counts: dict) -> str:
+    """{split: examples} in words: "60000 training and 10000 test", "54000 training, 6000
+    validation and 10000 test"."""
+    parts = [f"{n} {'training' if split == 'train' else split}" for split, n in counts.items()]
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+
+
 def describe(info: DatasetInfo) -> str:
     """The run's line about its data."""
     counts = info.examples

@@ -32,7 +32,7 @@ from tfdp.cluster import tf_config
 from tfdp.cluster.stall import STARTING, Stall
 from tfdp.cluster.tf_server import LISTENING, PREEMPTED
 from tfdp.config.plan import shard_sizes
-from tfdp.data import array_cache, pipeline
+from tfdp.data import array_cache, pipeline, sources
 from tfdp.paths.manual.feed import EVAL, TEST, TRAIN, Feed
 from tfdp.trace import arrivals
 from tfdp.util.errors import UserError
@@ -167,7 +167,7 @@ def connect(task: tf_config.Task, config, kept_steps=lambda: []) -> Cluster:
                            for w, (name, address) in enumerate(peers)]
             examples[use] = _check_same(split, arrays[use], peers)
     logger.info("data: %s examples, read by each of the %d workers from its own %s",
-                ", ".join(f"{examples[use]} {split}" for use, split in dataset.uses.items()),
+                sources.counted({split: examples[use] for use, split in dataset.uses.items()}),
                 len(peers), folder)
     cluster = Cluster(task, devices, worker_of, arrays, examples, stall, dataset)
     stall.unresponsive = cluster.unresponsive  # For the line of a call that outlasts the timeout.

@@ -42,7 +42,7 @@ from tensorflow.python.distribute.coordinator.cluster_coordinator import (
 
 from tfdp.cluster import tf_config
 from tfdp.cluster.stall import STARTING, Stall, watching
-from tfdp.data import pipeline
+from tfdp.data import pipeline, sources
 from tfdp.paths.parameter_server.pace import WorkerPace
 from tfdp.paths.parameter_server.step import make_eval_step, make_train_step
 from tfdp.paths.parameter_server.store import MIN_SHARD_BYTES, Store, make_store
@@ -100,8 +100,9 @@ class ParameterServerPath(TrainingPath):
             self.examples = self.sizes["train"], self.sizes["eval"]
         num_workers = len(task.cluster["worker"])
         logger.info("data: %s examples, read by each of the %d workers from its own %s",
-                    ", ".join(f"{self.sizes[use]} {split}"
-                              for use, split in self.dataset.uses.items()), num_workers, folder)
+                    sources.counted({split: self.sizes[use]
+                                     for use, split in self.dataset.uses.items()}),
+                    num_workers, folder)
         self.devices = [f"/job:worker/replica:0/task:{i}" for i in range(num_workers)]
         self.replicas = 1
         self.engine = (f"{num_workers} worker(s) and {self.servers} parameter server(s), "
