@@ -362,7 +362,7 @@ def test_a_closed_terminal_saves_the_step_and_the_same_command_resumes(tmp_path,
     preemption, so the run saves its step inside the epoch (by default it would die with
     everything since the last backup), though the terminal it writes to has gone; the same
     command resumes there."""
-    tmux = ["tmux", "-L", f"tfdp-test-{os.getpid()}"]  # A tmux server of the test's own.
+    tmux = ["tmux", "-S", str(tmp_path / "tmux")]  # A tmux server of the test's own.
     argv = train_command(data_dir, tmp_path, "--num_gpus=2", "--epochs=1",
                          "--steps_per_epoch=400", "--batch_size=128", "--eval_steps=1")
     subprocess.run(tmux + ["new-session", "-d", "-s", "run", "-x", "200", "-y", "20", "-c", REPO,
