@@ -277,7 +277,10 @@ def test_a_signal_while_the_command_imports_its_modules_ends_it_in_its_one_line(
     """``python -m tfdp.train`` as ``-m`` runs it, the signal sent the moment the command starts
     to import its modules (on a loaded machine a Ctrl-C typed in its first seconds landed there
     and came out of the import machinery as a traceback): held, then the one line, exit 75."""
-    code = ("import os, runpy, sys; from tfdp.training import preemption; "
+    # SIGHUP as a terminal's process has it (a harness may start the suite with it ignored,
+    # as nohup does, and tfdp leaves an ignored SIGHUP ignored).
+    code = ("import os, runpy, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+            "from tfdp.training import preemption; "
             "hold = preemption.hold_until_main; "
             f"preemption.hold_until_main = lambda: (hold(), os.kill(os.getpid(), {int(signum)})); "
             "sys.argv = ['tfdp.train']; runpy.run_module('tfdp.train', run_name='__main__')")

@@ -13,7 +13,7 @@ import subprocess
 import time
 
 from tfdp.launcher.output import say
-from tfdp.util import logs
+from tfdp.util import files
 from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
 # How often one parameter-server worker is started again after dying while its chief runs.
@@ -32,7 +32,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def on_signal(signum, frame):
     if signum == signal.SIGHUP:  # The terminal has gone: the workers' lines may not reach it.
-        logs.away_from_a_closed_terminal()
+        files.away_from_a_closed_terminal()
     SIGNALLED.append(signum)
 
 

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 
-from tfdp.util import logs
+from tfdp.util import files
 from tfdp.util.errors import INTERRUPTED_EXIT_CODE, Interrupted, Preempted
 
 # SIGHUP (the terminal closed, the ssh session lost) is a preemption too, as torchrun takes
@@ -129,7 +129,7 @@ class Watch:
 
     def _on_signal(self, signum, frame):
         if signum == HANGUP:
-            logs.away_from_a_closed_terminal()
+            files.away_from_a_closed_terminal()
         if self._finished:
             return
         if self._requested and signum == signal.SIGINT:
@@ -192,7 +192,7 @@ def preempt_outside_runs():
 
     def outside_runs(signum, frame):
         if signum == HANGUP:
-            logs.away_from_a_closed_terminal()
+            files.away_from_a_closed_terminal()
         if not _FINISHED.is_set() and not (_STOPPED.is_set() and signum in _REPEATED):
             raise Preempted(0, by=NAMES[signum])
 
@@ -202,7 +202,7 @@ def preempt_outside_runs():
     try:
         if _HELD:
             if HANGUP in _HELD:
-                logs.away_from_a_closed_terminal()
+                files.away_from_a_closed_terminal()
             raise Preempted(0, by=NAMES[_HELD[0]])
         yield
     except Exception as e:

@@ -10,6 +10,7 @@ however it dies, and ``unlock`` removes the lock file as it lets go, so nothing 
 import contextlib
 import fcntl
 import os
+import stat
 import tempfile
 
 
@@ -81,3 +82,19 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # Alive, another user's.
         pass
     return True
+
+
+def away_from_a_closed_terminal() -> None:
+    """After SIGHUP (the terminal closed, the ssh session lost): standard output and error that
+    went to that terminal go to /dev/null instead, since a write to a terminal that has hung up
+    fails (EIO) and would end the saving that follows with a traceback. Under ``nohup`` or with
+    the output in a file nothing changes."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            # A terminal that has hung up is no longer one to isatty (its ioctl fails): a
+            # character device, as a terminal is (and /dev/null, which changes nothing).
+            if stat.S_ISCHR(os.fstat(fd).st_mode):
+                os.dup2(null, fd)
+    finally:
+        os.close(null)

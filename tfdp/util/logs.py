@@ -20,7 +20,6 @@ import io
 import logging
 import os
 import re
-import stat
 import sys
 import tempfile
 
@@ -164,18 +163,3 @@ def _stderr_filtered(pattern):
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
 
-
-def away_from_a_closed_terminal() -> None:
-    """After SIGHUP (the terminal closed, the ssh session lost): standard output and error that
-    went to that terminal go to /dev/null instead, since a write to a terminal that has hung up
-    fails (EIO) and would end the saving that follows with a traceback. Under ``nohup`` or with
-    the output in a file nothing changes."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in (1, 2):
-            # A terminal that has hung up is no longer one to isatty (its ioctl fails): a
-            # character device, as a terminal is (and /dev/null, which changes nothing).
-            if stat.S_ISCHR(os.fstat(fd).st_mode):
-                os.dup2(null, fd)
-    finally:
-        os.close(null)
