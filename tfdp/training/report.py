@@ -5,6 +5,7 @@ Only the chief reports (under multi_worker every worker runs the same code; the 
 silent), so each figure appears once.
 """
 
+import io
 import json
 import os
 import statistics
@@ -153,10 +154,12 @@ class Reporter:
             return
         self._write_json()
         fig = confusion.figure(counts, names, f"{split} set, epoch {self.records[-1]['epoch']}")
-        path = os.path.join(self.workdir, confusion.FILE)
-        files.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
-        with open(path, "rb") as f:
-            image = tf.image.decode_png(f.read(), channels=3)[tf.newaxis]
+        drawn = io.BytesIO()
+        fig.savefig(drawn, format="png", dpi=100)  # Drawn once: the file and TensorBoard.
+        png = drawn.getvalue()
+        files.write_atomic(os.path.join(self.workdir, confusion.FILE), lambda f: f.write(png),
+                           mode="wb")
+        image = tf.image.decode_png(png, channels=3)[tf.newaxis]
         with self._writers["test"].as_default(step=self.records[-1]["epoch"]):
             tf.summary.image("confusion", image,
                              description=f"the confusion matrix of the {split} set")
