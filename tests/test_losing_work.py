@@ -2,6 +2,7 @@
 shared and damaged run folders and backups, full disks, partial exports and read-only folders,
 each ending in a resumable state or a one-line error, never a traceback or a lost model."""
 
+import json
 import os
 import re
 import signal
@@ -227,9 +228,11 @@ def test_full_disks_are_one_line_errors_and_finished_training_is_never_lost(tmp_
         # tmpfs refuses to shrink below what it holds: the run above is done with.
         shutil.rmtree(small / "run")
         subprocess.run(["mount", "-o", "remount,size=100k", str(small)], check=True)
+        # With a validation split: the test set's figures, evaluated once after training, are
+        # the resumed run's too.
         command = [sys.executable, "-m", "tfdp.train", "--epochs=2", "--steps_per_epoch=5",
-                   "--eval_steps=1", f"--data_dir={data_dir}", f"--workdir={tmp_path / 'run'}",
-                   f"--export_dir={small / 'export'}"]
+                   "--eval_steps=1", "--validation_split=0.1", f"--data_dir={data_dir}",
+                   f"--workdir={tmp_path / 'run'}", f"--export_dir={small / 'export'}"]
         full = run_train(command)
         assert full.returncode == 1, full.stderr[-3000:]
         assert full.stderr.strip().splitlines()[-1] == (
@@ -238,12 +241,19 @@ def test_full_disks_are_one_line_errors_and_finished_training_is_never_lost(tmp_
             f"{tmp_path / 'run' / 'backup' / 'worker-0'}; make room and run the same command "
             "again to export")
         assert os.listdir(small / "export") == []  # No version, and no partial one.
+        trained = json.loads((tmp_path / "run" / "metrics.json").read_text())
         subprocess.run(["mount", "-o", "remount,size=8m", str(small)], check=True)
         rerun = run_train(command)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert "resuming a run that finished training (10 steps): exporting it" in rerun.stdout
         assert "epoch 2/2: loss" not in rerun.stdout
         assert os.listdir(small / "export") == ["1"]
+        exported = json.loads((tmp_path / "run" / "metrics.json").read_text())
+        assert exported["test"] == trained["test"] and "acc" in trained["test"]
+        assert exported["confusion"] == trained["confusion"]
+        assert (f"test acc (first 256 of 10000 test examples): {trained['test']['acc']:.2f}, "
+                in rerun.stdout)
+        assert exported["mistakes"]["split"] == "test"
     finally:
         subprocess.run(["umount", str(small)], check=False)
 

@@ -4,6 +4,8 @@ fitted as the training fitted its data, a damaged file one line that stops nothi
 import csv
 import io
 import json
+import re
+import shlex
 import subprocess
 import sys
 
@@ -14,6 +16,7 @@ import tensorflow as tf
 import tfdp
 from conftest import REPO
 from processes import child_env
+from terminal import Terminal
 from tfdp.data.image_folder import fit
 from tfdp.predict import formatted, predict
 
@@ -78,15 +81,21 @@ def test_predictions_by_class_name_are_the_exports_own_in_order(tmp_path, export
 def test_the_command_writes_csv_and_names_what_it_skipped(tmp_path, exported, test_split):
     export, _ = exported
     write_images(tmp_path / "pics", test_split)
-    done = subprocess.run([sys.executable, "-m", "tfdp.predict", str(export),
-                           str(tmp_path / "pics"), "--format=csv", "--top=2"],
-                          capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=120)
-    assert done.returncode == 1, done.stderr[-2000:]  # One file skipped: the others printed.
+    # Standard error a terminal (its progress line), standard output a file, as a user types it.
+    out = tmp_path / "predictions.csv"
+    done = Terminal(["bash", "-c", f"{shlex.quote(sys.executable)} -m tfdp.predict "
+                     f"{export} {tmp_path / 'pics'} --format=csv --top=2 > {out}"])
+    assert done.finish(120) == 1, done.text[-2000:]  # One file skipped: the others printed.
     damaged = tmp_path / "pics" / "b" / "4.png"
-    assert done.stderr.strip().splitlines()[-1] == (
+    lines = done.text.replace("\r\n", "\n").strip().splitlines()
+    assert lines[-1] == (
         f"tfdp.predict: skipped {damaged}: not an image PIL can read (UnidentifiedImageError: "
         f"cannot identify image file '{damaged}')")
-    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    # Redrawn in place (splitlines splits at its carriage returns), the rate on the last.
+    assert lines[-3] == "predicting: 0 of 5 images", lines
+    assert re.fullmatch(r"predicting: 5 of 5 images in \d+\.\d s \([\d,]+ images/s\)",
+                        lines[-2]), lines
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
     assert [r["image"] for r in rows] == [str(tmp_path / "pics" / n) for n in
                                           ("0.png", "1.png", "b/2.png", "b/3.jpg")]
     assert list(rows[0]) == ["image", "class_1", "probability_1", "class_2", "probability_2"]

@@ -28,6 +28,7 @@ from absl import app, flags
 
 from tfdp.config.flags import help_parser
 from tfdp.data.image_folder import IMAGE_EXTENSIONS, fit
+from tfdp.export.served import Exported, newest_version
 from tfdp.util import logs
 from tfdp.util.errors import UserError
 
@@ -58,6 +59,8 @@ def predict(export: str, paths, top: int = 3, batch_size: int = 64,
     found = [item for path in ([paths] if isinstance(paths, str) else paths)
              for item in images_in(path)]
     predictions, batch = [], []
+    if progress:
+        progress(0, len(found))  # The export is loaded: predicting starts.
 
     def flush():
         if batch:
@@ -67,8 +70,8 @@ def predict(export: str, paths, top: int = 3, batch_size: int = 64,
                 predictions.append(Prediction(name, tuple(model.class_names[k] for k in best),
                                               tuple(float(p[k]) for k in best)))
             batch.clear()
-            if progress:
-                progress(len(predictions), len(found))
+        if progress:  # Also after a damaged file: the last one may be.
+            progress(len(predictions), len(found))
 
     for name, read in found:
         try:
@@ -81,40 +84,6 @@ def predict(export: str, paths, top: int = 3, batch_size: int = 64,
             flush()
     flush()
     return predictions
-
-
-class Exported:
-    """An export's serving signature: its input's shape and its classes' names."""
-
-    def __init__(self, export: str):
-        import tensorflow as tf
-
-        version = newest_version(export)
-        loaded = tf.saved_model.load(version)
-        self._serve = loaded.signatures["serving_default"]
-        self.shape = tuple(self._serve.structured_input_signature[1]["images"].shape[1:])
-        labels = loaded.signatures.get("labels")
-        self.class_names = ([n.decode() for n in labels()["class_names"].numpy()] if labels
-                            else [str(k) for k in range(self._serve.structured_outputs[
-                                "probabilities"].shape[-1])])
-
-    def probabilities(self, images: np.ndarray) -> np.ndarray:
-        import tensorflow as tf
-
-        return self._serve(images=tf.constant(images))["probabilities"].numpy()
-
-
-def newest_version(export: str) -> str:
-    """``export`` if it is a version (holds saved_model.pb), else its newest version."""
-    if os.path.isfile(os.path.join(export, "saved_model.pb")):
-        return export
-    versions = sorted((int(v) for v in (os.listdir(export) if os.path.isdir(export) else ())
-                       if v.isdigit() and os.path.isfile(os.path.join(export, v,
-                                                                      "saved_model.pb"))))
-    if not versions:
-        raise UserError(f"{export} is no export: give a folder tfdp.train exported into "
-                        "(saved_models/lenet) or one of its versions (saved_models/lenet/1)")
-    return os.path.join(export, str(versions[-1]))
 
 
 def images_in(path: str) -> list:
@@ -205,16 +174,21 @@ def formatted(predictions: list, how: str) -> str:
 
 class _Progress:
     """``predicting: 640 of 5000 images`` redrawn on standard error in a terminal, at most
-    once a second."""
+    once a second; the last line gives the rate (images read, fitted and classified a second,
+    from when the export was loaded)."""
 
     def __init__(self):
-        self.shown, self.live = 0.0, sys.stderr.isatty()
+        self.shown, self.live, self.started = 0.0, sys.stderr.isatty(), None
 
     def __call__(self, done: int, total: int):
+        if self.started is None:
+            self.started = time.monotonic()
         if self.live and (time.monotonic() - self.shown >= _PROGRESS_S or done == total):
             self.shown = time.monotonic()
-            sys.stderr.write(f"\rpredicting: {done} of {total} images"
-                             + ("\n" if done == total else ""))
+            seconds = self.shown - self.started
+            rate = (f" in {seconds:.1f} s ({done / seconds:,.0f} images/s)\n"
+                    if done == total and seconds > 0 else "\n" if done == total else "")
+            sys.stderr.write(f"\rpredicting: {done} of {total} images{rate}")
             sys.stderr.flush()
 
 

@@ -47,6 +47,7 @@ class Run:
     tracer: Tracer = dataclasses.field(default_factory=lambda: Tracer(None, ""))
     clock: Clock = dataclasses.field(default_factory=Clock)
     reached: Optional[dict] = None  # The record of the epoch that reached --target_accuracy.
+    dataset: object = None  # The data's DatasetInfo (tfdp.data.sources)
 
     @property
     def first_epoch(self) -> int:
@@ -160,7 +161,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
                     servers=path.servers_traced)
     started = Run(config, plan, None, list(path.devices), first_step, backups,
                   watch or preemption.Watch(), path.stall, train_split, eval_split, test_split,
-                  tracer, clock)
+                  tracer, clock, dataset=dataset)
     first_epoch, offset = started.first_epoch, started.offset
     # Every worker reads the earlier epochs (one folder for all): whether one reached the
     # target before an interruption (an export that failed, say) decides for all.
@@ -180,6 +181,8 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
                                        eval_note=plan.eval_note, evaluated=plan.evaluated)
     started.reporter.add_facts(startup_s=clock.startup, resumed=bool(first_step),
                                class_names=list(dataset.class_names))
+    if started.trained:  # Evaluated before the interruption: the test set's figures are kept.
+        started.reporter.resumed_trained(report.load_final(config.workdir), plan.test_note)
     return started
 
 
@@ -210,6 +213,7 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
     run.reporter.record_export(version)
     if version:
         print(f"exported {version}", flush=True)
+        _mistakes(run, version)
     records = run.reporter.records
     last = records[-1]["test_acc"] if records else float("nan")
     validated = run.plan.evaluated == "validation"
@@ -220,6 +224,26 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
                   history=[dict(r) for r in records], export_path=version,
                   devices=run.reporter.devices, run_dir=run.config.workdir, final_line=line,
                   plan=run.plan, weights=weights)
+
+
+def _mistakes(run: Run, version: str) -> None:
+    """The examples of the final evaluation (``--eval_steps`` may cap it) through the export
+    just written: their most confident mistakes reported (``tfdp.training.mistakes``). Not for synthetic data (random labels)."""
+    from tfdp.data import pipeline
+    from tfdp.export.served import Exported
+    from tfdp.training import mistakes
+
+    if run.config.synthetic_data or not run.reporter.is_chief:
+        return
+    plan = run.plan
+    split, evaluated = ("test", plan.test_examples) if plan.tested else (plan.evaluated,
+                                                                          plan.eval_examples)
+    data = run.test_split if plan.tested else run.eval_split
+    data = data or pipeline.load(run.dataset, split)  # Where a cluster's workers read it.
+    exported = Exported(version)
+    found = mistakes.find(exported.probabilities, data.images[:evaluated],
+                          data.labels[:evaluated], exported.class_names)
+    run.reporter.mistakes(found, data.images, split)
 
 
 def _target_line(run: Run, target: float) -> str:

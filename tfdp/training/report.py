@@ -16,11 +16,10 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from tfdp.config.settings import LIVE_PROGRESS_ENV
-from tfdp.util import charts, files
+from tfdp.util import files
 from tfdp.util.logs import logger
 
 METRICS_FILE = "metrics.json"
-PLOT_FILE = "accuracy.png"
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -133,6 +132,12 @@ class Reporter:
         whole = [r for r in self.records if "resumed_at_step" not in r] or self.records
         return statistics.fmean(r["seconds"] for r in whole)
 
+    def resumed_trained(self, final: dict, test_note: str) -> None:
+        """A run resumed after its last step: its final evaluation's facts (``load_final``),
+        recorded before the interruption, are this run's."""
+        self.facts.update(final)
+        self.test_note = test_note
+
     def tested(self, loss: float, accuracy: float, note: str = "") -> None:
         """The test set's figures, evaluated once after training where a validation split was
         evaluated after every epoch: a line, and ``metrics.json``'s ``test``."""
@@ -153,16 +158,34 @@ class Reporter:
         if not self.is_chief:
             return
         self._write_json()
-        fig = confusion.figure(counts, names, f"{split} set, epoch {self.records[-1]['epoch']}")
+        self._drawn(confusion.figure(counts, names, f"{split} set, epoch "
+                                     f"{self.records[-1]['epoch']}"),
+                    confusion.FILE, "confusion", f"the confusion matrix of the {split} set")
+
+    def mistakes(self, found: list, images, split: str) -> None:
+        """The final evaluation's most confident mistakes (``tfdp.training.mistakes``: found
+        by the export): in ``metrics.json``, as ``mistakes.png`` and in TensorBoard."""
+        from tfdp.training import mistakes
+
+        self.facts["mistakes"] = {"split": split, "shown": found}
+        if not self.is_chief:
+            return
+        self._write_json()
+        self._drawn(mistakes.figure(images, found, f"the {split} set's most confident "
+                                                   "mistakes (index, true, predicted)"),
+                    mistakes.FILE, "mistakes",
+                    f"the {split} set's images the export gets wrong most confidently")
+
+    def _drawn(self, fig, name: str, tag: str, description: str) -> None:
+        """``fig`` drawn once to PNG, written as ``name`` in the run folder and given to
+        TensorBoard as the image ``tag`` at the last epoch."""
         drawn = io.BytesIO()
-        fig.savefig(drawn, format="png", dpi=100)  # Drawn once: the file and TensorBoard.
+        fig.savefig(drawn, format="png", dpi=100)
         png = drawn.getvalue()
-        files.write_atomic(os.path.join(self.workdir, confusion.FILE), lambda f: f.write(png),
-                           mode="wb")
+        files.write_atomic(os.path.join(self.workdir, name), lambda f: f.write(png), mode="wb")
         image = tf.image.decode_png(png, channels=3)[tf.newaxis]
         with self._writers["test"].as_default(step=self.records[-1]["epoch"]):
-            tf.summary.image("confusion", image,
-                             description=f"the confusion matrix of the {split} set")
+            tf.summary.image(tag, image, description=description)
         self._writers["test"].flush()
 
     def final_line(self) -> str:
@@ -184,11 +207,13 @@ class Reporter:
                              lambda f: json.dump(payload, f, indent=1))
 
     def _plot(self):
-        fig = history_figure(self.records, self.config["epochs"],
-                             f"{self.config['model']}, {self.config['strategy']}, "
-                             f"{len(self.devices)} device(s)")
-        files.write_atomic(os.path.join(self.workdir, PLOT_FILE),
-                             lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
+        from tfdp.training import history_chart
+
+        fig = history_chart.figure(self.records, self.config["epochs"],
+                                   f"{self.config['model']}, {self.config['strategy']}, "
+                                   f"{len(self.devices)} device(s)")
+        files.write_atomic(os.path.join(self.workdir, history_chart.FILE),
+                           lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
 
 
 class Progress:
@@ -226,35 +251,6 @@ class Progress:
             self._width = 0
 
 
-def history_figure(records: list, epochs: int, title: str, shown: bool = False):
-    """Train and test accuracy and loss against epochs, as a matplotlib figure: ``shown``, one
-    of pyplot's (a notebook draws it inline), else a figure of its own, which a file needs and
-    which spares the process importing pyplot."""
-    from matplotlib.ticker import MaxNLocator
-
-    if shown:
-        import matplotlib.pyplot as plt
-
-        fig = plt.figure(figsize=(8, 3.5))
-    else:
-        fig = charts.figure(8, 3.5)
-    acc_ax, loss_ax = fig.subplots(1, 2)
-    epoch_numbers = [r["epoch"] for r in records]
-    for ax, pairs, name in ((acc_ax, (("train_acc", "train"), ("test_acc", "test")), "accuracy"),
-                            (loss_ax, (("loss", "train"), ("test_loss", "test")), "loss")):
-        for key, label in pairs:
-            ax.plot(epoch_numbers, [r[key] for r in records], marker="o", label=label)
-        ax.set_title(name)
-        ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlim(0.5, max([epochs, *epoch_numbers]) + 0.5)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
 def exported(workdir: str):
     """The export a finished run in ``workdir`` recorded in ``metrics.json``, or None (no run,
     or one that has not exported yet)."""
@@ -263,6 +259,21 @@ def exported(workdir: str):
             return json.load(f).get("export_path")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+# What a run's final evaluation adds to metrics.json: a run resumed after its last step (to
+# export) keeps them.
+FINAL_FACTS = ("test", "confusion")
+
+
+def load_final(workdir: str) -> dict:
+    """The ``FINAL_FACTS`` an earlier run in ``workdir`` recorded in ``metrics.json``."""
+    try:
+        with open(os.path.join(workdir, METRICS_FILE)) as f:
+            recorded = json.load(f)
+        return {name: recorded[name] for name in FINAL_FACTS if name in recorded}
+    except (OSError, ValueError, TypeError):
+        return {}
 
 
 def load_history(workdir: str, finished: int) -> list:

@@ -31,8 +31,8 @@ class Result:
 
     def plot(self):
         """The accuracy and loss per epoch as a matplotlib figure (a notebook draws it inline)."""
-        from tfdp.training import report
+        from tfdp.training import history_chart
 
-        return report.history_figure(self.history, self.plan.epochs,
+        return history_chart.figure(self.history, self.plan.epochs,
                                      f"{self.plan.strategy}, {len(self.devices)} device(s)",
                                      shown=True)
