@@ -239,7 +239,12 @@ def _mistakes(run: Run, version: str) -> None:
     split, evaluated = ("test", plan.test_examples) if plan.tested else (plan.evaluated,
                                                                           plan.eval_examples)
     data = run.test_split if plan.tested else run.eval_split
-    data = data or pipeline.load(run.dataset, split)  # Where a cluster's workers read it.
+    try:
+        data = data or pipeline.load(run.dataset, split)  # Where a cluster's workers read it.
+    except (OSError, ValueError) as e:  # A client on a machine without the data: no grid.
+        logger.warning("no %s: the %s split is not readable here (%s)", mistakes.FILE, split,
+                       e)
+        return
     exported = Exported(version)
     found = mistakes.find(exported.probabilities, data.images[:evaluated],
                           data.labels[:evaluated], exported.class_names)
