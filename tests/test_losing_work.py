@@ -335,3 +335,55 @@ def test_a_read_only_run_folder_is_one_line_naming_the_flag(tmp_path, data_dir):
                 entry.train(config)
     finally:
         subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_backup_every_counts_steps_or_time_and_bad_values_are_one_line(monkeypatch):
+    """--backup_every: steps, or seconds since the last backup (an epoch's end counts), or 0
+    (never within an epoch); a backup at the step the count started from is never due."""
+    from tfdp.training import backup_interval
+
+    steps = backup_interval.BackupInterval("8", first_step=5)
+    assert [k for k in range(5, 30) if steps.due(k)] == list(range(13, 30))
+    steps.saved(13)
+    assert not steps.due(20) and steps.due(21)
+    now = [100.0]
+    monkeypatch.setattr(backup_interval.time, "monotonic", lambda: now[0])
+    timed = backup_interval.BackupInterval("1.5m")
+    now[0] += 89
+    assert not timed.due(7)
+    now[0] += 1
+    assert timed.due(7) and not timed.due(0)
+    timed.saved(7)
+    assert not timed.due(8)
+    assert not any(backup_interval.BackupInterval("0").due(k) for k in range(1, 10 ** 6, 997))
+    for bad in ("1.5", "-3", "ten", "5 min"):
+        with pytest.raises(UserError, match=rf"^--backup_every={bad}: give steps \(500\), a time "
+                                            r"\(90s, 10m, 2h\) or 0 \(only at epochs' ends"):
+            Config(backup_every=bad)
+
+
+def test_a_backup_written_behind_holds_its_step_and_a_failure_is_raised_after(tmp_path,
+                                                                              monkeypatch):
+    """The arrays are copied at the step (training changes them on), written by a thread; the
+    next save waits for it; a write that fails (a full disk) is the next save's one-line
+    error, naming the backup kept."""
+    import errno
+
+    from tfdp.training import backups as backups_module
+
+    backups = Backups(str(tmp_path), 0, {"lr": 0.1})
+    weights = [np.arange(6.0).reshape(2, 3)]
+    path = backups.save_behind(3, TrainingState(weights))
+    weights[0] += 100  # The next step, while the thread may still write.
+    backups.wait()
+    assert os.path.basename(path) == "step-3.npz" and backups.steps() == [3]
+    assert np.array_equal(backups.load(3).weights[0], np.arange(6.0).reshape(2, 3))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(backups_module.files, "write_atomic", full)
+    backups.save_behind(4, TrainingState(weights))  # Training goes on: raised later.
+    with pytest.raises(UserError, match=r"^cannot write the backup of step 4 in .* \(no space "
+                                        r"left on the device\); the backup of step 3 is kept"):
+        backups.save(5, TrainingState(weights))

@@ -1,11 +1,14 @@
-"""Preempted at a random step of a random epoch, then resumed: the same model as a run that was
+"""Stopped at a random step of a random epoch, then resumed: the same model as a run that was
 never interrupted, on every path, and with your own model from scratch. In float64 (no rounding
 to hide behind) with everything a run's state holds: momentum's velocities (Nesterov), Adam's
 moments, the weights' averages (``--ema``), batch normalization's statistics, Dropout's seed
-states, a one-cycle rate, flips. The
-signal is a real SIGTERM from outside, sent when the run's own progress line shows the chosen
-step; the run's own line says where it stopped, and the test checks that it was inside the
-epoch, not at its end."""
+states, a one-cycle rate, flips.
+
+Two kinds of stop, each a real signal from outside, sent once the run's own progress line shows
+the chosen step: a preemption (SIGTERM: the run saves the step it stops at, and its line says
+which, inside the epoch), and a hard stop (SIGKILL, to the process or to one worker of a
+cluster, with nothing saved then: the run resumes from its newest backup within the epoch,
+``--backup_every``, written behind training)."""
 
 import json
 import os
@@ -53,6 +56,10 @@ PATHS = {
     "mirrored-dropout-adamw": ("train", ["--num_gpus=2", f"--model={DROPOUT}",
                                          "--optimizer=adamw", "--lr=0.002"]),
 }
+# The cases stopped hard (SIGKILL), backing up every few steps within an epoch; the others are
+# preempted (SIGTERM).
+HARD = {"manual", "plain", "multi_worker", "mirrored-dropout-adamw"}
+BACKUP_EVERY = 8
 # The run never interrupted that a path's resumed run must equal, where it is another path's:
 # two multi_worker workers train exactly mirrored's model on two devices (measured: the same
 # logits), which trains in the test process instead of a launched cluster. The cases that share
@@ -132,41 +139,52 @@ def never_interrupted(tmp_path_factory, data_dir):
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("strategy", CASES)
-def test_preempted_at_a_random_step_and_resumed_equals_never_interrupted(
+def test_stopped_at_a_random_step_and_resumed_equals_never_interrupted(
         tmp_path, data_dir, test_split, never_interrupted, strategy):
     chosen = random.Random()
     epoch, step = chosen.choice([1, 2]), chosen.randrange(1, 40)
     moment = f"epoch {epoch}, step {step}"
     stopped_folder = tmp_path / "stopped"
-    argv = command(strategy, stopped_folder, data_dir)
+    hard = strategy in HARD
+    argv = command(strategy, stopped_folder, data_dir) + (
+        [f"--backup_every={BACKUP_EVERY}"] if hard else [])
+    first = (epoch - 1) * STEPS
 
     run = Started(argv)
     progress = re.compile(rf"epoch {epoch}/2 +(\d+)/{STEPS} ")
-    wait_for(lambda: any(int(k) >= step for k in progress.findall(run.text))
+    workers = 2 if strategy == "multi_worker" else 1
+    backed_up = lambda: within_epoch(stopped_folder / "run" / "backup", workers, first)  # noqa
+    wait_for(lambda: (any(int(k) >= step for k in progress.findall(run.text))
+                      and (not hard or backed_up()))
              or run.proc.poll() is not None, 300, f"{strategy} to reach {moment}")
+    seen = backed_up() if hard else None
     if strategy == "multi_worker":
-        workers = [pid for pid in children(run.proc.pid) if tf_config_of(pid)]
-        target = chosen.choice(workers)  # One worker: every worker must stop at one step.
+        pids = [pid for pid in children(run.proc.pid) if tf_config_of(pid)]
+        target = chosen.choice(pids)  # One worker: every worker must stop at one step.
     else:
         target = run.proc.pid
-    os.kill(target, signal.SIGTERM)
+    os.kill(target, signal.SIGKILL if hard else signal.SIGTERM)
     returncode = run.finish()
     text = run.text
-    assert returncode == PREEMPTED_EXIT_CODE, (moment, text[-3000:])
-    stops = {int(s) for s in re.findall(r"tfdp\.train: preempted \(SIGTERM\) at step (\d+): "
-                                        r"state of step \1 saved in ", text)}
-    assert len(stops) == 1, (moment, text[-3000:])
-    saved = stops.pop()
-    first = (epoch - 1) * STEPS
-    assert first + step <= saved < first + STEPS, (
-        f"asked at {moment}, stopped at global step {saved}: not inside epoch {epoch}")
     assert "Traceback" not in text
     assert not os.path.exists(stopped_folder / "export" / "1")
+    if hard:  # Nothing saved at the kill: the newest backup every worker has, within the epoch.
+        assert returncode not in (0, PREEMPTED_EXIT_CODE), (moment, text[-3000:])
+        saved = backed_up()
+        assert seen <= saved < first + STEPS, (moment, seen, saved)
+    else:
+        assert returncode == PREEMPTED_EXIT_CODE, (moment, text[-3000:])
+        stops = {int(s) for s in re.findall(r"tfdp\.train: preempted \(SIGTERM\) at step "
+                                            r"(\d+): state of step \1 saved in ", text)}
+        assert len(stops) == 1, (moment, text[-3000:])
+        saved = stops.pop()
+        assert first + step <= saved < first + STEPS, (
+            f"asked at {moment}, stopped at global step {saved}: not inside epoch {epoch}")
 
     resumed = Started(argv)
     assert resumed.finish() == 0, resumed.text[-3000:]
     assert (f"resuming at epoch {epoch}/2, step {saved - first}/{STEPS} (global step {saved})"
-            in resumed.text), resumed.text[-3000:]
+            in resumed.text), (seen, resumed.text[-3000:])
     assert f"epoch {epoch}/2: loss" in resumed.text and (epoch == 1 or "epoch 1/2: loss"
                                                          not in resumed.text)
     history = json.loads((stopped_folder / "run" / "metrics.json").read_text())["epochs"]
@@ -180,3 +198,17 @@ def test_preempted_at_a_random_step_and_resumed_equals_never_interrupted(
         f"{strategy} preempted at global step {saved} ({moment}) and resumed ends "
         f"{np.abs(ours - theirs).max():.3g} away in the logits from a run never interrupted "
         f"({REFERENCE.get(strategy, strategy)})")
+
+
+def within_epoch(backup, workers: int, first: int):
+    """The newest step after ``first`` (an epoch's first) that every one of ``workers`` has a
+    backup of in ``backup``, or None: a backup file is there once whole (renamed into place)."""
+    steps = None
+    for i in range(workers):
+        folder = backup / f"worker-{i}"
+        found = {int(m[1]) for m in map(re.compile(r"^step-(\d+)\.npz$").match,
+                                        os.listdir(folder) if folder.is_dir() else ()) if m}
+        steps = found if steps is None else steps & found
+    inside = [k for k in steps if first < k < first + STEPS]
+    return max(inside) if inside else None
+

@@ -8,6 +8,7 @@ line naming the flag to change.
 import dataclasses
 import math
 import os
+import re
 import typing
 
 from tfdp import paths
@@ -37,6 +38,22 @@ def parse_steps(text: str) -> tuple:
     if first < 1 or last < first:
         raise ValueError(text)
     return first, last
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+_INTERVAL = re.compile(r"^(?P<count>\d+(\.\d+)?)(?P<unit>[smh]?)$")
+
+
+def parse_interval(text: str) -> tuple:
+    """``--backup_every``: ``"500"`` -> (500, None) steps; ``"10m"`` -> (None, 600.0) seconds
+    (s, m, h); ``"0"`` -> (None, None): never within an epoch. ValueError when none of these."""
+    match = _INTERVAL.match(str(text).strip())
+    if not match or (not match["unit"] and match[2]):  # Steps are whole.
+        raise ValueError(text)
+    count, unit = float(match["count"]), match["unit"]
+    if count == 0:
+        return None, None
+    return (None, count * _UNITS[unit]) if unit else (int(count), None)
 
 
 def check(config) -> None:
@@ -112,6 +129,11 @@ def common(config) -> None:
     if config.manual_dir is not None and not os.path.isdir(config.manual_dir):
         raise UserError(f"--manual_dir={config.manual_dir} is not a folder: point it at the "
                         "folder holding the four Fashion-MNIST .gz files")
+    try:
+        parse_interval(config.backup_every)
+    except ValueError:
+        raise UserError(f"--backup_every={config.backup_every}: give steps (500), a time (90s, "
+                        "10m, 2h) or 0 (only at epochs' ends and preemptions)") from None
     if config.trace_steps is not None:
         try:
             parse_steps(str(config.trace_steps))

@@ -200,6 +200,11 @@ class Config:
         None, "Logs, metrics.json, accuracy.png, TensorBoard and backups (default: a new folder "
         "per run, runs/<strategy>-<model>-<n>dev-<date>-<time>; give a run's folder to resume "
         "it).")
+    backup_every: str = _flag(
+        "10m", "Back up within an epoch too, every N steps (500) or every so long (90s, 10m, "
+        "2h): a hard stop (SIGKILL, out of memory, a node lost) loses at most that much "
+        "training; 0: only at each epoch's end and at a preemption. Written behind training "
+        "(docs/faults.md).")
     collective_timeout: int = _flag(
         300, "multi_worker, parameter_server, and manual across machines: seconds start-up, "
         "and then each collective or step, waits for the peers before failing.")

@@ -5,7 +5,12 @@ weights, the optimizer's slots, the weights' averages and the seed states) and i
 the rest is a function of the step. So a backup is one ``.npz`` file,
 ``<workdir>/backup/worker-<i>/step-<n>.npz``, holding the state's arrays, the step and the flags
 that decide the training (``identity``: the ``RESUME_FLAGS``). Every path writes one after
-every epoch and one at the step where it is preempted, and keeps the newest ``KEEP``.
+every epoch, within an epoch as often as ``--backup_every`` says (``tfdp.training.backup_interval``),
+and one at the step where it is preempted, and keeps the newest ``KEEP``.
+
+* Written behind training (``save_behind``): the state's arrays are copied at the step, and a
+  thread writes them while the next steps run; one at a time. A preemption's backup is written
+  before the process ends (``save``).
 
 * Written through ``files.write_atomic`` (a new temporary file, fsync, rename): a crash never
   leaves half a backup under a real name. A full disk is a one-line error, and the backup
@@ -25,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import zipfile
 
 import numpy as np
@@ -62,6 +68,7 @@ class Backups:
         self.folder = os.path.join(run_dir, "backup", f"worker-{worker_index}")
         self.identity = identity
         self._loaded = {}
+        self._behind, self._failed = None, None  # The write behind training, its failure.
 
     def steps(self) -> list:
         """Steps with a backup file, oldest first (damaged or not)."""
@@ -73,10 +80,46 @@ class Backups:
         return os.path.join(self.folder, f"step-{step}.npz")
 
     def save(self, step: int, state: TrainingState) -> str:
-        """Write the backup of ``step``; keep the newest ``KEEP``."""
-        arrays = state.arrays()
+        """Write the backup of ``step`` now (a preemption's: the process ends after it), after
+        the one being written behind, if any; keep the newest ``KEEP``."""
+        self.wait()
+        return self._write(step, self._arrays(step, state))
+
+    def save_behind(self, step: int, state: TrainingState) -> str:
+        """The backup of ``step`` written behind training: its arrays copied now (the step
+        after it may change the variables they came from), written by a thread while training
+        goes on; one at a time (a second waits for the first). A failure is raised by the next
+        save or ``wait``."""
+        self.wait()
+        arrays = self._arrays(step, state, copy=True)
+        self._behind = threading.Thread(target=self._write_behind, args=(step, arrays),
+                                        name=f"backup of step {step}")
+        self._behind.start()  # Not a daemon: a process that ends waits for the file.
+        return self.path(step)
+
+    def wait(self) -> None:
+        """Wait for the backup being written behind; raise its failure."""
+        if self._behind is not None:
+            self._behind.join()
+            self._behind = None
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
+
+    def _write_behind(self, step: int, arrays: dict) -> None:
+        try:
+            self._write(step, arrays)
+        except Exception as e:  # noqa: BLE001 -- raised in the training thread by wait().
+            self._failed = e
+
+    def _arrays(self, step: int, state: TrainingState, copy: bool = False) -> dict:
+        arrays = {name: np.array(value, copy=copy) if copy else value
+                  for name, value in state.arrays().items()}
         arrays.update(step=np.int64(step), identity=np.array(json.dumps(self.identity,
                                                                         sort_keys=True)))
+        return arrays
+
+    def _write(self, step: int, arrays: dict) -> str:
         path = self.path(step)
         try:
             os.makedirs(self.folder, exist_ok=True)
@@ -133,6 +176,8 @@ class Backups:
     def clear(self) -> None:
         """The run is complete: its backups are spent. (Left in place, the same command run
         again would "resume" after the last step and only export another version.)"""
+        with contextlib.suppress(UserError):  # A backup that failed behind is not needed now.
+            self.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
         # The last worker to finish removes backup/ itself; the others find it not empty, or
         # (finishing at the same moment) already gone.

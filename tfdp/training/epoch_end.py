@@ -37,7 +37,7 @@ class EpochEnd:
         extra, note = self.figures()
         run.reporter.epoch_end(epoch, trained, test_loss, test_acc,
                                extra=dict(extra, clock_s=clock), note=note)
-        saved = run.backups.save(step, self.state()) if run.backups else None
+        saved = run.back_up(step, self.state)
         target = run.config.target_accuracy
         reached = target is not None and test_acc >= target
         if reached:
@@ -54,5 +54,7 @@ class EpochEnd:
         if reached:
             return True
         if self.preempted():
+            if run.backups:
+                run.backups.wait()  # Written before the process ends.
             raise run.watch.preempted(step, saved)
         return False

@@ -21,6 +21,7 @@ from tfdp.config.settings import Config
 from tfdp.trace.tracer import Tracer
 from tfdp.training import preemption, report, run_folder
 from tfdp.training.backups import Backups, identity, resume_step
+from tfdp.training.backup_interval import BackupInterval
 from tfdp.training.clock import Clock
 from tfdp.training.path_contract import TrainingPath
 from tfdp.training.result import Result
@@ -48,6 +49,14 @@ class Run:
     clock: Clock = dataclasses.field(default_factory=Clock)
     reached: Optional[dict] = None  # The record of the epoch that reached --target_accuracy.
     dataset: object = None  # The data's DatasetInfo (tfdp.data.sources)
+    backup_interval: BackupInterval = dataclasses.field(default_factory=lambda: BackupInterval("0"))
+
+    def back_up(self, step: int, state) -> Optional[str]:
+        """The backup of ``step`` (``state()``, a ``TrainingState``) written behind training
+        (``Backups.save_behind``), at an epoch's end or within one when ``backup_interval`` finds one
+        due; its path (None without backups)."""
+        self.backup_interval.saved(step)
+        return self.backups.save_behind(step, state()) if self.backups else None
 
     @property
     def first_epoch(self) -> int:
@@ -161,7 +170,8 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
                     servers=path.servers_traced)
     started = Run(config, plan, None, list(path.devices), first_step, backups,
                   watch or preemption.Watch(), path.stall, train_split, eval_split, test_split,
-                  tracer, clock, dataset=dataset)
+                  tracer, clock, dataset=dataset,
+                  backup_interval=BackupInterval(config.backup_every, first_step))
     first_epoch, offset = started.first_epoch, started.offset
     # Every worker reads the earlier epochs (one folder for all): whether one reached the
     # target before an interruption (an export that failed, say) decides for all.

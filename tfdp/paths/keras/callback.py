@@ -15,8 +15,9 @@ flight recorder) are sampled at those same checks, where the step is waited for 
 
 Under MultiWorkerMirroredStrategy the workers must stop after the *same* step, or the ones still
 training wait in their next all-reduce for a peer that has gone. At every check, and at every
-epoch's end, they all-reduce their SIGTERM flags (one scalar); if any worker has one, all save
-that step and stop. The loss needs no such agreement: a non-finite gradient on any replica
+epoch's end, they all-reduce their SIGTERM flags with their backup-due flags (``--backup_every``
+in time: their clocks differ); if any worker has one, all save that step and stop, or back it
+up and go on. The loss needs no such agreement: a non-finite gradient on any replica
 reaches every replica through the gradient all-reduce, so every worker stops at that step or the
 next (a worker left waiting in a collective is stopped by the launcher, or by
 ``--collective_timeout``).
@@ -37,7 +38,7 @@ from tfdp.training.epoch_end import EpochEnd
 from tfdp.training.report import Trained
 from tfdp.training.state import TrainingState
 
-CHECK_EVERY = 5  # steps between two checks (under multi_worker: SIGTERM all-reduces)
+CHECK_EVERY = 5  # steps between two checks (under multi_worker: the flags' all-reduce)
 
 
 
@@ -133,20 +134,33 @@ class FitCallback(keras.callbacks.Callback):
         self.run.watch.reached(self._step)
 
     def _check(self, logs, last: bool):
-        """Every few steps: the loss, then a SIGTERM anywhere (except at the epoch's ``last``
-        step: ``EpochEnd`` evaluates and records the epoch, then stops)."""
+        """Every few steps: the loss, then a SIGTERM anywhere, then a backup due
+        (``--backup_every``); not at the epoch's ``last`` step: ``EpochEnd`` evaluates and
+        records the epoch, backs it up, then stops if asked."""
         self._read_loss(logs)
-        if not last and self._preempted():
+        if last:
+            return
+        stop, due = self._agreed()
+        if stop:
             self.run.watch.stop(self._step, self.run.backups, self._state)
+        if due:
+            self.run.back_up(self._step, self._state)
 
     def _state(self) -> TrainingState:
         """What every save holds, at an epoch's end or between two steps."""
         return training_state(self.model)
 
     def _preempted(self) -> bool:
+        return self._agreed()[0]
+
+    def _agreed(self) -> tuple:
+        """(stop, back up): whether a signal has come, and whether a backup is due, here or,
+        under MultiWorkerMirroredStrategy, on any worker (one all-reduce of both flags)."""
+        flags = (self.run.watch.requested, self.run.backup_interval.due(self._step))
         if self._agree is None:
-            return self.run.watch.requested
-        return bool(self._agree(tf.constant(int(self.run.watch.requested), tf.int32)).numpy() > 0)
+            return flags
+        summed = self._agree(tf.constant([int(f) for f in flags], tf.int32)).numpy()
+        return bool(summed[0] > 0), bool(summed[1] > 0)
 
 
 class TraceSteps(keras.callbacks.Callback):
@@ -170,7 +184,7 @@ class TraceSteps(keras.callbacks.Callback):
 def _flag_all_reduce(distribution):
     strategy = distribution.strategy
 
-    @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
+    @tf.function(input_signature=[tf.TensorSpec([2], tf.int32)])
     def any_worker(flag):
         return strategy.reduce("SUM", strategy.run(lambda f: f, args=(flag,)), axis=None)
 
