@@ -256,3 +256,61 @@ def test_a_peer_cut_off_ends_the_run_within_the_timeout_naming_it(tmp_path, data
     assert nothing_exported(tmp_path)
     assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-")
                    for n in emulated_hosts.namespaces())
+
+
+CHIEF_TASK = {"manual": ("chief", 0), "parameter_server": ("chief", 0),
+              "multi_worker": ("worker", 0)}
+
+
+@pytest.mark.parametrize("path", [PATHS[name] for name in CHIEF_TASK], ids=list(CHIEF_TASK))
+def test_a_stop_while_a_peer_hangs_ends_within_the_grace_period_naming_the_backup(
+        tmp_path, data_dir, path):
+    """A peer hung (real SIGSTOP: alive, never answering), then a real SIGTERM to the chief, as
+    a cluster manager sends when it ends a job: the chief's step waits in a collective for the
+    peer (up to --collective_timeout, 300 s), so no step can be saved, and it ends within
+    ``STOP_WITHIN`` s of the signal, well inside Kubernetes' and Slurm's 30 s, in one line
+    naming its newest backup. (Under multi_worker TensorFlow's own heartbeats may name the
+    hung peer first, as promptly.)"""
+    from tfdp.training.preemption import STOP_WITHIN
+
+    run = launch(tmp_path, path.strategy, f"--data_dir={data_dir}", "--epochs=20",
+                 "--steps_per_epoch=30", "--eval_steps=1", launcher=path.launcher, popen=True,
+                 env=AS_FROM_A_SHELL)
+    wait_for_first_backup(run, tmp_path)
+    victim, chief = task_pid(run.pid, *path.victim), task_pid(run.pid, *CHIEF_TASK[path.strategy])
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        time.sleep(1)  # The chief's next step waits for it.
+        os.kill(chief, signal.SIGTERM)
+        asked = time.time()
+        while running(chief) and time.time() - asked < 60:
+            time.sleep(0.05)
+        took = time.time() - asked
+    finally:
+        os.kill(victim, signal.SIGKILL)  # A stopped process dies of SIGKILL too.
+    out, err = run.communicate(timeout=120)
+    assert took < STOP_WITHIN + 5, (took, err[-3000:])
+    if path.strategy == "multi_worker" and lost_line(path, err, peer=r"[^;]*worker 1 "
+                                                                     r"\(reported unhealthy\)"):
+        # TensorFlow's coordination service missed the hung worker's heartbeats first (it did
+        # in a run here): a lost peer's line, as promptly.
+        return
+    assert took > STOP_WITHIN - 1, (took, err[-3000:])
+    line = re.search(rf"^{re.escape(path.chief)} tfdp\.train: preempted \(SIGTERM\) while "
+                     rf"training: no step of the cluster finished within {STOP_WITHIN:g} s \(a "
+                     r"peer lost\?\), so nothing new is saved; the newest backup, of step "
+                     r"(\d+), is in (\S+); run the same command again to resume$", err, re.M)
+    assert line, err[-3000:]
+    assert int(line[1]) >= 30 and line[2] == str(tmp_path / "run" / "backup" / "worker-0")
+    assert "Traceback" not in err
+    assert nothing_exported(tmp_path)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (not exited, nor a zombie its parent has yet to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+

@@ -38,7 +38,7 @@ def train_from_flags(flag_values) -> None:
             # Under Slurm or Kubernetes: TF_CONFIG from the manager; a server task leaves here.
             managed.join(config)
             logs.import_tensorflow()
-            with preemption.exit_on_second_ctrl_c("tfdp.train"):
+            with preemption.mid_step_signals("tfdp.train"):
                 from tfdp.training import entry  # TensorFlow, after logs hid its start-up.
 
                 entry.train(config)

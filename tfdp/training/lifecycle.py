@@ -95,6 +95,7 @@ def run(resolved, start_weights=None, splits=None, export: bool = True) -> Resul
             path = resolved.path.training_path()(config, backups)
             watch.install()  # The path's set-up may have created TensorFlow's own handler.
             watch.workers = path.num_workers
+            watch.peers, watch.backups = bool(path.peers), backups  # preemption.STOP_WITHIN
             try:
                 first_step = resume_step(backups, gather=path.gather_steps)
             finally:

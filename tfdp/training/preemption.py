@@ -10,7 +10,7 @@ The training loop reads the flag between steps (a step is never cut in half, and
 saved is a step's); the run's set-up reads it between its stages and the run before its export
 (``check``: nothing new to save). A signal during the export lets it finish: the run is then
 complete, and exits 0. A second Ctrl-C while the first is being honoured means "do not wait": on the
-command line (``exit_on_second_ctrl_c``) the process exits at once with one line, even in the
+command line (``mid_step_signals``) the process exits at once with one line, even in the
 middle of a step; in a notebook, where exiting would kill the kernel, it raises ``Interrupted``
 (a ``KeyboardInterrupt``) as soon as Python runs again. Either way the newest backup is kept.
 Interrupting a notebook's kernel is a Ctrl-C: ``tfdp.run`` saves and raises ``Preempted``.
@@ -22,6 +22,12 @@ TensorFlow's ``PreemptionCheckpointHandler`` was not used: it probes the GCP met
 over the network when it is created, and on GCP CPU machines it does nothing at all
 (``failure_handling.py``, ``detect_platform``/``save_checkpoint_if_preempted``).
 
+A stop must also be prompt where no step can finish: a cluster's process whose collective waits
+for a lost peer would wait ``--collective_timeout`` (300 s), past any cluster manager's grace
+period. On the command line a thread reads the signals as they come (``mid_step_signals``) and,
+``STOP_WITHIN`` s after a stop signal, ends a run with peers that is still training and not
+saving, in one line naming its newest backup (``Watch.stuck``), exit 75.
+
 Creating a MultiWorkerMirroredStrategy installs TensorFlow's C++ SIGTERM handler (its
 preemption notifier), which ignores the signal unless that handler is used; ``Watch`` replaces
 it, so SIGTERM always means something.
@@ -29,13 +35,15 @@ it, so SIGTERM always means something.
 
 import contextlib
 import os
+import select
 import signal
 import sys
 import threading
 import time
 
-from tfdp.util import files
-from tfdp.util.errors import INTERRUPTED_EXIT_CODE, Interrupted, Preempted
+from tfdp.util import errors, files
+from tfdp.util.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Interrupted,
+                               Preempted)
 
 # SIGHUP (the terminal closed, the ssh session lost) is a preemption too, as torchrun takes
 # it; unless it is ignored (``nohup``), which tfdp leaves as it is.
@@ -68,6 +76,9 @@ class Watch:
         self._finished = False
         self._previous = {}
         self._elsewhere, self._every, self._asked = None, 0.0, 0.0
+        # A run with peers (a cluster's) that may be lost: after a stop signal it has
+        # ``STOP_WITHIN`` s to save (``_end_if_stuck``), naming its ``backups``' newest if not.
+        self.peers, self.backups, self._saving = False, None, False
 
     @property
     def requested(self) -> bool:
@@ -112,10 +123,13 @@ class Watch:
     def training(self, first_step: int):
         """Training from ``first_step``: a SIGTERM now waits for the end of a step."""
         self.step, self._first, self._training = first_step, first_step, True
+        if self.peers:
+            _WITH_PEERS[:] = [self]
         try:
             yield self
         finally:
             self._training = False
+            _WITH_PEERS.clear()
 
     def reached(self, step: int) -> None:
         self.step = step
@@ -155,8 +169,26 @@ class Watch:
         ``tfdp.training.state.TrainingState``, all an epoch's end saves; nothing is saved
         without ``backups``, or at the step training started from: its backup exists)."""
         new = backups is not None and step != self._first
+        self._saving = True  # Every peer reached this step: the save ends on its own.
         raise self.preempted(step, backups.save(step, state()) if new else None)
 
+    def stuck(self) -> str:
+        """If this run still trains (no step reached to save at, not saving): the one line
+        that ends it naming its newest backup; else ''."""
+        if not self._training or self._saving or _FINISHED.is_set():
+            return ""
+        kept = self.backups.steps() if self.backups is not None else []
+        where = (f"the newest backup, of step {kept[-1]}, is in {self.backups.folder}" if kept
+                 else "no backup was written yet")
+        return (f"no step of the cluster finished within {STOP_WITHIN:g} s (a peer lost?), so "
+                f"nothing new is saved; {where}; {errors.rerun()} to resume")
+
+
+# Seconds a run with peers has, after a stop signal, to reach a step boundary and save: past
+# it (a collective waiting for a peer that is gone waits --collective_timeout), the process
+# ends naming its newest backup, well inside Kubernetes' and Slurm's 30 s grace periods.
+STOP_WITHIN = 15.0
+_WITH_PEERS = []  # The Watch of this process's run while it trains with peers.
 
 _HELD = []  # Signals that came while a command line imported its modules (``hold_until_main``).
 
@@ -232,18 +264,21 @@ def _preemption_behind(error: BaseException):
 
 
 @contextlib.contextmanager
-def exit_on_second_ctrl_c(program: str):
+def mid_step_signals(program: str):
     """While entered (from the main thread), a second SIGINT ends the process at once with one
-    line and ``INTERRUPTED_EXIT_CODE``. Python runs a signal handler only between bytecodes, so
-    not while TensorFlow computes a step; but the C-level handler writes every signal's number to
-    the wakeup file descriptor at once, and a thread that reads it can act mid-step."""
+    line and ``INTERRUPTED_EXIT_CODE``, and a run with peers still training ``STOP_WITHIN`` s
+    after a stop signal ends with one line naming its newest backup (``Watch.stuck``) and
+    ``PREEMPTED_EXIT_CODE``. Python runs a signal handler only between bytecodes, so not while
+    TensorFlow computes a step or waits in a collective; but the C-level handler writes every
+    signal's number to the wakeup file descriptor at once, and a thread that reads it can act
+    mid-step."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    thread = threading.Thread(target=_count_ctrl_c, args=(read_end, program), daemon=True)
+    thread = threading.Thread(target=_watch_signals, args=(read_end, program), daemon=True)
     thread.start()
     try:
         yield
@@ -254,13 +289,28 @@ def exit_on_second_ctrl_c(program: str):
         os.close(read_end)
 
 
-def _count_ctrl_c(read_end: int, program: str) -> None:
-    seen = 0
+def _watch_signals(read_end: int, program: str) -> None:
+    seen, deadline, by = 0, None, None
     while True:
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not select.select([read_end], [], [], wait)[0]:  # The deadline has come.
+            deadline = None
+            line = _WITH_PEERS[0].stuck() if _WITH_PEERS else ""
+            if line:
+                _exit_now(program, f"preempted ({by}) while training: {line}",
+                          PREEMPTED_EXIT_CODE)
+            continue
         received = os.read(read_end, 64)
         if not received:
             return
         seen += received.count(signal.SIGINT)
         if seen >= 2 and not _FINISHED.is_set():  # Exported: nothing to stop.
-            os.write(sys.stderr.fileno(), f"\n{program}: {Interrupted()}\n".encode())
-            os._exit(INTERRUPTED_EXIT_CODE)
+            _exit_now(program, str(Interrupted()), INTERRUPTED_EXIT_CODE)
+        stops = [NAMES[signum] for signum in received if signum in NAMES and _taken(signum)]
+        if stops and deadline is None:
+            deadline, by = time.monotonic() + STOP_WITHIN, stops[0]
+
+
+def _exit_now(program: str, line: str, code: int) -> None:
+    os.write(sys.stderr.fileno(), f"\n{program}: {line}\n".encode())
+    os._exit(code)
