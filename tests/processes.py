@@ -83,11 +83,17 @@ def launch(folder, strategy, *train_args, launcher=("--num_workers=2",), popen=F
     args = [sys.executable, "-m", "tfdp.launch", *launcher, "--", f"--strategy={strategy}",
             f"--workdir={folder / 'run'}", f"--export_dir={folder / 'export'}", *train_args]
     environment = child_env(**(env or {}))
-    if popen:
+    if popen:  # SIGHUP at its default, as a terminal's process has it (a harness may ignore it).
         return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                env=environment, cwd=REPO)
+                                env=environment, cwd=REPO, preexec_fn=hangup_as_in_a_terminal)
     return subprocess.run(args, capture_output=True, text=True, env=environment, cwd=REPO,
                           timeout=timeout)
+
+
+def hangup_as_in_a_terminal() -> None:
+    """In a child before it runs its program: SIGHUP's default action, which the suite's own
+    process may not have (tfdp leaves an ignored SIGHUP ignored, as nohup asks)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def children(pid) -> list:

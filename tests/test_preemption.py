@@ -208,16 +208,19 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(tm
 
 
 @pytest.mark.cluster
-def test_sigterm_to_the_launcher_preempts_and_sigkill_takes_the_workers_with_it(tmp_path,
-                                                                               data_dir):
+def test_sighup_to_the_launcher_preempts_and_sigkill_takes_the_workers_with_it(tmp_path,
+                                                                              data_dir):
+    """SIGHUP (its terminal closed, its ssh session lost) is a stop signal for the launcher as
+    SIGTERM is (tests/test_resume_exactly.py sends that one to the parameter servers'
+    launcher): every worker saves and the launcher exits 75."""
     run = launcher(data_dir, tmp_path, "--epochs=3", "--steps_per_epoch=100", "--batch_size=64",
                    "--eval_steps=1")
     backups = Backups(str(tmp_path / "run"), 0, {})
     wait_for(lambda: backups.steps() or run.poll() is not None, 240, "the first epoch")
-    run.send_signal(signal.SIGTERM)
+    run.send_signal(signal.SIGHUP)
     out, err = run.communicate(timeout=60)
     assert run.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
-    assert "tfdp.launch: SIGTERM; asking the workers to save and stop" in err, err[-3000:]
+    assert "tfdp.launch: SIGHUP; asking the workers to save and stop" in err, err[-3000:]
     assert len(re.findall(r"^\[\d\] tfdp\.train: preempted", err, re.M)) == 2, err[-3000:]
 
     # SIGKILL cannot be caught: the kernel ends the workers with their launcher.
