@@ -356,8 +356,14 @@ def test_every_configuration_is_checked_as_tfdp_train_would_before_any_run():
     settings = SimpleNamespace(model="lenet", batch_size=64, epochs=2, steps=3, data="real",
                                data_dir=None, manual_dir=None, tta_steps=None,
                                tta_eval_examples=None)
-    for name in ("stock:1", "plain:1:jit", "manual:2:ring:jit", "multi_worker:2:bf16"):
+    for name in ("stock:1", "plain:1:jit", "manual:2:ring:jit", "multi_worker:2:bf16",
+                 "mirrored:2:backup=5", "manual:2:backup=30s"):
         check_command(name, train_command(parse_config(name), "/w", settings))
+    assert "--backup_every=5" in train_command(parse_config("mirrored:2:backup=5"), "/w",
+                                               settings)
+    with pytest.raises(UserError, match=r"^--configs entry 'manual:2:backup=1\.5': backup=1\.5: "
+                                        r"give steps"):
+        parse_config("manual:2:backup=1.5")
     for name in tta.DEFAULT_CONFIGS.split(","):
         check_command(name, tta.command(tta.parse(name), "/w", 0.9, 1, settings))
     for name, refusal in (("parameter_server:2:jit", "--jit_compile: the coordinator"),

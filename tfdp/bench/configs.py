@@ -12,6 +12,7 @@ from absl import flags
 
 from tfdp import paths
 from tfdp.bench import entries
+from tfdp.config.checks import parse_interval
 from tfdp.config.flags import config_from_args
 from tfdp.paths.manual import algorithms
 from tfdp.util.errors import UserError
@@ -30,7 +31,7 @@ def parse_config(text: str) -> dict:
     config = {"name": entry.text, "path": entry.path, "devices": entry.count,
               "allreduce": own["allreduce"].off[0] if "allreduce" in own else "-",
               "eager": False, "jit": False, "spe": 1, "precision": "float32", "intra": None,
-              "inter": None}
+              "inter": None, "backup": None}
     for word in entry.words:
         if word in algorithms.NAMES:
             if "allreduce" not in own:
@@ -44,6 +45,13 @@ def parse_config(text: str) -> dict:
         else:
             raise entry.refuse(f"unknown option {word!r}")
     for name, value in entry.settings.items():
+        if name == "backup":  # --backup_every: what backing up within an epoch costs.
+            try:
+                parse_interval(value)
+            except ValueError:
+                raise entry.refuse(f"backup={value}: give steps (16), a time (30s) or 0") from None
+            config[name] = value
+            continue
         if name not in ("spe", "intra", "inter") or not value.isdigit() or int(value) < 1:
             raise entry.refuse(f"unknown option {f'{name}={value}'!r}")
         config[name] = int(value)
@@ -75,6 +83,8 @@ def train_command(config: dict, workdir: str, settings) -> list:
         args.append(f"--allreduce={config['allreduce']}")
     if config["spe"] > 1:
         args.append(f"--steps_per_execution={config['spe']}")
+    if config["backup"] is not None:
+        args.append(f"--backup_every={config['backup']}")
     return path_command(config["path"], config["devices"], args)
 
 

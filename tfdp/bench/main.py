@@ -20,7 +20,9 @@ default threads: ``tfdp.bench.stock``); options are an allreduce (add_n, sharded
 ``eager``, ``jit`` (``--jit_compile``: XLA; manual and plain), ``spe=N`` (steps per execution,
 Keras paths), ``bf16`` (``--precision=bfloat16``) and ``intra=N`` / ``inter=N`` (TensorFlow's
 thread pools, through ``TF_NUM_INTRAOP_THREADS`` and ``TF_NUM_INTEROP_THREADS``; default:
-tfdp's share of the cores per device). The tuned Keras ``fit`` of LeNet on one device, to hold
+tfdp's share of the cores per device), and ``backup=N`` (``--backup_every=N``: steps, or a time
+like ``30s``; a row without it backs up at the default interval, which the bench's epochs never
+reach). The tuned Keras ``fit`` of LeNet on one device, to hold
 tfdp's paths against (measured in docs/benchmarks.md)::
 
   python -m tfdp.bench --configs=manual:2,manual:2:bf16,plain:1:spe=16,plain:1:bf16:spe=16,...

@@ -29,7 +29,8 @@ def summarise(configs, samples, ceilings, flops_per_example) -> list:
     for row in rows:
         one = next((r for r in rows if r["path"] == row["path"] and r["devices"] == 1
                     and r["allreduce"] in (row["allreduce"], "add_n", "-")
-                    and alike(r, row, "eager", "jit", "spe", "precision", "intra", "inter")), None)
+                    and alike(r, row, "eager", "jit", "spe", "precision", "intra", "inter",
+                              "backup")), None)
         row["speedup"] = row["examples_per_sec"] / one["examples_per_sec"] if one else None
         row["efficiency"] = row["speedup"] / row["devices"] if one else None
         plain = [r for r in rows if r["path"] == "plain" and r["precision"] == row["precision"]]
@@ -38,7 +39,8 @@ def summarise(configs, samples, ceilings, flops_per_example) -> list:
         stock = next((r for r in rows if r["path"] == "stock"), None)
         row["vs_stock"] = row["examples_per_sec"] / stock["examples_per_sec"] if stock else None
         fp32 = next((r for r in rows if r["precision"] == "float32" and alike(
-            r, row, "path", "devices", "allreduce", "eager", "jit", "spe", "intra", "inter")), None)
+            r, row, "path", "devices", "allreduce", "eager", "jit", "spe", "intra", "inter",
+            "backup")), None)
         row["vs_fp32"] = (row["examples_per_sec"] / fp32["examples_per_sec"]
                           if fp32 and row["precision"] != "float32" else None)
     return rows
@@ -61,6 +63,7 @@ def format_table(rows, ceilings, flops_per_example, settings) -> str:
         step = "eager" if r["eager"] else ("compiled" if r["spe"] == 1 else
                                            f"compiled, {r['spe']} steps/call")
         step += ", XLA" * r.get("jit", False)
+        step += f", backup every {r['backup']}" if r.get("backup") is not None else ""
         threads = (f"{r['intra'] or 'tfdp'} intra, {r['inter'] or 'tfdp'} inter"
                    if r["intra"] or r["inter"] else "tfdp's")
         precision = "bf16" if r["precision"] == "bfloat16" else "fp32"
