@@ -115,8 +115,24 @@ def litert(path, images):
     seen = {"inputs": {k: [np.dtype(v["dtype"]).name, v["shape_signature"].tolist()]
                        for k, v in runner.get_input_details().items()},
             "outputs": {k: np.dtype(v["dtype"]).name
-                        for k, v in runner.get_output_details().items()}}
+                        for k, v in runner.get_output_details().items()},
+            "class_names": litert_metadata(model).get("class_names")}
     return runner(images=images), seen, os.path.getsize(model)
+
+
+def litert_metadata(model: str) -> dict:
+    """The model's own metadata table (``Model.metadata``) as LiteRT's flatbuffer tools read
+    it: {name: the JSON its buffer holds}, for the entries that hold JSON."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    read = flatbuffer_utils.read_model(model)
+    found = {}
+    for entry in read.metadata or []:
+        try:
+            found[entry.name.decode()] = json.loads(bytes(read.buffers[entry.buffer].data))
+        except ValueError:  # The converter's own entries are flatbuffers or version strings.
+            pass
+    return found
 
 
 def relative(logits, reference) -> float:

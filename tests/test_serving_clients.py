@@ -103,9 +103,10 @@ def test_export_serves_in_every_client(served, name):
                                              abs=seen["near_ties"] / examples + 1e-9), (
             client, seen, reported["test_acc"])
     assert seen["onnx_signature"] == dict(ONNX_CONTRACT, class_names=list(names))
-    # The classes travel with the model: its asset, its labels signature, ONNX's metadata.
+    # The classes travel with the model: its asset, its labels signature, ONNX's and LiteRT's
+    # metadata.
     assert seen["labels_txt"] == seen["labels_signature"] == list(names)
-    assert seen["litert_signature"] == litert_contract(shape)
+    assert seen["litert_signature"] == dict(litert_contract(shape), class_names=list(names))
     # Float32: measured about 1e-7, kernels of another order; bfloat16: see the margin.
     runtimes_agree(seen, examples, margin)
     # The weights are in it: at least the kernels' float32 bytes.

@@ -75,8 +75,11 @@ def convert(version: str, formats: tuple, source: str = None) -> list:
         target = os.path.join(version, FILES[name])
         partial = target + ".partial"
         (_to_onnx if name == "onnx" else _to_litert)(source or version, partial)
-        if name == "onnx":
-            _name_the_classes(partial, os.path.join(version, "assets", "labels.txt"))
+        labels_txt = os.path.join(version, "assets", "labels.txt")
+        if os.path.exists(labels_txt):
+            with open(labels_txt, encoding="utf-8") as f:
+                names = f.read().splitlines()
+            (_name_onnx_classes if name == "onnx" else _name_litert_classes)(partial, names)
         os.chmod(partial, 0o644)
         os.replace(partial, target)
         written.append(target)
@@ -95,19 +98,51 @@ def _to_onnx(saved_model: str, path: str) -> None:
         raise UserError(f"tf2onnx could not convert {saved_model} to ONNX: {tail}")
 
 
-def _name_the_classes(onnx_file: str, labels_txt: str) -> None:
+def _name_onnx_classes(onnx_file: str, names: list) -> None:
     """The class names in the ONNX model's metadata (``class_names``: a JSON list in class
     order), where ONNX Runtime shows them (``session.get_modelmeta().custom_metadata_map``)."""
     import onnx
 
-    if not os.path.exists(labels_txt):
-        return
-    with open(labels_txt, encoding="utf-8") as f:
-        names = f.read().splitlines()
     model = onnx.load(onnx_file)
     entry = model.metadata_props.add()
     entry.key, entry.value = "class_names", json.dumps(names)
     onnx.save(model, onnx_file)
+
+
+def _name_litert_classes(tflite_file: str, names: list) -> None:
+    """The class names in the LiteRT model's own metadata table (``Model.metadata``: an entry
+    ``class_names`` whose buffer holds a JSON list in class order, beside the converter's
+    ``min_runtime_version``), read with the schema TensorFlow ships. TFLite Support's metadata
+    (``TFLITE_METADATA``, labels as an associated file) needs ``tflite-support``, whose last
+    release requires protobuf < 4, which no TensorFlow 2 of today can share an environment
+    with."""
+    import flatbuffers
+    import numpy as np
+    import tensorflow as tf
+
+    schema = _module_file(os.path.join(os.path.dirname(tf.__file__), "lite", "python",
+                                       "schema_py_generated.py"))
+    with open(tflite_file, "rb") as f:
+        model = schema.ModelT.InitFromPackedBuf(bytearray(f.read()), 0)
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(json.dumps(names).encode(), np.uint8)
+    model.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name, entry.buffer = "class_names", len(model.buffers) - 1
+    model.metadata = [*(model.metadata or []), entry]
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    with open(tflite_file, "wb") as f:
+        f.write(builder.Output())
+
+
+def _module_file(path: str):
+    """The Python module in ``path``, loaded by its file (TensorFlow's ``tensorflow.lite`` is
+    its public API's alias, which hides the package's own modules from ``import``)."""
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # What the LiteRT converter writes to fd 2 on every conversion: its shared library's own copy
