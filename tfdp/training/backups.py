@@ -5,8 +5,9 @@ weights, the optimizer's slots, the weights' averages and the seed states) and i
 the rest is a function of the step. So a backup is one ``.npz`` file,
 ``<workdir>/backup/worker-<i>/step-<n>.npz``, holding the state's arrays, the step and the flags
 that decide the training (``identity``: the ``RESUME_FLAGS``). Every path writes one after
-every epoch, within an epoch as often as ``--backup_every`` says (``tfdp.training.backup_interval``),
-and one at the step where it is preempted, and keeps the newest ``KEEP``.
+every epoch, within an epoch as often as ``--backup_every`` says
+(``tfdp.training.backup_interval``), and one at the step where it is preempted, and keeps the
+newest ``KEEP``.
 
 * Written behind training (``save_behind``): the state's arrays are copied at the step, and a
   thread writes them while the next steps run; one at a time. A preemption's backup is written

@@ -53,8 +53,8 @@ class Run:
 
     def back_up(self, step: int, state) -> Optional[str]:
         """The backup of ``step`` (``state()``, a ``TrainingState``) written behind training
-        (``Backups.save_behind``), at an epoch's end or within one when ``backup_interval`` finds one
-        due; its path (None without backups)."""
+        (``Backups.save_behind``), at an epoch's end or within one when ``backup_interval``
+        finds one due; its path (None without backups)."""
         self.backup_interval.saved(step)
         return self.backups.save_behind(step, state()) if self.backups else None
 
@@ -239,7 +239,8 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
 
 def _mistakes(run: Run, version: str) -> None:
     """The examples of the final evaluation (``--eval_steps`` may cap it) through the export
-    just written: their most confident mistakes reported (``tfdp.training.mistakes``). Not for synthetic data (random labels)."""
+    just written: their most confident mistakes reported (``tfdp.training.mistakes``). Not
+    for synthetic data (random labels)."""
     from tfdp.data import pipeline
     from tfdp.export.served import Exported
     from tfdp.training import mistakes

@@ -118,7 +118,7 @@ class _Loop:
             if run.watch.requested:
                 self._drain(running)
                 run.watch.stop(self.done, run.backups, self.steps.state)
-            if run.backup_interval.due(self.done):  # --backup_every: of a step every replica finished.
+            if run.backup_interval.due(self.done):  # Of a step every replica finished.
                 self._drain(running)
                 run.back_up(self.done, self.steps.state)
             # Short at the end of an epoch, and one step a call through a traced range.
