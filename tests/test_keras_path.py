@@ -207,15 +207,16 @@ def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monke
         start_weights=start)
     assert not os.path.exists(tmp_path / "full" / "backup")  # Spent.
 
-    save = Backups.save
+    save = Backups.save_behind  # An epoch's backup, written behind training.
 
     def crash_after_epoch_2(self, step, weights):
         path = save(self, step, weights)
+        self.wait()  # Whole on disk before the crash: the test reads it at once.
         if step == 10:
             raise RuntimeError("simulated crash")
         return path
 
-    monkeypatch.setattr(Backups, "save", crash_after_epoch_2)
+    monkeypatch.setattr(Backups, "save_behind", crash_after_epoch_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
         entry.train(Config(strategy="mirrored", **settings), start_weights=start)
     monkeypatch.undo()

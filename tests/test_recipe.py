@@ -199,15 +199,16 @@ def test_a_resumed_fast_run_goes_on_with_its_velocities(tmp_path, data_dir, monk
     common = settings(tmp_path, data_dir, "resume", strategy=strategy, epochs=3)
     full = entry.train(Config(**dict(common, workdir=str(tmp_path / "full"),
                                    export_dir=str(tmp_path / "full-exp"))))
-    save = Backups.save
+    save = Backups.save_behind  # An epoch's backup, written behind training.
 
     def crash_after_epoch_1(self, step, state):
         path = save(self, step, state)
+        self.wait()  # Whole on disk before the crash: the test reads it at once.
         if step == 5:
             raise RuntimeError("simulated crash")
         return path
 
-    monkeypatch.setattr(Backups, "save", crash_after_epoch_1)
+    monkeypatch.setattr(Backups, "save_behind", crash_after_epoch_1)
     with pytest.raises(RuntimeError, match="simulated crash"):
         entry.train(Config(**common))
     monkeypatch.undo()

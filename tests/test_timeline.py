@@ -164,7 +164,8 @@ def test_servers_record_until_the_last_traced_step_even_when_steps_finish_after_
                             training=lambda step: contextlib.nullcontext())
     run = SimpleNamespace(trained=False, first_step=0, first_epoch=0, offset=0, stall=None,
                           plan=SimpleNamespace(epochs=1, steps_per_epoch=6), tracer=tracer,
-                          reporter=SimpleNamespace(progress=lambda *_: progress), watch=watch)
+                          reporter=SimpleNamespace(progress=lambda *_: progress), watch=watch,
+                          backup_interval=SimpleNamespace(due=lambda step: False))
     with pytest.raises(_EpochOver):
         loop.train(run, steps)
     # Issuing took no time; the servers record the traced steps' finishing, and more.
