@@ -8,7 +8,7 @@
 
 import sys
 
-from tfdp.training import preemption
+from tfdp.training import mid_step, preemption
 
 if __name__ == "__main__":  # A signal while the modules below import waits for main.
     preemption.hold_until_main()
@@ -38,7 +38,7 @@ def train_from_flags(flag_values) -> None:
             # Under Slurm or Kubernetes: TF_CONFIG from the manager; a server task leaves here.
             managed.join(config)
             logs.import_tensorflow()
-            with preemption.mid_step_signals("tfdp.train"):
+            with mid_step.mid_step_signals("tfdp.train"):
                 from tfdp.training import entry  # TensorFlow, after logs hid its start-up.
 
                 entry.train(config)

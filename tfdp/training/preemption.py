@@ -9,9 +9,9 @@ SavedModel), where an exception raised was seen to come out as another error (an
 The training loop reads the flag between steps (a step is never cut in half, and the state
 saved is a step's); the run's set-up reads it between its stages and the run before its export
 (``check``: nothing new to save). A signal during the export lets it finish: the run is then
-complete, and exits 0. A second Ctrl-C while the first is being honoured means "do not wait": on the
-command line (``mid_step_signals``) the process exits at once with one line, even in the
-middle of a step; in a notebook, where exiting would kill the kernel, it raises ``Interrupted``
+complete, and exits 0. A second Ctrl-C while the first is being honoured means "do not wait": on
+the command line (``tfdp.training.mid_step``) the process exits at once with one line, even in
+the middle of a step; in a notebook, where exiting would kill the kernel, it raises ``Interrupted``
 (a ``KeyboardInterrupt``) as soon as Python runs again. Either way the newest backup is kept.
 Interrupting a notebook's kernel is a Ctrl-C: ``tfdp.run`` saves and raises ``Preempted``.
 
@@ -24,9 +24,9 @@ over the network when it is created, and on GCP CPU machines it does nothing at 
 
 A stop must also be prompt where no step can finish: a cluster's process whose collective waits
 for a lost peer would wait ``--collective_timeout`` (300 s), past any cluster manager's grace
-period. On the command line a thread reads the signals as they come (``mid_step_signals``) and,
-``STOP_WITHIN`` s after a stop signal, ends a run with peers that is still training and not
-saving, in one line naming its newest backup (``Watch.stuck``), exit 75.
+period. On the command line a thread reads the signals as they come (``tfdp.training.mid_step``)
+and, ``STOP_WITHIN`` s after a stop signal, ends a run with peers that is still training and
+not saving, in one line naming its newest backup (``Watch.stuck``), exit 75.
 
 Creating a MultiWorkerMirroredStrategy installs TensorFlow's C++ SIGTERM handler (its
 preemption notifier), which ignores the signal unless that handler is used; ``Watch`` replaces
@@ -34,16 +34,12 @@ it, so SIGTERM always means something.
 """
 
 import contextlib
-import os
-import select
 import signal
-import sys
 import threading
 import time
 
 from tfdp.util import errors, files
-from tfdp.util.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Interrupted,
-                               Preempted)
+from tfdp.util.errors import Interrupted, Preempted
 
 # SIGHUP (the terminal closed, the ssh session lost) is a preemption too, as torchrun takes
 # it; unless it is ignored (``nohup``), which tfdp leaves as it is.
@@ -190,6 +186,23 @@ class Watch:
 STOP_WITHIN = 15.0
 _WITH_PEERS = []  # The Watch of this process's run while it trains with peers.
 
+
+
+def stuck_run() -> str:
+    """The line that ends this process's run with peers if it is stuck (``Watch.stuck``)."""
+    return _WITH_PEERS[0].stuck() if _WITH_PEERS else ""
+
+
+def exported() -> bool:
+    """Whether a run of this process has exported (then nothing is left to stop)."""
+    return _FINISHED.is_set()
+
+
+def stop_signal(signum: int):
+    """The name of stop signal ``signum`` as tfdp takes it, or None (not one, or ignored)."""
+    return NAMES.get(signum) if signum in NAMES and _taken(signum) else None
+
+
 _HELD = []  # Signals that came while a command line imported its modules (``hold_until_main``).
 
 
@@ -261,56 +274,3 @@ def _preemption_behind(error: BaseException):
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None
-
-
-@contextlib.contextmanager
-def mid_step_signals(program: str):
-    """While entered (from the main thread), a second SIGINT ends the process at once with one
-    line and ``INTERRUPTED_EXIT_CODE``, and a run with peers still training ``STOP_WITHIN`` s
-    after a stop signal ends with one line naming its newest backup (``Watch.stuck``) and
-    ``PREEMPTED_EXIT_CODE``. Python runs a signal handler only between bytecodes, so not while
-    TensorFlow computes a step or waits in a collective; but the C-level handler writes every
-    signal's number to the wakeup file descriptor at once, and a thread that reads it can act
-    mid-step."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    thread = threading.Thread(target=_watch_signals, args=(read_end, program), daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        signal.set_wakeup_fd(previous)
-        os.close(write_end)  # The thread reads the end of the pipe and returns.
-        thread.join()
-        os.close(read_end)
-
-
-def _watch_signals(read_end: int, program: str) -> None:
-    seen, deadline, by = 0, None, None
-    while True:
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not select.select([read_end], [], [], wait)[0]:  # The deadline has come.
-            deadline = None
-            line = _WITH_PEERS[0].stuck() if _WITH_PEERS else ""
-            if line:
-                _exit_now(program, f"preempted ({by}) while training: {line}",
-                          PREEMPTED_EXIT_CODE)
-            continue
-        received = os.read(read_end, 64)
-        if not received:
-            return
-        seen += received.count(signal.SIGINT)
-        if seen >= 2 and not _FINISHED.is_set():  # Exported: nothing to stop.
-            _exit_now(program, str(Interrupted()), INTERRUPTED_EXIT_CODE)
-        stops = [NAMES[signum] for signum in received if signum in NAMES and _taken(signum)]
-        if stops and deadline is None:
-            deadline, by = time.monotonic() + STOP_WITHIN, stops[0]
-
-
-def _exit_now(program: str, line: str, code: int) -> None:
-    os.write(sys.stderr.fileno(), f"\n{program}: {line}\n".encode())
-    os._exit(code)
