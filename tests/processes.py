@@ -96,6 +96,15 @@ def hangup_as_in_a_terminal() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (not exited, nor a zombie its parent has yet to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def children(pid) -> list:
     """The pids of process ``pid``'s children (none once it has gone)."""
     try:

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from processes import (AS_FROM_A_SHELL, children, cut_off, launch, slow_then_stop, task_pid,
-                       wait_for_first_backup)
+from processes import (AS_FROM_A_SHELL, alive, children, cut_off, launch, slow_then_stop,
+                       task_pid, wait_for_first_backup)
 from tfdp.launcher import emulated_hosts
 from tfdp.training import report
 
@@ -283,7 +283,7 @@ def test_a_stop_while_a_peer_hangs_ends_within_the_grace_period_naming_the_backu
         time.sleep(1)  # The chief's next step waits for it.
         os.kill(chief, signal.SIGTERM)
         asked = time.time()
-        while running(chief) and time.time() - asked < 60:
+        while alive(chief) and time.time() - asked < 60:
             time.sleep(0.05)
         took = time.time() - asked
     finally:
@@ -304,13 +304,3 @@ def test_a_stop_while_a_peer_hangs_ends_within_the_grace_period_naming_the_backu
     assert int(line[1]) >= 30 and line[2] == str(tmp_path / "run" / "backup" / "worker-0")
     assert "Traceback" not in err
     assert nothing_exported(tmp_path)
-
-
-def running(pid: int) -> bool:
-    """Whether process ``pid`` runs (not exited, nor a zombie its parent has yet to reap)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-

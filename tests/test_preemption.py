@@ -16,8 +16,8 @@ import time
 import pytest
 
 from conftest import REPO, ROOT
-from processes import (child_env, children, launch, run_train, tf_config_of, train_command,
-                       wait_for)
+from processes import (alive, child_env, children, launch, run_train, tf_config_of,
+                       train_command, wait_for)
 from terminal import Terminal
 from tfdp.training import preemption
 from tfdp.training.backups import Backups
@@ -153,14 +153,6 @@ def workers_of(pid, count=2):
 
     wait_for(started, 60, "the workers")
     return children(pid)
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.cluster

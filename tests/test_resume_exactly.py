@@ -203,12 +203,9 @@ def test_stopped_at_a_random_step_and_resumed_equals_never_interrupted(
 def within_epoch(backup, workers: int, first: int):
     """The newest step after ``first`` (an epoch's first) that every one of ``workers`` has a
     backup of in ``backup``, or None: a backup file is there once whole (renamed into place)."""
-    steps = None
-    for i in range(workers):
-        folder = backup / f"worker-{i}"
-        found = {int(m[1]) for m in map(re.compile(r"^step-(\d+)\.npz$").match,
-                                        os.listdir(folder) if folder.is_dir() else ()) if m}
-        steps = found if steps is None else steps & found
+    from tfdp.training.backups import Backups
+
+    run = str(backup.parent)
+    steps = set.intersection(*(set(Backups(run, i, {}).steps()) for i in range(workers)))
     inside = [k for k in steps if first < k < first + STEPS]
     return max(inside) if inside else None
-

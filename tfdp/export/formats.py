@@ -68,17 +68,18 @@ def convert(version: str, formats: tuple, source: str = None) -> list:
     """Write ``formats`` (beyond the SavedModel) into the SavedModel folder ``version``,
     converted from ``source`` (another SavedModel of the same weights; default ``version``);
     return the files written."""
-    written = []
+    written, names = [], None
+    labels_txt = os.path.join(version, "assets", "labels.txt")
+    if os.path.exists(labels_txt):
+        with open(labels_txt, encoding="utf-8") as f:
+            names = f.read().splitlines()
     for name in formats:
         if name == "saved_model":
             continue
         target = os.path.join(version, FILES[name])
         partial = target + ".partial"
         (_to_onnx if name == "onnx" else _to_litert)(source or version, partial)
-        labels_txt = os.path.join(version, "assets", "labels.txt")
-        if os.path.exists(labels_txt):
-            with open(labels_txt, encoding="utf-8") as f:
-                names = f.read().splitlines()
+        if names is not None:
             (_name_onnx_classes if name == "onnx" else _name_litert_classes)(partial, names)
         os.chmod(partial, 0o644)
         os.replace(partial, target)
