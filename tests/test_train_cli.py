@@ -98,6 +98,29 @@ def tf_value(event):
     return tf.make_ndarray(event.tensor_proto)
 
 
+def test_the_chart_is_drawn_at_the_end_and_while_training_once_its_interval_has_passed(
+        tmp_path, monkeypatch):
+    from tfdp.training import history_chart
+
+    drawings = []
+    figure = history_chart.figure
+    monkeypatch.setattr(history_chart, "figure",
+                        lambda records, *a: drawings.append(len(records)) or figure(records, *a))
+    chart = history_chart.Chart(str(tmp_path), 3, "lenet, manual, 2 device(s)")
+    records = [dict(epoch=e, loss=1 / e, train_acc=0.5, test_loss=1 / e, test_acc=0.6)
+               for e in (1, 2, 3)]
+    chart.epoch_end(records[:1])  # Seconds into the run: not yet.
+    assert drawings == [] and not (tmp_path / history_chart.FILE).exists()
+    monkeypatch.setattr(history_chart, "REDRAW_EVERY", 0.0)  # As after a long epoch.
+    chart.epoch_end(records[:2])
+    assert drawings == [2] and (tmp_path / history_chart.FILE).stat().st_size > 1000
+    monkeypatch.setattr(history_chart, "REDRAW_EVERY", 30.0)
+    chart.epoch_end(records)  # Drawn just now: not again.
+    chart.draw(records)  # The run's end draws what it has.
+    chart.draw(records)  # Once.
+    assert drawings == [2, 3]
+
+
 @pytest.mark.parametrize("module, flags", [
     ("tfdp.train", ("--strategy", "--num_gpus", "--batch_size", "--precision", "--workdir")),
     ("tfdp.launch", ("--num_workers", "--num_ps", "--hosts", "--link")),

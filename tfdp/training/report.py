@@ -16,6 +16,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from tfdp.config.settings import LIVE_PROGRESS_ENV
+from tfdp.training import history_chart
 from tfdp.util import files
 from tfdp.util.logs import logger
 
@@ -36,7 +37,8 @@ class Trained(NamedTuple):
 
 
 class Reporter:
-    """Collects one record per epoch and writes everything after each epoch.
+    """Collects one record per epoch and writes everything after each epoch (the chart of
+    accuracy and loss: ``history_chart.Chart``).
 
     ``facts`` is what the run actually used (configuration, global batch, per-replica shards,
     devices, init, precision), written into ``metrics.json`` with the epochs and, at the end,
@@ -62,8 +64,12 @@ class Reporter:
         self.test_note = ""
         self._progress = None
         self._writers = {}
+        self._chart = None
         if is_chief:
             os.makedirs(workdir, exist_ok=True)
+            self._chart = history_chart.Chart(
+                workdir, self.config["epochs"], f"{self.config['model']}, "
+                f"{self.config['strategy']}, {len(self.devices)} device(s)")
             # Two TensorBoard runs with the same tags, so TensorBoard overlays train and test.
             self._writers = {part: tf.summary.create_file_writer(
                 os.path.join(workdir, TENSORBOARD_DIR, part)) for part in ("train", "test")}
@@ -114,7 +120,7 @@ class Reporter:
                     tf.summary.scalar(key, value, description=f"{part} {key} per epoch")
             self._writers[part].flush()
         self._write_json()
-        self._plot()
+        self._chart.epoch_end(self.records)
 
     def add_facts(self, **facts) -> None:
         """Add a path's own facts to ``metrics.json`` (the parameter servers' holdings)."""
@@ -199,6 +205,7 @@ class Reporter:
                 f"{self.sec_per_epoch():.1f} sec/epoch on {self.devices}")
         if self.is_chief:
             print(line, flush=True)
+            self._chart.draw(self.records)  # The run has trained: its chart, complete.
         return line
 
     def _write_json(self):
@@ -206,14 +213,6 @@ class Reporter:
         files.write_atomic(os.path.join(self.workdir, METRICS_FILE),
                              lambda f: json.dump(payload, f, indent=1))
 
-    def _plot(self):
-        from tfdp.training import history_chart
-
-        fig = history_chart.figure(self.records, self.config["epochs"],
-                                   f"{self.config['model']}, {self.config['strategy']}, "
-                                   f"{len(self.devices)} device(s)")
-        files.write_atomic(os.path.join(self.workdir, history_chart.FILE),
-                           lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
 
 
 class Progress:
