@@ -100,43 +100,58 @@ def test_short_names_are_accepted():
     assert Config(precision="fp32").precision == "float32"
 
 
+def measured_by_a_stand_in(monkeypatch) -> list:
+    """bfloat16's speed "measured" from now on by a stand-in returning 1.25 (a real measurement
+    is a TensorFlow process of its own, 6 CPU-seconds here: the test of the cache measures once
+    for real, and the rest need a figure, not the machine's): the list of its calls."""
+    calls = []
+    monkeypatch.setattr(devices, "_bfloat16_ratio_in_a_child",
+                        lambda: calls.append(len(calls)) or 1.25)
+    return calls
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    return measured_by_a_stand_in(monkeypatch)
+
+
 @pytest.mark.slow
 def test_bfloat16_speed_is_measured_once_per_machine_and_a_damaged_cache_measured_again(
-        tmp_path, caplog):
-    speed = devices.bfloat16_speed(str(tmp_path))
+        tmp_path, caplog, monkeypatch):
+    speed = devices.bfloat16_speed(str(tmp_path))  # Measured for real, in a child process.
     # A ratio, not a speed target: AMX's bfloat16 tiles beside float32's vector units, under the
     # suite's load, measured more than 20x; a broken measurement gives 0, inf or nan.
     assert 0.05 < speed < 100
     cache, = tmp_path.glob("bfloat16-speed-*.json")
     kept = json.loads(cache.read_text())
+    calls = measured_by_a_stand_in(monkeypatch)  # Whether it measures again, from here.
     cache.write_text(json.dumps(dict(kept, ratio=0.54)))  # Another machine's figure, this key.
-    assert devices.bfloat16_speed(str(tmp_path)) == 0.54  # Read, not measured again.
+    assert devices.bfloat16_speed(str(tmp_path)) == 0.54 and not calls  # Read, not measured.
     cache.write_text(json.dumps(dict(kept, machine="another machine", ratio=0.54)))
-    assert devices.bfloat16_speed(str(tmp_path)) != 0.54  # Another machine's: measured.
+    assert devices.bfloat16_speed(str(tmp_path)) == 1.25 and calls == [0]  # Another's: measured.
     cache.write_text('{"machine": ')  # Damaged.
-    assert 0.05 < devices.bfloat16_speed(str(tmp_path)) < 100
+    assert devices.bfloat16_speed(str(tmp_path)) == 1.25 and calls == [0, 1]
     assert "measuring bfloat16's speed again" in caplog.text
-    assert json.loads(cache.read_text())["machine"] == kept["machine"]
+    assert json.loads(cache.read_text()) == dict(kept, ratio=1.25)
 
 
-def test_a_worker_narrowed_to_fewer_cores_keeps_its_own_figure(tmp_path, monkeypatch):
+def test_a_worker_narrowed_to_fewer_cores_keeps_its_own_figure(tmp_path, monkeypatch, stand_in):
     """tfdp.launch narrows each local worker to its share of the cores, which the figure
     depends on: measured there, it must not replace the whole machine's (which every later
     run would then measure again, under whatever load that moment has)."""
     whole = devices.bfloat16_speed(str(tmp_path))
-    monkeypatch.setattr(devices, "available_cores", lambda: 1)
-    devices.bfloat16_speed(str(tmp_path))
-    monkeypatch.undo()
-    assert len(list(tmp_path.glob("bfloat16-speed-*.json"))) == 2
-    monkeypatch.setattr(devices, "_bfloat16_ratio_in_a_child",
-                        lambda: pytest.fail("measured again"))
-    assert devices.bfloat16_speed(str(tmp_path)) == whole
+    with monkeypatch.context() as narrowed:
+        narrowed.setattr(devices, "available_cores", lambda: 1)
+        devices.bfloat16_speed(str(tmp_path))
+    assert len(list(tmp_path.glob("bfloat16-speed-*.json"))) == 2 and stand_in == [0, 1]
+    assert devices.bfloat16_speed(str(tmp_path)) == whole and stand_in == [0, 1]  # Kept.
 
 
-def test_a_machine_slower_in_bfloat16_is_warned_with_its_measured_ratio(tmp_path, data_dir):
+def test_a_machine_slower_in_bfloat16_is_warned_with_its_measured_ratio(tmp_path, data_dir,
+                                                                       stand_in):
     """The cache says 0.54 for this machine (an Intel Xeon's avx512_bf16 without AMX): a bf16
     run warns with that figure, and trains."""
-    devices.bfloat16_speed(str(tmp_path / "tfdp"))
+    devices.bfloat16_speed(str(tmp_path / "tfdp"))  # The cache file, this machine's key.
     cache, = (tmp_path / "tfdp").glob("bfloat16-speed-*.json")
     cache.write_text(json.dumps(dict(json.loads(cache.read_text()), ratio=0.54)))
     result = run_module("tfdp.train", "--precision=bf16", "--epochs=1", "--steps_per_epoch=2",
@@ -151,11 +166,11 @@ def test_a_machine_slower_in_bfloat16_is_warned_with_its_measured_ratio(tmp_path
 
 @pytest.mark.parametrize("ratio, chosen", [(0.54, "float32"), (1.8, "bfloat16")])
 def test_auto_precision_is_bfloat16_only_where_the_machine_measured_it_faster(
-        tmp_path, data_dir, monkeypatch, capsys, ratio, chosen):
+        tmp_path, data_dir, monkeypatch, capsys, stand_in, ratio, chosen):
     """The fast recipe's ``--precision=auto``: this machine's cached bfloat16 speed says 0.54x
     (an Intel Xeon's avx512_bf16 without AMX) or 1.8x (an AMD EPYC's); the run computes in what
     pays, says why, and records what it used."""
-    devices.bfloat16_speed(str(tmp_path / "tfdp"))
+    devices.bfloat16_speed(str(tmp_path / "tfdp"))  # The cache file, this machine's key.
     cache, = (tmp_path / "tfdp").glob("bfloat16-speed-*.json")
     cache.write_text(json.dumps(dict(json.loads(cache.read_text()), ratio=ratio)))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

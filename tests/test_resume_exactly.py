@@ -34,7 +34,7 @@ DROPOUT = ZOO + ":dropout_cnn"
 SUBCLASSED = ZOO + ":subclassed"
 STEPS = 96  # Steps per epoch; two epochs. The signal comes in the first 40 steps of one.
 FLAGS = ("--recipe=fast", "--precision=float64", "--epochs=2", f"--steps_per_epoch={STEPS}",
-         "--batch_size=64", "--lr=0.1", "--eval_steps=1")
+         "--batch_size=32", "--lr=0.1", "--eval_steps=1")
 EMA = "--ema=0.9"
 
 # How each case is started, with its own flags. Who gets the SIGTERM: the process itself, one
