@@ -74,3 +74,27 @@ def test_a_run_shows_the_examples_its_export_gets_most_confidently_wrong(
         for event in tf.compat.v1.train.summary_iterator(event_file):
             tags.update(value.tag for value in event.summary.value)
     assert {"mistakes", "confusion"} <= tags
+
+
+def test_a_client_that_cannot_read_the_split_warns_and_shows_no_mistakes(monkeypatch, caplog):
+    """A cluster's client on a machine without the data (its workers read it): the run keeps
+    its export, says in a warning why it has no grid, and reports none."""
+    from types import SimpleNamespace
+
+    from tfdp.data import pipeline
+    from tfdp.training import lifecycle
+
+    def unreadable(dataset, split):
+        raise FileNotFoundError(2, "No such file or directory", f"/data/{split}.npz")
+
+    monkeypatch.setattr(pipeline, "load", unreadable)
+    shown = []
+    run = SimpleNamespace(
+        config=SimpleNamespace(synthetic_data=False), dataset=None, test_split=None,
+        eval_split=None, reporter=SimpleNamespace(is_chief=True,
+                                                  mistakes=lambda *a: shown.append(a)),
+        plan=SimpleNamespace(tested=False, evaluated="test", eval_examples=200))
+    lifecycle._mistakes(run, "/nowhere/1")  # Never opened: the split is read first.
+    assert not shown
+    assert ("no mistakes.png: the test split is not readable here ([Errno 2] No such file or "
+            "directory: '/data/test.npz')" in caplog.text)
