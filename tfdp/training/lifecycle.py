@@ -206,6 +206,7 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
     import tensorflow as tf
 
     line = run.reporter.final_line()
+    run.reporter.draw_chart()
     target = run.config.target_accuracy
     if target is not None:
         run.reporter.add_facts(target_accuracy=target,

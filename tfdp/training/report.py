@@ -205,14 +205,17 @@ class Reporter:
                 f"{self.sec_per_epoch():.1f} sec/epoch on {self.devices}")
         if self.is_chief:
             print(line, flush=True)
-            self._chart.draw(self.records)  # The run has trained: its chart, complete.
         return line
+
+    def draw_chart(self) -> None:
+        """``accuracy.png`` with every epoch, now (the run has trained), by the chief."""
+        if self.is_chief:
+            self._chart.draw(self.records)
 
     def _write_json(self):
         payload = dict(self.facts, devices=self.devices, epochs=self.records)
         files.write_atomic(os.path.join(self.workdir, METRICS_FILE),
                              lambda f: json.dump(payload, f, indent=1))
-
 
 
 class Progress:
