@@ -34,6 +34,7 @@ def manual_params(tmp_path, split, k, name, **flags):
     (2, 400, 25, 4),   # Shards of 50 = 13 + 13 + 12 + 12; the last update's 8 + 8: 2 + 2 + 2 + 2.
     (2, 10, 2, 4),     # Updates of 8, then 2: shards of 1, micro-batches 1 + 0 + 0 + 0 (empty).
 ])
+@pytest.mark.slow
 def test_k_micro_batches_train_the_model_one_batch_of_k_times_b_does(tmp_path, train_split, k,
                                                                       examples, micro,
                                                                       accumulate):

@@ -59,6 +59,7 @@ def exchange_against_backward(tmp_path, data_dir, name, **flags) -> list:
     return found
 
 
+@pytest.mark.slow
 def test_a_bucketed_ring_starts_during_the_backward_pass_and_the_barrier_after(tmp_path,
                                                                               data_dir):
     # The ring flattens a replica's gradients once all of them exist; in 4 KB buckets, LeNet's

@@ -50,6 +50,7 @@ def test_a_divergence_inside_a_window_stops_naming_its_step_and_exports_nothing(
 
 
 @pytest.mark.parametrize("call", [1, 4, 5])  # Mid-epoch; the short last window; the next epoch.
+@pytest.mark.slow
 def test_a_sigterm_inside_a_window_saves_its_end_and_resumes_to_the_same_bits(
         tmp_path, data_dir, monkeypatch, call):
     full = entry.train(settings(tmp_path, data_dir, "full", sync_every=6))

@@ -125,6 +125,7 @@ def prepared_copy(data_dir, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated", "not an array", "wrong shape",
                                     "a label out of range", "a pixel changed"])
+@pytest.mark.slow
 def test_a_damaged_array_cache_is_rebuilt_with_a_warning(data_dir, tmp_path, caplog, damage):
     copy, _ = prepared_copy(data_dir, tmp_path)
     images = copy / "tfdp-datasets" / "tfds-fashion_mnist" / "test-images.npy"

@@ -49,6 +49,7 @@ def test_a_failed_conversion_publishes_no_version(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []  # No version, no temporary folder.
 
 
+@pytest.mark.slow
 def test_tfdp_export_adds_the_formats_to_an_earlier_version(tmp_path):
     model = lenet.serving_model(lenet.start_params("glorot", 0), "float32")
     version = saved_model.export(model, str(tmp_path / "exp"))

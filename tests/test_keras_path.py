@@ -32,6 +32,7 @@ def common(tmp_path, data_dir, name, **overrides):
     return settings
 
 
+@pytest.mark.slow
 def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, test_split):
     # Float64, so the comparison is exact whatever the CPU's kernels (conftest.comparable_start).
     start = comparable_start(7, np.float64)
@@ -199,6 +200,7 @@ def test_evaluator_covers_the_same_batches_every_time(test_split):
         assert np.array_equal(got_confusion, by_hand)
 
 
+@pytest.mark.slow
 def test_mirrored_resumes_from_the_last_backup(tmp_path, data_dir, capsys, monkeypatch):
     settings = common(tmp_path, data_dir, "resume", steps_per_epoch=5, eval_steps=1, epochs=3)
     start = lenet.to_keras_weights(comparable_start(1))

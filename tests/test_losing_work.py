@@ -39,6 +39,7 @@ def served_logits(version, images):
 # --- Losing work ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("strategy", ["manual", "mirrored"])
+@pytest.mark.slow
 def test_a_runaway_loss_stops_the_run_and_exports_nothing(tmp_path, data_dir, strategy):
     """--lr=50: the loss runs away (finite under mirrored: 2.1e29 as an epoch's mean, the model
     at chance), and the run stops within the first steps, naming the step, exporting nothing."""

@@ -185,6 +185,7 @@ def test_auto_precision_is_bfloat16_only_where_the_machine_measured_it_faster(
             f"{ratio:.2f}x float32's speed" in capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_auto_precision_measured_for_the_first_time_leaves_the_devices_to_the_run(tmp_path,
                                                                                    data_dir):
     """No figure cached yet: measuring bfloat16's speed (in a child process) must not start

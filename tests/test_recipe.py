@@ -161,6 +161,7 @@ def settings(tmp_path, data_dir, name, **overrides):
                      export_dir=str(tmp_path / f"{name}-exp")), **overrides)
 
 
+@pytest.mark.slow
 def test_the_fast_recipe_trains_the_same_lenet_on_1_2_and_4_devices(tmp_path, data_dir):
     """Momentum, Nesterov, weight decay, one-cycle, label smoothing, flips, the flipped
     evaluation and weight averaging, in float64: the device count changes nothing but
@@ -176,6 +177,7 @@ def test_the_fast_recipe_trains_the_same_lenet_on_1_2_and_4_devices(tmp_path, da
         assert runs[k].history[-1]["test_acc"] == runs[1].history[-1]["test_acc"]
 
 
+@pytest.mark.slow
 def test_the_from_scratch_path_and_keras_fit_train_the_same_lenet_bn(tmp_path, data_dir):
     """The whole fast recipe, lenet_bn's running statistics included, on 2 replicas, with
     weight averaging: both return (and evaluate) the averages, Keras' after ``fit`` ends."""

@@ -14,6 +14,7 @@ from tfdp.training import entry
 
 
 @pytest.mark.parametrize("strategy, devices", [("manual", 2), ("plain", 1)])
+@pytest.mark.slow
 def test_xla_trains_what_the_kernels_train(tmp_path, data_dir, monkeypatch, strategy, devices):
     start = lenet.init_params(6, np.float64, "glorot", batch_norm=True)
     compiled = []

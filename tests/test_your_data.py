@@ -34,6 +34,7 @@ def weights(result):
     return [np.asarray(w) for w in result.weights]
 
 
+@pytest.mark.slow
 def test_a_folder_an_npz_file_and_arrays_are_the_same_data(tmp_path, train_split, test_split):
     names = [f"class {k}" for k in range(10)]
     take = lambda split, n: class_major(  # noqa: E731 (the first n of each class)
@@ -62,6 +63,7 @@ def test_a_folder_an_npz_file_and_arrays_are_the_same_data(tmp_path, train_split
     assert isinstance(array_cache.load(info.folder, "train", 120, (28, 28, 1)).images, np.memmap)
 
 
+@pytest.mark.slow
 def test_fashion_mnist_as_an_npz_file_trains_exactly_the_tfds_model(tmp_path, train_split,
                                                                      test_split, data_dir):
     np.savez(tmp_path / "fashion.npz", x_train=train_split.images, y_train=train_split.labels,
@@ -298,6 +300,7 @@ def write_small_images(root, train_split, test_split, side=8):
             image.resize((side, side), Image.BOX).save(folder / f"{i:05d}.png")
 
 
+@pytest.mark.slow
 def test_small_images_upscaled_by_the_flag_train_to_their_stated_accuracy(tmp_path, train_split,
                                                                           test_split):
     """docs/your-data.md states it: 0.97 on the 300 test images after 10 epochs (0.93 asked
@@ -329,6 +332,7 @@ def test_memory_mapped_batches_are_the_in_memory_ones(train_split, test_split, m
     assert isinstance(train_split.images, np.memmap)
 
 
+@pytest.mark.slow
 def test_a_tfds_dataset_resized_by_the_flag(data_dir, train_split):
     """--image_size on a TFDS dataset: every image resized as a folder's are (bilinear)."""
     from PIL import Image

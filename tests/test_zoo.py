@@ -57,6 +57,7 @@ def test_a_models_own_losses_count_once_per_update_on_every_path(tmp_path, train
 
 
 @pytest.mark.parametrize("function", ["dropout_cnn", "subclassed", "tiny_vit", "group_norm"])
+@pytest.mark.slow
 def test_a_keras_guides_model_trains_from_scratch_what_fit_trains(tmp_path, train_split,
                                                                     function):
     """Dropout, SpatialDropout, GaussianNoise and -Dropout, AlphaDropout, RandomFlip;
