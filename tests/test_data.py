@@ -32,7 +32,8 @@ def test_damaged_manual_file_is_named(manual_dir, tmp_path):
     target = copy_manual_dir(manual_dir, tmp_path)
     damaged = target / "train-labels-idx1-ubyte.gz"
     os.remove(damaged)
-    shutil.copy(os.path.join(manual_dir, damaged.name), damaged)
+    shutil.copyfile(os.path.join(manual_dir, damaged.name), damaged)  # Writable, whatever
+    # the shared file's mode (read-only there: root writes anyway, a user may not).
     with open(damaged, "r+b") as f:
         f.seek(100)
         f.write(b"\x00\x01\x02")

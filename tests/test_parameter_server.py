@@ -21,6 +21,7 @@ from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import launch as launch_cluster
 from tfdp.config.settings import Config
+from tfdp.launcher.processes import free_ports
 from tfdp.data import pipeline
 from tfdp.paths.parameter_server.pace import WorkerPace
 from tfdp.training import entry
@@ -217,9 +218,10 @@ def test_the_launcher_refuses_parameter_servers_for_another_strategy(tmp_path):
                                             "parameters; --model=resnet18's Keras layers read "
                                             "whole variables")])
 def test_bad_flags_are_one_line_errors_before_the_cluster_is_reached(tmp_path, flags, message):
-    # Nothing listens at these addresses: the refusals come first.
-    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
-               "ps": ["127.0.0.1:3", "127.0.0.1:4"]}
+    # Nothing listens at these addresses (free ports any user may take): the refusals come
+    # before any peer is reached.
+    chief, worker, *servers = (f"127.0.0.1:{port}" for port in free_ports(4))
+    cluster = {"chief": [chief], "worker": [worker], "ps": servers}
     tf_config = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
     result = run_module("tfdp.train", "--strategy=parameter_server", *flags,
                         f"--workdir={tmp_path / 'run'}", env={"TF_CONFIG": tf_config},

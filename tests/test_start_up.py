@@ -1,6 +1,7 @@
 """A cluster that cannot start, and bad input: a missing peer, a launcher that cannot isolate,
 bad TF_CONFIG and ports in use, each refused in one line naming what to change."""
 
+import errno
 import json
 import os
 import re
@@ -151,6 +152,21 @@ def test_files_written_through_a_temporary_name_never_follow_a_planted_symlink(t
     files.write_atomic(str(target), lambda f: f.write("{}"))
     assert victim.read_text() == "precious"
     assert not os.path.islink(target) and target.read_text() == "{}"
+
+
+def test_a_port_this_user_may_not_listen_on_is_one_line(monkeypatch):
+    """Ports below 1024 need root: a TF_CONFIG naming one, run by a user, is refused in one
+    line, as the server's own start would fail (as root, the refusal is made to happen)."""
+    if os.geteuid() == 0:
+        class Refused(socket.socket):
+            def bind(self, address):
+                raise PermissionError(errno.EACCES, "Permission denied")
+
+        monkeypatch.setattr(tf_config.socket, "socket", Refused)
+    with pytest.raises(UserError) as caught:
+        tf_config.port_taken("127.0.0.1:1")
+    assert str(caught.value) == ("this user may not listen on port 1 (127.0.0.1:1): ports below "
+                                 "1024 need root; give a port from 1024 up")
 
 
 @pytest.mark.parametrize("module, strategy, task", [

@@ -320,7 +320,7 @@ def test_bad_export_dir_and_damaged_data(tmp_path, manual_dir, data_dir):
     broken = tmp_path / "manual"
     broken.mkdir()
     for name in fashion_mnist.MANUAL_FILES:
-        shutil.copy(os.path.join(manual_dir, name), broken / name)
+        shutil.copyfile(os.path.join(manual_dir, name), broken / name)  # Writable copies.
     (broken / "t10k-images-idx3-ubyte.gz").write_bytes(b"truncated")
     (tmp_path / "exp" / "1").mkdir(parents=True)
     (tmp_path / "exp" / "1" / "saved_model.pb").write_bytes(b"an earlier export")

@@ -174,7 +174,9 @@ def _check_port_free(task_: Task) -> None:
 
 
 def port_taken(address: str) -> bool:
-    """Whether another process listens on ``address``'s port here (``host:port``)."""
+    """Whether another process listens on ``address``'s port here (``host:port``); a port this
+    user may not listen on (below 1024, without root) is a one-line error, as the server's own
+    start would be."""
     host, _, port = address.rpartition(":")
     probe = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET)
     # As gRPC binds: connections of an earlier run still in TIME_WAIT do not hold the port.
@@ -184,6 +186,9 @@ def port_taken(address: str) -> bool:
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             return True
+        if e.errno == errno.EACCES:
+            raise UserError(f"this user may not listen on port {port} ({address}): ports below "
+                            "1024 need root; give a port from 1024 up") from None
         raise
     finally:
         probe.close()
