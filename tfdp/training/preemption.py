@@ -187,7 +187,6 @@ STOP_WITHIN = 15.0
 _WITH_PEERS = []  # The Watch of this process's run while it trains with peers.
 
 
-
 def stuck_run() -> str:
     """The line that ends this process's run with peers if it is stuck (``Watch.stuck``)."""
     return _WITH_PEERS[0].stuck() if _WITH_PEERS else ""
@@ -200,7 +199,7 @@ def exported() -> bool:
 
 def stop_signal(signum: int):
     """The name of stop signal ``signum`` as tfdp takes it, or None (not one, or ignored)."""
-    return NAMES.get(signum) if signum in NAMES and _taken(signum) else None
+    return NAMES[signum] if signum in NAMES and _taken(signum) else None
 
 
 _HELD = []  # Signals that came while a command line imported its modules (``hold_until_main``).
