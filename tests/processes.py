@@ -114,17 +114,25 @@ def children(pid) -> list:
         return []
 
 
-def wait_for_first_backup(run, tmp_path, timeout=180, step=1):
-    """Until the run in ``tmp_path / "run"`` has saved its first backup (an epoch's end), or
-    one of global step ``step`` or later."""
+def backed_up(run_dir, workers: int = 1) -> int:
+    """The newest global step that every one of ``workers`` (the tasks that keep backups) has
+    a backup of in ``run_dir``, 0 for none: a backup file is there once whole (renamed into
+    place)."""
     from tfdp.training.backups import Backups
 
-    backups = Backups(str(tmp_path / "run"), 0, {})
+    steps = set.intersection(*(set(Backups(str(run_dir), i, {}).steps())
+                               for i in range(workers)))
+    return max(steps, default=0)
+
+
+def wait_for_first_backup(run, tmp_path, timeout=180, step=1, workers=1):
+    """Until the run in ``tmp_path / "run"`` has saved its first backup (an epoch's end), or
+    one of global step ``step`` or later, on each of ``workers``."""
     deadline = time.time() + timeout
-    while (max(backups.steps(), default=0) < step and run.poll() is None
+    while (backed_up(tmp_path / "run", workers) < step and run.poll() is None
            and time.time() < deadline):
         time.sleep(0.05)
-    assert max(backups.steps(), default=0) >= step, "no epoch finished in time"
+    assert backed_up(tmp_path / "run", workers) >= step, f"no backup of step {step} in time"
 
 
 def left_behind() -> list:

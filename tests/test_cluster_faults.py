@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from processes import (AS_FROM_A_SHELL, alive, children, cut_off, launch, slow_then_stop,
-                       task_pid, wait_for_first_backup)
+from processes import (AS_FROM_A_SHELL, alive, backed_up, children, cut_off, launch,
+                       slow_then_stop, task_pid, wait_for_first_backup)
 from tfdp.launcher import emulated_hosts
 from tfdp.training import report
 
@@ -180,19 +180,18 @@ def test_a_peer_reported_lost_is_named_once_its_exit_closes_its_port():
 
 @by_path
 def test_a_killed_peer_ends_the_run_and_the_same_command_resumes(tmp_path, data_dir, path):
-    """SIGKILL to one peer after the first epoch's backup: the run ends within a minute or two
-    (multi_worker: the launcher stops the others), nothing is exported, and the same command
-    resumes from an epoch every worker backed up, finishes and exports once."""
-    train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=20", "--eval_steps=1"]
+    """SIGKILL to one peer in the middle of the second epoch, after a backup within it
+    (``--backup_every``): the run ends within a minute or two (multi_worker: the launcher stops
+    the others), nothing is exported, and the same command resumes from the newest step every
+    worker backed up, inside the epoch, finishes and exports once."""
+    train = [f"--data_dir={data_dir}", "--epochs=3", "--steps_per_epoch=20", "--eval_steps=1",
+             "--backup_every=5"]
     # As from a user's shell: TensorFlow's C++ log at tfdp's own threshold, not the tests'.
     run = launch(tmp_path, path.strategy, *train, launcher=path.launcher, popen=True,
                  env=AS_FROM_A_SHELL)
-    wait_for_first_backup(run, tmp_path)
-    if path.strategy == "multi_worker":  # Every worker has backed up its first epoch.
-        worker_1 = tmp_path / "run" / "backup" / "worker-1"
-        deadline = time.time() + 60
-        while not (worker_1.is_dir() and os.listdir(worker_1)) and time.time() < deadline:
-            time.sleep(0.05)
+    keeping = 2 if path.strategy == "multi_worker" else 1  # The tasks that keep backups.
+    wait_for_first_backup(run, tmp_path, step=25, workers=keeping)  # Epoch 2's step 5.
+    if path.strategy == "multi_worker":
         victim = children(run.pid)[1]
     else:
         victim = task_pid(run.pid, *path.victim)
@@ -218,14 +217,14 @@ def test_a_killed_peer_ends_the_run_and_the_same_command_resumes(tmp_path, data_
         chief = [line for line in err.splitlines() if line.startswith(path.chief)]
         assert lost_line(path, chief[-1]), err[-3000:]
     assert nothing_exported(tmp_path)
+    saved = backed_up(tmp_path / "run", keeping)
+    assert 20 < saved < 40, saved  # Inside the second epoch: steps 21 to 40.
 
     rerun = launch(tmp_path, path.strategy, *train, launcher=path.launcher)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    resumed = re.search(rf"^{re.escape(path.chief)} resuming at epoch ([23])/3, step 0/20 ",
-                        rerun.stdout, re.M)
-    assert resumed, rerun.stdout[-3000:]
-    finished = int(resumed[1]) - 1
-    assert f"{path.chief} epoch {finished}/3: loss" not in rerun.stdout  # Not redone.
+    assert (f"{path.chief} resuming at epoch 2/3, step {saved - 20}/20 (global step {saved})"
+            in rerun.stdout), rerun.stdout[-3000:]
+    assert f"{path.chief} epoch 1/3: loss" not in rerun.stdout  # Not redone.
     assert f"{path.chief} epoch 3/3: loss" in rerun.stdout
     assert [r["epoch"] for r in report.load_history(str(tmp_path / "run"), 3)] == [1, 2, 3]
     assert os.listdir(tmp_path / "export") == ["1"]

@@ -22,7 +22,7 @@ from tfdp.config.settings import Config
 from tfdp.export import saved_model
 from tfdp.models import lenet
 from tfdp.training import entry
-from tfdp.training import divergence, run_folder
+from tfdp.training import divergence, report, run_folder
 from tfdp.training.backups import Backups, identity
 from tfdp.training.state import TrainingState
 from tfdp.util.errors import Diverged, UserError
@@ -197,6 +197,33 @@ def test_a_damaged_newest_backup_falls_back_to_the_newest_intact_one(tmp_path, d
     assert len(warnings) == 2, warnings
     assert "resuming at epoch 2/3, step 0/5 (global step 5)" in out
     assert [r["epoch"] for r in result.history] == [2, 3]  # No metrics.json of epoch 1 here.
+
+
+def test_a_run_stopped_while_it_evaluates_the_test_set_evaluates_it_again_on_resuming(
+        tmp_path, data_dir, monkeypatch, capsys):
+    """A stop while the test set is evaluated once after training (a validation split after
+    every epoch) comes before the last backup: the same command trains the last epoch again
+    and reports the test set, rather than finding the run finished with no test figure."""
+    config = manual_config(tmp_path, data_dir, epochs=2, validation_split=0.1)
+
+    class Stopped(Exception):
+        pass
+
+    def stopped(*args, **kwargs):
+        raise Stopped("as by SIGKILL while the test set was evaluated")
+
+    monkeypatch.setattr(report.Reporter, "tested", stopped)
+    with pytest.raises(Stopped):
+        entry.train(config)
+    monkeypatch.undo()
+    assert Backups(config.workdir, 0, identity(config)).steps() == [5]  # Not the last step.
+    capsys.readouterr()
+    result = entry.train(config)
+    out = capsys.readouterr().out
+    assert "resuming at epoch 2/2, step 0/5 (global step 5)" in out
+    assert "test set, evaluated once after training" in out
+    recorded = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert recorded["test"]["acc"] == result.test_accuracy
 
 
 @pytest.mark.slow

@@ -37,7 +37,6 @@ class EpochEnd:
         extra, note = self.figures()
         run.reporter.epoch_end(epoch, trained, test_loss, test_acc,
                                extra=dict(extra, clock_s=clock), note=note)
-        saved = run.back_up(step, self.state)
         target = run.config.target_accuracy
         reached = target is not None and test_acc >= target
         if reached:
@@ -51,6 +50,10 @@ class EpochEnd:
             split = "test"
         if last and confusion:  # Where the final evaluation goes wrong.
             run.reporter.confusion(confusion[0], split)
+        # The last backup comes after the final evaluation's figures are in metrics.json: a run
+        # stopped before it resumes inside the last epoch and evaluates again; one stopped after
+        # it has nothing left to train and keeps them (Reporter.resumed_trained).
+        saved = run.back_up(step, self.state)
         if reached:
             return True
         if self.preempted():
