@@ -28,6 +28,9 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The runs tests start draw no charts (the default of --plots: docs/design.md#tests has what
+# drawing costs a short run); the tests that read a chart ask for it (--plots, plots=True).
+os.environ.setdefault("TFDP_PLOTS", "0")
 # Each test process has a folder of its own, inherited by every process it starts and removed
 # when it ends: the temporary files (TFDS leaves an empty folder for each builder of a dataset not
 # yet prepared; a process a test kills leaves TensorFlow's autograph files) and the suite's

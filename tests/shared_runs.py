@@ -16,6 +16,8 @@ import numpy as np
 from tfdp.data import fashion_mnist
 
 SERVED = "saved_model,onnx,litert"
+# The runs whose charts tests read (test_mistakes): the others draw none (conftest).
+DRAWN = ("manual-lenet", "mirrored-lenet", "manual-yours-colour")
 # A user's own model, from a file outside the package (docs/your-model.md).
 YOURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "own_models",
                      "residual_cnn.py") + ":residual_cnn"
@@ -64,7 +66,7 @@ class SharedRuns:
             from tfdp.training import entry
 
             folder = self.root / name
-            flags = dict(RUNS[name])
+            flags = dict(RUNS[name], plots=name in DRAWN)
             if flags.get("dataset") == "npz:colour":
                 flags["dataset"] = f"npz:{self.colour()}"
             self.done[name] = entry.train(Config(

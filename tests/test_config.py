@@ -96,3 +96,16 @@ def test_thread_shares_follow_tensorflows_thread_variables(monkeypatch):
     monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "many")
     with pytest.raises(UserError, match="TF_NUM_INTEROP_THREADS='many': give a positive number"):
         devices.thread_shares(2)
+
+
+def test_plots_are_the_flag_else_the_environment_else_drawn(monkeypatch):
+    monkeypatch.delenv("TFDP_PLOTS", raising=False)
+    assert Config().plots_or_default() is True
+    for value, drawn in (("0", False), ("false", False), ("1", True), (" True ", True)):
+        monkeypatch.setenv("TFDP_PLOTS", value)
+        assert Config().plots_or_default() is drawn, value
+        assert Config(plots=not drawn).plots_or_default() is (not drawn)  # The flag first.
+    monkeypatch.setenv("TFDP_PLOTS", "maybe")
+    with pytest.raises(UserError, match=r"^TFDP_PLOTS=maybe: give 0 or 1 \(the default of "
+                                        r"--plots\)$"):
+        Config().plots_or_default()

@@ -40,7 +40,7 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
     manual, manual_run = train_manual(manual_config, train_split, test_split, params=start)
 
     mirrored = entry.train(Config(strategy="mirrored", **common(
-        tmp_path, data_dir, "mirrored", precision="float64")),
+        tmp_path, data_dir, "mirrored", precision="float64", plots=True)),
         start_weights=lenet.to_keras_weights(start))
 
     assert update_difference(lenet.from_keras_weights(mirrored.weights), manual, start) < 1e-9

@@ -37,7 +37,7 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
                     data_dir=data_dir, precision="float64", accumulate_steps=2)
     launcher, readmes = readme.launch_args("multi_worker")  # The README's launch, and more.
     result = launch(tmp_path, *readmes, f"--init={tmp_path / 'start.npz'}", "--trace_steps=3:4",
-                    "--export_formats=saved_model,onnx,litert",
+                    "--export_formats=saved_model,onnx,litert", "--plots",
                     *[f"--{k}={v}" for k, v in settings.items()], launcher=launcher)
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout.splitlines()
@@ -57,6 +57,8 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     assert not re.search(r"^\[\d\] ([IE]\d{4} |WARNING: All log)", result.stderr, re.M), \
         result.stderr[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]  # Exported once, by the chief.
+    drawn = sorted(p.name for p in (tmp_path / "run").glob("*.png"))  # By the chief (--plots).
+    assert {"accuracy.png", "confusion.png", "mistakes.png"} <= set(drawn), drawn
     # Each worker's replica stamped its steps; the chief's record holds both, read at steps
     # 5 and 10 (the callback's checks).
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())

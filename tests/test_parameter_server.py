@@ -38,7 +38,7 @@ def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, d
     result = launch_cluster(tmp_path, "parameter_server", *readmes, f"--data_dir={data_dir}",
                             "--epochs=2", "--steps_per_epoch=8", "--eval_steps=2",
                             "--trace_steps=3:4", "--export_formats=saved_model,onnx,litert",
-                            launcher=launcher)
+                            "--plots", launcher=launcher)
     assert result.returncode == 0, result.stderr[-4000:]
     # The coordinator traces itself and captures the servers: each traced step ran on one
     # worker (forward, backward), and updated its halves of W3 on both parameter servers.
@@ -72,6 +72,9 @@ def test_two_workers_and_two_sharded_servers_train_report_and_export(tmp_path, d
         assert 0 <= record["staleness_mean"] <= record["staleness_max"] <= 3
         assert record["test_acc"] > 0
     assert "[chief] test acc (first 512 of 10000 test examples):" in out
+    # The chief draws the charts (--plots) from what the workers trained.
+    drawn = sorted(p.name for p in (tmp_path / "run").glob("*.png"))
+    assert {"accuracy.png", "confusion.png", "mistakes.png"} <= set(drawn), drawn
     assert not re.search(r"^\[[\w ]+\] ([IWE]\d{4} |Traceback)", err, re.M), err[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]
     test = pipeline.load_split("test", data_dir)

@@ -37,7 +37,8 @@ print(json.dumps({"input": [spec.dtype.name, spec.shape.as_list()], "outputs": o
 def test_short_run_reports_exports_and_serves(tmp_path, data_dir):
     workdir, exports = tmp_path / "work", tmp_path / "exp"
     result = run_module("tfdp.train", "--num_gpus=2", "--epochs=2", "--steps_per_epoch=30",
-                        "--init=glorot", f"--data_dir={data_dir}", f"--workdir={workdir}",
+                        "--init=glorot", "--plots", f"--data_dir={data_dir}",
+                        f"--workdir={workdir}",
                         f"--export_dir={exports}")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()

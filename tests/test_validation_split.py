@@ -3,6 +3,8 @@ out a share of each class by seed; every path trains the same model with a split
 the validation split after every epoch and the test set once, and counts the same confusion
 matrix."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -72,7 +74,8 @@ def test_with_a_validation_split_every_path_trains_the_same_model_and_tests_once
     for strategy in ("manual", "mirrored"):
         config = Config(strategy=strategy, num_gpus=2, precision="float64", epochs=2,
                         batch_size=20, lr=0.1, validation_split=0.3, dataset=f"folder:{root}",
-                        data_dir=str(tmp_path / "data"), workdir=str(tmp_path / strategy))
+                        data_dir=str(tmp_path / "data"), workdir=str(tmp_path / strategy),
+                        plots=strategy == "mirrored")
         results[strategy] = entry.train(config, start, export=False)
     out = capsys.readouterr().out
     manual, mirrored = results["manual"], results["mirrored"]
@@ -100,3 +103,5 @@ def test_with_a_validation_split_every_path_trains_the_same_model_and_tests_once
     assert confusion["class_names"] == [f"class {k}" for k in range(10)]
     assert confusion["per_class_accuracy"] == [counts[k, k] / 3 for k in range(10)]
     assert (tmp_path / "mirrored" / "confusion.png").stat().st_size > 1000
+    # --plots=false: the same numbers in metrics.json, no chart drawn.
+    assert not list((tmp_path / "manual").glob("*.png")), os.listdir(tmp_path / "manual")

@@ -13,6 +13,7 @@ from tfdp.config import checks, model_spec, recipes
 from tfdp.config import optimizer_spec as optimizers
 from tfdp.config.checks import parse_steps
 from tfdp.export import formats
+from tfdp.util.errors import UserError
 
 # Short names accepted for --precision (the issue tracker and other libraries use them).
 PRECISION_ALIASES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}
@@ -21,6 +22,8 @@ DEFAULT_BATCH_SIZE = recipes.RECIPES["textbook"]["batch_size"]
 # chief, when the launcher runs in a terminal, so that the chief draws its progress bar.
 RUN_STAMP_ENV = "TFDP_RUN_STAMP"
 LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
+# The default of --plots for every run started where it is set: a sweep's or a CI job's.
+PLOTS_ENV = "TFDP_PLOTS"
 
 
 def _flag(default, help_text):
@@ -214,6 +217,12 @@ class Config:
     verbose: bool = _flag(
         False, "Also print TensorFlow's, TFDS' and absl's INFO lines and progress bars (hidden "
         "by default: tfdp prints its own lines, warnings and errors).")
+    plots: Optional[bool] = _flag(
+        None, "Draw accuracy.png, confusion.png and mistakes.png in --workdir, and their images "
+        "in TensorBoard. false leaves the drawing out, for sweeps and many short runs, where it "
+        "is a sizeable part of a run's CPU time: metrics.json and TensorBoard's scalars keep "
+        f"every number, the confusion matrix and the mistakes included. Default: ${PLOTS_ENV} "
+        "where it is set (0 or 1), else true.")
 
     def __post_init__(self):
         # Frozen: the full names of aliased values are set once, here, before the checks.
@@ -264,6 +273,15 @@ class Config:
         or the stamp every worker of a launched or managed cluster shares)."""
         model = model_spec.name_of(self.model)
         return os.path.join("runs", f"{self.strategy}-{model}-{self.num_gpus}dev-{stamp}")
+
+    def plots_or_default(self) -> bool:
+        """``--plots`` as given, else ``$TFDP_PLOTS`` (0 or 1) where it is set, else true."""
+        if self.plots is not None:
+            return self.plots
+        value = os.environ.get(PLOTS_ENV, "").strip().lower()
+        if value not in ("", "0", "1", "false", "true"):
+            raise UserError(f"{PLOTS_ENV}={value}: give 0 or 1 (the default of --plots)")
+        return value not in ("0", "false")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

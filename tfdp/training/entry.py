@@ -17,9 +17,9 @@ from tfdp.training.result import Result
 @dataclasses.dataclass(frozen=True)
 class ResolvedRun:
     """A run as the entry resolves it, once, before anything starts; every later stage reads it
-    and none rebuilds it. ``config``: the flags with ``--precision=auto`` and the run folder
-    chosen; ``path``: its ``--strategy``'s description; ``worker``: whose lock and backups this
-    process holds (its task's index where every task trains a replica, else 0);
+    and none rebuilds it. ``config``: the flags with ``--precision=auto``, the run folder and
+    ``--plots`` chosen; ``path``: its ``--strategy``'s description; ``worker``: whose lock and
+    backups this process holds (its task's index where every task trains a replica, else 0);
     ``folder_named``: whether ``--workdir`` named the folder (else a new one was chosen)."""
     config: Config
     path: paths.Path
@@ -34,6 +34,8 @@ def resolve(config: Config) -> ResolvedRun:
     chosen = {}
     if config.precision == "auto":
         chosen["precision"] = precision.resolve(config.precision)
+    if config.plots is None:
+        chosen["plots"] = config.plots_or_default()
     if config.workdir is None:
         chosen["workdir"] = run_folder.new_folder(config, every_task_trains)
     return ResolvedRun(dataclasses.replace(config, **chosen) if chosen else config, path,

@@ -64,12 +64,14 @@ class Reporter:
         self.test_note = ""
         self._progress = None
         self._writers = {}
-        self._chart = None
+        self._chart = None  # None off the chief, and with --plots=false.
+        self.plots = self.config.get("plots") is not False
         if is_chief:
             os.makedirs(workdir, exist_ok=True)
-            self._chart = history_chart.Chart(
-                workdir, self.config["epochs"], f"{self.config['model']}, "
-                f"{self.config['strategy']}, {len(self.devices)} device(s)")
+            if self.plots:
+                self._chart = history_chart.Chart(
+                    workdir, self.config["epochs"], f"{self.config['model']}, "
+                    f"{self.config['strategy']}, {len(self.devices)} device(s)")
             # Two TensorBoard runs with the same tags, so TensorBoard overlays train and test.
             self._writers = {part: tf.summary.create_file_writer(
                 os.path.join(workdir, TENSORBOARD_DIR, part)) for part in ("train", "test")}
@@ -120,7 +122,8 @@ class Reporter:
                     tf.summary.scalar(key, value, description=f"{part} {key} per epoch")
             self._writers[part].flush()
         self._write_json()
-        self._chart.epoch_end(self.records)
+        if self._chart:
+            self._chart.epoch_end(self.records)
 
     def add_facts(self, **facts) -> None:
         """Add a path's own facts to ``metrics.json`` (the parameter servers' holdings)."""
@@ -164,6 +167,8 @@ class Reporter:
         if not self.is_chief:
             return
         self._write_json()
+        if not self.plots:
+            return
         self._drawn(confusion.figure(counts, names, f"{split} set, epoch "
                                      f"{self.records[-1]['epoch']}"),
                     confusion.FILE, "confusion", f"the confusion matrix of the {split} set")
@@ -177,6 +182,8 @@ class Reporter:
         if not self.is_chief:
             return
         self._write_json()
+        if not self.plots:
+            return
         self._drawn(mistakes.figure(images, found, f"the {split} set's most confident "
                                                    "mistakes (index, true, predicted)"),
                     mistakes.FILE, "mistakes",
@@ -209,7 +216,7 @@ class Reporter:
 
     def draw_chart(self) -> None:
         """``accuracy.png`` with every epoch, now (the run has trained), by the chief."""
-        if self.is_chief:
+        if self._chart:
             self._chart.draw(self.records)
 
     def _write_json(self):
