@@ -39,7 +39,7 @@ def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir,
                     allreduce="ring")
     launcher, readmes = readme.launch_args("manual")  # The README's launch, and more.
     result = launch(tmp_path, *readmes, f"--init={tmp_path / 'start.npz'}", "--trace_steps=5:6",
-                    *[f"--{k}={v}" for k, v in settings.items()], launcher=launcher)
+                    "--plots", *[f"--{k}={v}" for k, v in settings.items()], launcher=launcher)
     assert result.returncode == 0, result.stderr[-4000:]
     # The client traced itself and captured the servers' profiles: each worker's replica has
     # its lane with every phase in each traced step, cut by the client's step boundaries.
@@ -64,6 +64,8 @@ def test_two_workers_train_the_model_two_local_devices_train(tmp_path, data_dir,
     assert "[chief] test acc (first 190 of 10000 test examples):" in out
     assert not re.search(r"^\[\w+\] ([IWE]\d{4} |Traceback)", err, re.M), err[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]
+    drawn = sorted(p.name for p in (tmp_path / "run").glob("*.png"))  # By the client (--plots).
+    assert {"accuracy.png", "confusion.png", "mistakes.png"} <= set(drawn), drawn
 
     config = Config(num_gpus=2, workdir=str(tmp_path / "local"), **settings)
     local, _ = train_manual(config, train_split, test_split, params=start)
