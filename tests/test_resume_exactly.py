@@ -6,8 +6,8 @@ states, a one-cycle rate, flips.
 
 Two kinds of stop, each a real signal from outside, sent once the run's own progress line shows
 the chosen step: a preemption (SIGTERM: the run saves the step it stops at, and its line says
-which, inside the epoch), and a hard stop (SIGKILL, to the process or to one worker of a
-cluster, with nothing saved then: the run resumes from its newest backup within the epoch,
+which, inside the epoch), and a hard stop (SIGKILL, to the process, to one task of a cluster
+or to a parameter-server run's chief, with nothing saved then: the run resumes from its newest backup within the epoch,
 ``--backup_every``, written behind training)."""
 
 import json
@@ -24,8 +24,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO
-from processes import (child_env, children, tf_config_of, train_command, train_in_this_process,
-                       wait_for)
+from processes import (child_env, children, task_pid, tf_config_of, train_command,
+                       train_in_this_process, wait_for)
 from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
 ZOO = os.path.join(REPO, "tests", "own_models", "zoo.py")
@@ -45,9 +45,14 @@ PATHS = {
     "mirrored": ("train", ["--num_gpus=2", EMA]),
     "plain": ("train", [EMA]),
     "multi_worker": ("launch", ["--num_workers=2"], [EMA]),
+    # The from-scratch path across machines: a client and two tfdp.server workers of one
+    # device each, the global batch and data order of two local devices.
+    "manual-cluster": ("launch", ["--num_workers=2"], [EMA]),
     # One worker: asynchronous SGD with two is not reproducible step for step. The recipe
     # keeps no momentum and no averages here (tfdp.config.recipes), so its state is the weights.
     "parameter_server": ("launch", ["--num_workers=1", "--num_ps=1"], []),
+    # The same, stopped hard: its chief (the coordinator, which keeps the backups) killed.
+    "parameter_server-killed": ("launch", ["--num_workers=1", "--num_ps=1"], []),
     # Your model from scratch, its state its variables: batch normalization's statistics and
     # Dropout's seed states, with Adam's moments and step count and the averages.
     "manual-yours": ("train", ["--num_gpus=2", EMA, f"--model={SUBCLASSED}",
@@ -58,16 +63,26 @@ PATHS = {
 }
 # The cases stopped hard (SIGKILL), backing up every few steps within an epoch; the others are
 # preempted (SIGTERM).
-HARD = {"manual", "plain", "multi_worker", "mirrored-dropout-adamw"}
+HARD = {"manual", "plain", "multi_worker", "manual-cluster", "parameter_server-killed",
+        "mirrored-dropout-adamw"}
 BACKUP_EVERY = 8
-# The run never interrupted that a path's resumed run must equal, where it is another path's:
+# The run never interrupted that a case's resumed run must equal, where it is another case's:
 # two multi_worker workers train exactly mirrored's model on two devices (measured: the same
-# logits), which trains in the test process instead of a launched cluster. The cases that share
-# a reference run on one worker (xdist_group), which trains it once.
-REFERENCE = {"multi_worker": "mirrored"}
-SHARING = {case for pair in REFERENCE.items() for case in pair}
-CASES = [pytest.param(case, marks=pytest.mark.xdist_group("resume_reference"))
-         if case in SHARING else case for case in PATHS]
+# logits), and two tfdp.server workers the from-scratch path's on two devices, each trained in
+# the test process instead of a launched cluster. The cases that share a reference run on one
+# worker (xdist_group), which trains it once.
+REFERENCE = {"multi_worker": "mirrored", "manual-cluster": "manual",
+             "parameter_server-killed": "parameter_server"}
+
+
+def _case(case):
+    reference = REFERENCE.get(case, case)
+    if reference in REFERENCE.values():  # Its reference run is another case's too.
+        return pytest.param(case, marks=pytest.mark.xdist_group(f"resume_like_{reference}"))
+    return case
+
+
+CASES = [_case(case) for case in PATHS]
 
 
 class Started:
@@ -152,15 +167,17 @@ def test_stopped_at_a_random_step_and_resumed_equals_never_interrupted(
 
     run = Started(argv)
     progress = re.compile(rf"epoch {epoch}/2 +(\d+)/{STEPS} ")
-    workers = 2 if strategy == "multi_worker" else 1
+    workers = 2 if strategy == "multi_worker" else 1  # The tasks that keep backups.
     backed_up = lambda: within_epoch(stopped_folder / "run" / "backup", workers, first)  # noqa
     wait_for(lambda: (any(int(k) >= step for k in progress.findall(run.text))
                       and (not hard or backed_up()))
              or run.proc.poll() is not None, 300, f"{strategy} to reach {moment}")
     seen = backed_up() if hard else None
-    if strategy == "multi_worker":
+    if strategy in ("multi_worker", "manual-cluster"):
         pids = [pid for pid in children(run.proc.pid) if tf_config_of(pid)]
-        target = chosen.choice(pids)  # One worker: every worker must stop at one step.
+        target = chosen.choice(pids)  # One task: every worker must stop at one step.
+    elif strategy == "parameter_server-killed":
+        target = task_pid(run.proc.pid, "chief", 0)
     else:
         target = run.proc.pid
     os.kill(target, signal.SIGKILL if hard else signal.SIGTERM)
