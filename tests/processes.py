@@ -114,15 +114,18 @@ def children(pid) -> list:
         return []
 
 
-def backed_up(run_dir, workers: int = 1) -> int:
-    """The newest global step that every one of ``workers`` (the tasks that keep backups) has
-    a backup of in ``run_dir``, 0 for none: a backup file is there once whole (renamed into
-    place)."""
+def backed_up_steps(run_dir, workers: int = 1) -> set:
+    """The global steps that every one of ``workers`` (the tasks that keep backups) has a
+    backup of in ``run_dir``: a backup file is there once whole (renamed into place)."""
     from tfdp.training.backups import Backups
 
-    steps = set.intersection(*(set(Backups(str(run_dir), i, {}).steps())
-                               for i in range(workers)))
-    return max(steps, default=0)
+    return set.intersection(*(set(Backups(str(run_dir), i, {}).steps())
+                              for i in range(workers)))
+
+
+def backed_up(run_dir, workers: int = 1) -> int:
+    """The newest of ``backed_up_steps``, 0 for none."""
+    return max(backed_up_steps(run_dir, workers), default=0)
 
 
 def wait_for_first_backup(run, tmp_path, timeout=180, step=1, workers=1):

@@ -24,8 +24,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO
-from processes import (child_env, children, task_pid, tf_config_of, train_command,
-                       train_in_this_process, wait_for)
+from processes import (backed_up_steps, child_env, children, task_pid, tf_config_of,
+                       train_command, train_in_this_process, wait_for)
 from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
 ZOO = os.path.join(REPO, "tests", "own_models", "zoo.py")
@@ -219,10 +219,6 @@ def test_stopped_at_a_random_step_and_resumed_equals_never_interrupted(
 
 def within_epoch(backup, workers: int, first: int):
     """The newest step after ``first`` (an epoch's first) that every one of ``workers`` has a
-    backup of in ``backup``, or None: a backup file is there once whole (renamed into place)."""
-    from tfdp.training.backups import Backups
-
-    run = str(backup.parent)
-    steps = set.intersection(*(set(Backups(run, i, {}).steps()) for i in range(workers)))
-    inside = [k for k in steps if first < k < first + STEPS]
+    backup of in ``backup``, or None."""
+    inside = [k for k in backed_up_steps(backup.parent, workers) if first < k < first + STEPS]
     return max(inside) if inside else None
