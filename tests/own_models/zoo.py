@@ -19,12 +19,15 @@ class Penalty(layers.Layer):
         return x
 
 
-def regularized_cnn(input_shape, num_classes, strength=1e-2, dropout=0.0):
+def regularized_cnn(input_shape, num_classes, strength=1e-2, dropout=0.0, normalized=False):
     """Kernel, bias and activity regularizers and an ``add_loss`` of its own; no randomness
-    unless ``dropout``."""
+    unless ``dropout``; batch normalization after the convolution where ``normalized``."""
     l2 = keras.regularizers.L2(strength) if strength else None
     inputs = keras.Input(input_shape)
-    x = layers.Conv2D(8, 3, activation="relu", kernel_regularizer=l2)(inputs)
+    x = layers.Conv2D(8, 3, activation=None if normalized else "relu",
+                      kernel_regularizer=l2)(inputs)
+    if normalized:
+        x = layers.ReLU()(layers.BatchNormalization(momentum=0.9)(x))
     x = layers.MaxPooling2D(2)(x)
     x = layers.Flatten()(x)
     x = layers.Dense(16, activation="relu", kernel_regularizer=l2, bias_regularizer=l2,
@@ -39,6 +42,10 @@ def regularized_cnn(input_shape, num_classes, strength=1e-2, dropout=0.0):
 
 def regularized_dropout_cnn(input_shape, num_classes):
     return regularized_cnn(input_shape, num_classes, dropout=0.3)
+
+
+def regularized_dropout_norm_cnn(input_shape, num_classes):
+    return regularized_cnn(input_shape, num_classes, dropout=0.3, normalized=True)
 
 
 def unregularized_cnn(input_shape, num_classes):
