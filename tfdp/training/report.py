@@ -163,31 +163,31 @@ class Reporter:
         from tfdp.training import confusion
 
         names = self.facts.get("class_names") or [str(k) for k in range(len(counts))]
-        self.facts["confusion"] = confusion.record(counts, names, split)
-        if not self.is_chief:
-            return
-        self._write_json()
-        if not self.plots:
-            return
-        self._drawn(confusion.figure(counts, names, f"{split} set, epoch "
-                                     f"{self.records[-1]['epoch']}"),
-                    confusion.FILE, "confusion", f"the confusion matrix of the {split} set")
+        self._recorded("confusion", confusion.record(counts, names, split), lambda: (
+            confusion.figure(counts, names, f"{split} set, epoch {self.records[-1]['epoch']}"),
+            confusion.FILE, f"the confusion matrix of the {split} set"))
 
     def mistakes(self, found: list, images, split: str) -> None:
         """The final evaluation's most confident mistakes (``tfdp.training.mistakes``: found
         by the export): in ``metrics.json``, as ``mistakes.png`` and in TensorBoard."""
         from tfdp.training import mistakes
 
-        self.facts["mistakes"] = {"split": split, "shown": found}
+        self._recorded("mistakes", {"split": split, "shown": found}, lambda: (
+            mistakes.figure(images, found,
+                            f"the {split} set's most confident mistakes (index, true, predicted)"),
+            mistakes.FILE, f"the {split} set's images the export gets wrong most confidently"))
+
+    def _recorded(self, key: str, value, drawing) -> None:
+        """``value`` kept as ``key`` in ``metrics.json``, written by the chief, which also
+        draws it where the run draws (``--plots``): ``drawing()`` gives the figure, its file
+        and its TensorBoard description (the image's tag is ``key``)."""
+        self.facts[key] = value
         if not self.is_chief:
             return
         self._write_json()
-        if not self.plots:
-            return
-        self._drawn(mistakes.figure(images, found, f"the {split} set's most confident "
-                                                   "mistakes (index, true, predicted)"),
-                    mistakes.FILE, "mistakes",
-                    f"the {split} set's images the export gets wrong most confidently")
+        if self.plots:
+            fig, name, description = drawing()
+            self._drawn(fig, name, key, description)
 
     def _drawn(self, fig, name: str, tag: str, description: str) -> None:
         """``fig`` drawn once to PNG, written as ``name`` in the run folder and given to
