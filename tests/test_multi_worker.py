@@ -14,7 +14,6 @@ import pytest
 import readme
 from conftest import REPO
 from exports import runtimes_agree, serve_in_clients
-from same_model import comparable_start, served_disagreement, train_manual
 from traces import lanes_by_step
 from processes import child_env, launch as launch_cluster
 from tfdp.config.settings import Config
@@ -27,16 +26,21 @@ def launch(tmp_path, *train_args, **how):
 
 
 @pytest.mark.cluster
-def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_dir, train_split,
-                                                               test_split):
-    # Float64, so the comparison is exact on any CPU; an odd batch, so the micro-batches of the
-    # accumulated updates are uneven (48 + 47).
-    start = comparable_start(5, np.float64)
-    np.savez(tmp_path / "start.npz", **start)
-    settings = dict(batch_size=95, lr=0.1, epochs=1, steps_per_epoch=10, eval_steps=2, seed=2,
-                    data_dir=data_dir, precision="float64", accumulate_steps=2)
+def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_dir, test_split):
+    """Float64, so the comparison is exact on any CPU; an odd batch, so the micro-batches of the
+    accumulated updates are uneven (48 + 47); a model with kernel, bias and activity
+    regularizers and an ``add_loss`` (tests/own_models/zoo.py), its losses counted once an
+    update: the two workers' export serves the logits of the from-scratch path's model."""
+    import tensorflow as tf
+
+    from tfdp.training import entry
+
+    model = os.path.join(REPO, "tests", "own_models", "zoo.py") + ":regularized_cnn"
+    settings = dict(model=model, batch_size=95, lr=0.05, epochs=1, steps_per_epoch=10,
+                    eval_steps=2, seed=5, data_dir=data_dir, precision="float64",
+                    accumulate_steps=2)
     launcher, readmes = readme.launch_args("multi_worker")  # The README's launch, and more.
-    result = launch(tmp_path, *readmes, f"--init={tmp_path / 'start.npz'}", "--trace_steps=3:4",
+    result = launch(tmp_path, *readmes, "--trace_steps=3:4",
                     "--export_formats=saved_model,onnx,litert", "--plots",
                     *[f"--{k}={v}" for k, v in settings.items()], launcher=launcher)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -52,7 +56,7 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     assert "MultiWorkerMirroredStrategy, 2 replica(s) in sync on 2 workers" in result.stderr
     assert ("global batch 190 = 95 + 95 per replica, accumulated from 2 micro-batches of 95 "
             "(steps below are updates)") in result.stderr
-    assert "; lr 0.1; float64;" in result.stderr
+    assert "; lr 0.05; float64;" in result.stderr
     # The workers print tfdp's lines, not TF's start-up banners or saver INFO.
     assert not re.search(r"^\[\d\] ([IE]\d{4} |WARNING: All log)", result.stderr, re.M), \
         result.stderr[-3000:]
@@ -73,33 +77,9 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
                  for l in finals}
     assert set(digest_of) == {"0", "1"} and digest_of["0"] == digest_of["1"], finals
 
-    config = Config(num_gpus=2, workdir=str(tmp_path / "manual"), **settings)
-    manual, _ = train_manual(config, train_split, test_split, params=start)
-    # The chief's export, served, against the manual model's logits on real test images (the
-    # float32 runs that drift apart are explained in conftest.comparable_start).
-    assert served_disagreement(tmp_path / "export" / "1", manual, start,
-                               test_split.images[:500]) < 1e-5
-    # ONNX and LiteRT from its float32 twin: the float64 model's logits to float32's rounding.
-    runtimes_agree(serve_in_clients(tmp_path / "export" / "1", test_split.images[:200],
-                                    test_split.labels[:200], tmp_path), 200)
-
-
-@pytest.mark.cluster
-def test_two_workers_count_a_models_own_losses_once(tmp_path, data_dir, train_split):
-    """A model with kernel, bias and activity regularizers (tests/own_models/zoo.py), float64:
-    the two workers' export serves the logits of the from-scratch path's model."""
-    import tensorflow as tf
-
-    from tfdp.training import entry
-
-    model = os.path.join(REPO, "tests", "own_models", "zoo.py") + ":regularized_cnn"
-    settings = dict(model=model, batch_size=60, lr=0.05, epochs=1, steps_per_epoch=6,
-                    eval_steps=1, seed=5, data_dir=data_dir, precision="float64")
-    result = launch(tmp_path, *[f"--{k}={v}" for k, v in settings.items()])
-    assert result.returncode == 0, result.stderr[-4000:]
     manual = entry.train(Config(num_gpus=2, workdir=str(tmp_path / "manual"),
-                                       export_dir=str(tmp_path / "manual-export"), **settings))
-    images = tf.constant(train_split.images[:200])
+                                export_dir=str(tmp_path / "manual-export"), **settings))
+    images = tf.constant(test_split.images[:500])
 
     def served(version):
         return tf.saved_model.load(str(version)).signatures["serving_default"](
@@ -107,6 +87,9 @@ def test_two_workers_count_a_models_own_losses_once(tmp_path, data_dir, train_sp
 
     ours, theirs = served(tmp_path / "export" / "1"), served(manual.export_path)
     assert np.abs(ours - theirs).max() < 1e-5 * np.abs(theirs).max(), np.abs(ours - theirs).max()
+    # ONNX and LiteRT from its float32 twin: the float64 model's logits to float32's rounding.
+    runtimes_agree(serve_in_clients(tmp_path / "export" / "1", test_split.images[:200],
+                                    test_split.labels[:200], tmp_path), 200)
 
 
 @pytest.mark.cluster

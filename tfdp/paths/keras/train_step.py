@@ -79,7 +79,9 @@ class GlobalBatchModel(keras.Model):
                 with tf.control_dependencies(grads):  # One micro-batch at a time.
                     x = tf.identity(x)
             x, y, w = _pad_empty_shard(x, y, w, size)
-            with tf.GradientTape() as tape:
+            # Named as the other paths' steps name theirs: the timeline finds any model's
+            # forward pass by it (tfdp.trace.timeline), not by the model's name.
+            with tf.GradientTape() as tape, tf.name_scope("forward"):
                 out = self(x, training=True)
                 losses = cross_entropy(out, y, self.label_smoothing)
                 loss = tf.reduce_sum(losses * tf.cast(w, losses.dtype))
