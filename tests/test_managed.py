@@ -238,6 +238,31 @@ def test_tfdp_train_refuses_a_port_out_of_range_at_once_in_one_line():
     assert "tensorflow" not in done.stderr.lower()
 
 
+@pytest.mark.parametrize("strategy, kind, line", [
+    ("manual", "worker", "tfdp.train: error: TF_CONFIG: task type 'worker' is not one tfdp.train "
+     "--strategy=manual (the client; its workers run python -m tfdp.server) runs (chief)"),
+    ("parameter_server", "ps", "tfdp.train: error: TF_CONFIG: task type 'ps' is not one "
+     "tfdp.train --strategy=parameter_server (the coordinator; its workers and parameter "
+     "servers run python -m tfdp.server) runs (chief)"),
+    ("multi_worker", "ps", "tfdp.train: error: TF_CONFIG: task type 'ps' is not one tfdp.train "
+     "runs (chief, worker)"),
+])
+def test_a_task_tfdp_train_is_not_on_its_path_is_refused_before_tensorflow(tmp_path, strategy,
+                                                                            kind, line):
+    """A hand-written TF_CONFIG naming this process a task its path's tfdp.train is not: one
+    line, before TensorFlow starts (a TensorFlow that cannot be imported is first on the path,
+    and never tried)."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text("raise ImportError('imported')\n")
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdp.train", f"--strategy={strategy}"], capture_output=True,
+        text=True, timeout=60, env=child_env(PYTHONPATH=str(tmp_path), TF_CONFIG=json.dumps(
+            {"cluster": cluster, "task": {"type": kind, "index": 0}})))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == line, done.stderr
+
+
 def test_a_hand_written_tf_config_wins_and_a_server_task_becomes_tfdp_server(tmp_path):
     """``managed.join`` in a real process, a script's: a TF_CONFIG given is kept; a pod whose
     role is a worker of the from-scratch path execs ``tfdp.server`` (which refuses a flag in its

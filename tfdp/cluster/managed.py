@@ -37,14 +37,26 @@ def described(strategy: str, num_ps: int, environ=None):
     return None
 
 
+def check_task(strategy: str) -> None:
+    """Refuse in one line, before TensorFlow starts, a ``TF_CONFIG`` whose task ``tfdp.train``
+    is not on ``strategy``'s path (a worker of the from-scratch client's cluster, say): the
+    path's own reading of it, later, says the same."""
+    path = paths.get(strategy)
+    if path.cluster == paths.CLIENT:
+        tf_config.task(kinds=("chief",), program=path.program)
+    elif path.cluster == paths.WORKERS:
+        tf_config.task(program=path.program)
+
+
 def join(config, caller: str = "tfdp.train") -> None:
     """Set this process's ``TF_CONFIG`` from its cluster manager, if it has one, and its GPUs
     (``tfdp.cluster.task_gpus``); a server task becomes ``tfdp.server`` with the flags it shares
     with ``config``'s client, where this process may: not an interactive one (a Jupyter kernel,
     a shell), whose session would end."""
-    if os.environ.get(tf_config.ENV):
-        return
     strategy = config.strategy
+    if os.environ.get(tf_config.ENV):
+        check_task(strategy)
+        return
     found = described(strategy, config.num_ps)
     if not found:
         forgotten = slurm.outside_steps(command="python -m tfdp.train ..." if caller ==

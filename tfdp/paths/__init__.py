@@ -55,6 +55,8 @@ class Path:
     # Its tfdp.training.path_contract.TrainingPath: "module:Class", or a function returning it.
     trainer: object
     cluster: str = NO_CLUSTER   # NO_CLUSTER, WORKERS or CLIENT
+    # What tfdp.train is in this path's cluster, as TF_CONFIG's refusals of a task name it.
+    program: str = "tfdp.train"
     parameter_servers: bool = False     # its cluster has ps tasks (--num_ps)
     restart_lost_workers: bool = False  # the launcher restarts a worker that died
     # The tf.distribute strategy a Keras fit path trains under (KERAS_STRATEGIES), or "".

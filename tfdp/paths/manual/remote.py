@@ -28,6 +28,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tfdp import paths
 from tfdp.cluster import tf_config
 from tfdp.cluster.stall import STARTING, Stall
 from tfdp.cluster.tf_server import LISTENING, PREEMPTED
@@ -48,8 +49,7 @@ def task_of(wait: float = 60.0) -> Optional[tf_config.Task]:
     if not os.environ.get(tf_config.ENV):
         return None
     return tf_config.client_task(
-        "tfdp.train --strategy=manual (the client; its workers run python -m tfdp.server)",
-        (JOB,), "--strategy=manual trains on their devices: add their host:port under "
+        paths.get("manual").program, (JOB,), "--strategy=manual trains on their devices: add their host:port under "
                 "\"worker\", or unset it to train here", wait)
 
 

@@ -50,6 +50,8 @@ register(Path(
             "tfdp.launch --num_ps)",
     trainer="tfdp.paths.parameter_server.trainer:ParameterServerPath",
     cluster=CLIENT,
+    program="tfdp.train --strategy=parameter_server (the coordinator; its workers and "
+            "parameter servers run python -m tfdp.server)",
     parameter_servers=True,
     restart_lost_workers=True,
     scales_by="workers",

@@ -43,6 +43,7 @@ from tensorflow.python.distribute.coordinator.cluster_coordinator import (
 from tfdp.cluster import tf_config
 from tfdp.cluster.stall import STARTING, Stall, watching
 from tfdp.data import pipeline, sources
+from tfdp import paths
 from tfdp.paths.parameter_server.pace import WorkerPace
 from tfdp.paths.parameter_server.step import make_eval_step, make_train_step
 from tfdp.paths.parameter_server.store import MIN_SHARD_BYTES, Store, make_store
@@ -52,8 +53,6 @@ from tfdp.training.state import TrainingState
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
 
-PROGRAM = ("tfdp.train --strategy=parameter_server (the coordinator; its workers and "
-           "parameter servers run python -m tfdp.server)")
 READING = "reading the parameters from the servers"
 JOBS = ("worker", "ps")
 _CLUSTER_ERRORS = (tf.errors.OpError, ClosureInputError, ClosureAbortedError)  # Step failures.
@@ -65,7 +64,7 @@ def task_of(config) -> tf_config.Task:
         raise UserError(f"--strategy=parameter_server needs a cluster: {tf_config.ENV} with a "
                         "chief (this process), workers and ps tasks; python -m tfdp.launch "
                         "--num_workers=2 --num_ps=1 -- --strategy=parameter_server starts one here")
-    task = tf_config.client_task(PROGRAM, JOBS, "--strategy=parameter_server needs workers "
+    task = tf_config.client_task(paths.get("parameter_server").program, JOBS, "--strategy=parameter_server needs workers "
                                                 "and parameter servers (ps)",
                                  wait=config.collective_timeout)
     servers = len(task.cluster["ps"])
