@@ -81,14 +81,14 @@ def test_the_launcher_and_slurm_make_the_toy_paths_cluster(toy):
     from tfdp.launcher import local_cluster, processes
 
     toy_config = Config(strategy="toy")
-    assert local_cluster._check(2, False, None, toy_config) == ""
+    assert local_cluster._check((2, 2), False, None, toy_config) == ""
     specs = processes.processes(toy_config, 2, ["--strategy=toy"], ["a:1", "b:2"], None,
                                     "s", False)
     assert [s.role for s in specs] == ["worker 0", "worker 1"]
     assert all(s.argv[1:3] == ["-m", "tfdp.train"] for s in specs)
     assert tf_config.roles("toy", 3, 1) == [("worker", 0), ("worker", 1), ("worker", 2)]
     assert "--strategy=manual, multi_worker, parameter_server or toy clusters" in (
-        local_cluster._check(2, False, None, Config(strategy="plain")))
+        local_cluster._check((2, 2), False, None, Config(strategy="plain")))
 
 
 def test_the_bench_runs_the_toy_path(toy):

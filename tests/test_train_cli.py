@@ -339,8 +339,8 @@ def test_bad_export_dir_and_damaged_data(tmp_path, manual_dir, data_dir):
 @pytest.mark.parametrize("args, line", [
     (["--num_worker=2", "--", "--epochs=1"],
      "unknown flag --num_worker (did you mean --num_workers?); see tfdp.launch --help"),
-    (["--num_workers=two"], "flag --num_workers=two: invalid literal for int() with base 10: "
-                            "'two'; see tfdp.launch --help"),
+    (["--num_workers=two"], "--num_workers=two: give a number of workers, or MIN:MAX for a "
+                            "group that goes on with at least MIN when workers are lost"),
     (["--num_workers=2", "--strategy=multi_worker"],
      "--strategy is a flag of tfdp.train: give the workers' flags after --, as in python -m "
      "tfdp.launch --num_workers=2 -- --strategy=...; see tfdp.launch --help"),

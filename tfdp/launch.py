@@ -16,7 +16,9 @@ cores, prefixes each process's output, and waits. What it starts depends on the 
   dies while it runs is started again (TensorFlow's coordinator retries its steps on the others
   meanwhile, and it rejoins), up to ``RESTARTS`` times.
 
-Faults: if a worker fails, the others are stopped and the launcher exits with its code. SIGTERM
+Faults: if a worker fails, the others are stopped and the launcher exits with its code; with
+``--num_workers=MIN:MAX`` (multi_worker) the group re-forms without it instead, while at least
+MIN are left (``tfdp.launcher.elastic``). SIGTERM
 or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every worker saves the
 same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and so does the launcher; the same command
 resumes. A second Ctrl-C stops them at once (130). Workers die with the launcher whatever kills
@@ -26,6 +28,7 @@ With ``--hosts`` (Linux, root) every worker runs on an emulated host of its own 
 with ``--link`` the rate of every host's link (``tfdp.launcher.emulated_hosts``).
 
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
+  python -m tfdp.launch --num_workers=2:3 -- --strategy=multi_worker --backup_every=100
   python -m tfdp.launch --num_workers=3 --hosts --link=100mbit -- --strategy=multi_worker
   python -m tfdp.launch --num_workers=2 --hosts --link=1gbit -- --strategy=manual --allreduce=ring
   python -m tfdp.launch --num_workers=2 --num_ps=2 -- --strategy=parameter_server --ps_shards=2
@@ -40,9 +43,11 @@ from tfdp.config.flags import help_parser
 from tfdp.config.settings import Config
 from tfdp.launcher.local_cluster import launch
 
-flags.DEFINE_integer("num_workers", 2, "Workers to start on this machine: tfdp.train processes "
-                     "(multi_worker), or tfdp.server processes for one tfdp.train client (manual, "
-                     "parameter_server).")
+flags.DEFINE_string("num_workers", "2", "Workers to start on this machine: tfdp.train processes "
+                    "(multi_worker), or tfdp.server processes for one tfdp.train client (manual, "
+                    "parameter_server). multi_worker also takes MIN:MAX: MAX start, and when one "
+                    "is lost (killed, crashed) the group re-forms with the others from the "
+                    "newest backup, at the same global batch, while at least MIN are left.")
 flags.DEFINE_integer("num_ps", None, "--strategy=parameter_server: parameter servers to start "
                      "(tfdp.server ps tasks; default 1).")
 flags.DEFINE_boolean("isolate", True, "Run the workers in a private network namespace (loopback "

@@ -15,7 +15,7 @@ import time
 from tfdp import paths
 from tfdp.config import flags
 from tfdp.config.settings import RUN_STAMP_ENV
-from tfdp.launcher import emulated_hosts, isolation, supervise
+from tfdp.launcher import elastic, emulated_hosts, isolation, supervise
 from tfdp.launcher.children import prepare_child
 from tfdp.launcher.processes import HOST_PORT, Process, free_ports, processes
 from tfdp.launcher.output import pump, say
@@ -26,7 +26,7 @@ from tfdp.util.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, UserErr
 PREEMPT_GRACE = 30.0
 
 
-def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
+def launch(num_workers, train_args: list, poll_seconds: float = 0.2,
            isolate: bool = True, grace: float = PREEMPT_GRACE, hosts: bool = False,
            link: str = None, num_ps: int = None) -> int:
     """Run the workers to the end; return 0 if all succeeded, else an exit code: the first
@@ -35,15 +35,20 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
 
     With ``isolate`` this process first moves into a private network namespace (its workers
     inherit it: ``tfdp.launcher.isolation``). With ``hosts`` every worker runs on an emulated
-    host of its own, its link shaped to ``link`` (``tfdp.launcher.emulated_hosts``)."""
+    host of its own, its link shaped to ``link`` (``tfdp.launcher.emulated_hosts``).
+    ``num_workers``: a number, or ``"MIN:MAX"``, a group that goes on when workers are lost
+    (``tfdp.launcher.elastic``)."""
     config, problem = workers_config(train_args)
-    problem = problem or _check(num_workers, hosts, link, config, asks_help(train_args), num_ps)
+    asked, (size_range, size_problem) = str(num_workers), elastic.sizes(num_workers)
+    problem = problem or size_problem or _check(size_range, hosts, link, config,
+                                                asks_help(train_args), num_ps)
     if problem:
         say(f"tfdp.launch: error: {problem}")
         return 2
     path = paths.get(config.strategy)
     client = path.cluster == paths.CLIENT
     num_ps = (num_ps or 1) if path.parameter_servers else 0
+    fewest, num_workers = size_range
     # The client (chief) of the manual and parameter-server paths is a host too.
     count = num_workers + num_ps + client
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
@@ -65,8 +70,8 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
             addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
         chief = addresses.pop(0) if client else None
         ps = addresses[num_workers:]
-        specs = processes(config, num_workers, train_args, addresses[:num_workers], chief,
-                          stamp, live, ps)
+        specs[:] = processes(config, num_workers, train_args, addresses[:num_workers], chief,
+                             stamp, live, ps)
         if emulated:
             for line in emulated.describe(_roles(specs)):
                 say(f"tfdp.launch: {line}")
@@ -87,14 +92,26 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
                 copiers.append(copier)
             return proc
 
-        for host in range(len(specs)):
-            procs.append(start(host))
-        say(f"tfdp.launch: {_summary(specs)} {where}")
-        supervise.raise_if_signalled()
-        if client:
-            restart = start if path.restart_lost_workers else None
-            return supervise.supervise_client(procs, specs, poll_seconds, restart)
-        return supervise.supervise(procs, poll_seconds, grace)
+        while True:
+            procs[:] = [start(host) for host in range(len(specs))]
+            say(f"tfdp.launch: {_summary(specs)} {where}")
+            supervise.raise_if_signalled()
+            if client:
+                restart = start if path.restart_lost_workers else None
+                return supervise.supervise_client(procs, specs, poll_seconds, restart)
+            ended = supervise.supervise(procs, poll_seconds, grace, going_on=fewest
+                                        if num_workers > fewest else 0)
+            if not isinstance(ended, supervise.Left):
+                if ended == 0 and fewest < size_range[1]:
+                    elastic.clear_departed(_run_dir(config, stamp), num_workers)
+                return ended
+            num_workers -= len(ended.failed)
+            for index, code in ended.failed:
+                say(elastic.left_line(index, code, num_workers, asked))
+            # Their collectives wait for the lost worker: nothing more to save.
+            supervise.stop(procs, [spec.role for spec in specs], grace=0)
+            addresses = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
+            specs[:] = processes(config, num_workers, train_args, addresses, None, stamp, live)
     except (KeyboardInterrupt, supervise.Terminated) as stop:
         interrupted = isinstance(stop, KeyboardInterrupt)
         say(f"tfdp.launch: {'interrupted' if interrupted else supervise.signalled()}; asking the "
@@ -120,10 +137,14 @@ def launch(num_workers: int, train_args: list, poll_seconds: float = 0.2,
                 say(f"tfdp.launch: {line}")
             emulated.remove()
         if supervise.second_ctrl_c():
-            folder = None if config.workdir else config.default_run_dir(
-                os.environ.get(RUN_STAMP_ENV, stamp))  # The stamp worker_env gave the workers.
+            folder = None if config.workdir else _run_dir(config, stamp)
             say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
                 f"backup are lost; {errors.rerun_in(folder)} to resume from it")
+
+
+def _run_dir(config, stamp: str) -> str:
+    """The workers' run folder: ``--workdir``, else the default ``worker_env``'s stamp names."""
+    return config.workdir or config.default_run_dir(os.environ.get(RUN_STAMP_ENV, stamp))
 
 
 def _roles(specs: list) -> list:
@@ -168,12 +189,11 @@ def asks_help(train_args: list) -> bool:
     return bool(_HELP.intersection(train_args))
 
 
-def _check(num_workers: int, hosts: bool, link, config, helping: bool = False,
+def _check(size_range: tuple, hosts: bool, link, config, helping: bool = False,
            num_ps=None) -> str:
     """What is wrong with the launcher's own flags given the workers' ``config``, in one line
-    ("" if nothing); ``helping``: the workers are asked for their --help only."""
-    if num_workers < 1:
-        return f"--num_workers must be a positive integer, got {num_workers}"
+    ("" if nothing); ``size_range``: ``--num_workers``' (MIN, MAX); ``helping``: the workers are
+    asked for their --help only."""
     strategy = config.strategy
     path = paths.get(strategy)
     if path.cluster == paths.NO_CLUSTER and not helping:
@@ -190,6 +210,10 @@ def _check(num_workers: int, hosts: bool, link, config, helping: bool = False,
         return f"--num_ps must be a positive integer, got {num_ps}"
     if link and not hosts:
         return "--link shapes the links of emulated hosts: give --hosts too"
+    if not helping:
+        problem = elastic.refusal(*size_range, config, path.cluster, hosts)
+        if problem:
+            return problem
     try:
         if hosts:
             emulated_hosts.check_available()

@@ -11,6 +11,7 @@ its chief a zombie nobody reaped).
 import signal
 import subprocess
 import time
+from typing import NamedTuple
 
 from tfdp.launcher.output import say
 from tfdp.util import files
@@ -48,7 +49,15 @@ def raise_if_signalled():
         raise Terminated()
 
 
-def supervise(procs, poll_seconds, grace) -> int:
+class Left(NamedTuple):
+    """Workers that ended while the others ran (``tfdp.launcher.elastic``): their indexes and
+    exit codes."""
+    failed: list
+
+
+def supervise(procs, poll_seconds, grace, going_on: int = 0):
+    """The exit code of a group of workers that ends together, or, where ``going_on`` workers
+    may go on without those that failed (an elastic group, and that many left), ``Left``."""
     while True:
         raise_if_signalled()
         codes = [p.poll() for p in procs]  # Poll every worker, each time round.
@@ -60,6 +69,8 @@ def supervise(procs, poll_seconds, grace) -> int:
                 codes = wait(procs, grace)
                 return (PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE}
                         else next(c for c in codes if c != PREEMPTED_EXIT_CODE) or 1)
+            if going_on and len(procs) - len(failed) >= going_on:
+                return Left(failed)
             say(f"tfdp.launch: worker {i} exited with {code}; stopping the others")
             return code if code > 0 else 128 - code  # Killed by signal N: 128 + N.
         if all(c == 0 for c in codes):
