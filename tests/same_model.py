@@ -61,3 +61,20 @@ def served_disagreement(version, trained, start, images) -> float:
 
     moved = np.linalg.norm(logits(trained) - logits(start))
     return np.linalg.norm(served - logits(trained)) / moved
+
+
+def served_logits(version, images):
+    """The logits the export in folder ``version`` serves for the uint8 ``images``."""
+    import tensorflow as tf
+
+    return tf.saved_model.load(str(version)).signatures["serving_default"](
+        images=tf.constant(images))["logits"].numpy()
+
+
+def serve_alike(version, other, images, tolerance: float = 1e-5) -> float:
+    """How far apart two exports' served logits are on ``images``, relative to the logits'
+    size; fails above ``tolerance``."""
+    ours, theirs = served_logits(version, images), served_logits(other, images)
+    apart = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+    assert apart < tolerance, apart
+    return apart

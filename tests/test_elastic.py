@@ -14,9 +14,8 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
-
 from processes import backed_up, children, launch, run_module, tf_config_of, wait_for
+from same_model import served_logits
 from tfdp.config.settings import Config
 from tfdp.training import entry
 
@@ -73,13 +72,8 @@ def test_a_group_that_loses_a_worker_goes_on_without_it_and_trains_the_same_mode
     reference = entry.train(Config(strategy="mirrored", num_gpus=2, data_dir=data_dir,
                                    workdir=str(tmp_path / "whole"),
                                    export_dir=str(tmp_path / "whole-export"), **SETTINGS))
-    images = tf.constant(test_split.images[:256])
-
-    def served(version):
-        return tf.saved_model.load(str(version)).signatures["serving_default"](
-            images=images)["logits"].numpy()
-
-    ours, theirs = served(tmp_path / "export" / "1"), served(reference.export_path)
+    ours = served_logits(tmp_path / "export" / "1", test_split.images[:256])
+    theirs = served_logits(reference.export_path, test_split.images[:256])
     assert np.abs(ours - theirs).max() <= 1e-6, (
         f"worker {victim} killed at step {seen}: {np.abs(ours - theirs).max():.3g} away in the "
         "logits from two devices never interrupted")

@@ -15,6 +15,7 @@ import readme
 from conftest import REPO
 from exports import runtimes_agree, serve_in_clients
 from traces import lanes_by_step
+from same_model import serve_alike
 from processes import child_env, launch as launch_cluster
 from tfdp.config.settings import Config
 from tfdp.paths.keras import workarounds
@@ -31,8 +32,6 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
     accumulated updates are uneven (48 + 47); a model with kernel, bias and activity
     regularizers and an ``add_loss`` (tests/own_models/zoo.py), its losses counted once an
     update: the two workers' export serves the logits of the from-scratch path's model."""
-    import tensorflow as tf
-
     from tfdp.training import entry
 
     model = os.path.join(REPO, "tests", "own_models", "zoo.py") + ":regularized_cnn"
@@ -79,14 +78,7 @@ def test_two_workers_agree_with_each_other_and_the_manual_path(tmp_path, data_di
 
     manual = entry.train(Config(num_gpus=2, workdir=str(tmp_path / "manual"),
                                 export_dir=str(tmp_path / "manual-export"), **settings))
-    images = tf.constant(test_split.images[:500])
-
-    def served(version):
-        return tf.saved_model.load(str(version)).signatures["serving_default"](
-            images=images)["logits"].numpy()
-
-    ours, theirs = served(tmp_path / "export" / "1"), served(manual.export_path)
-    assert np.abs(ours - theirs).max() < 1e-5 * np.abs(theirs).max(), np.abs(ours - theirs).max()
+    serve_alike(tmp_path / "export" / "1", manual.export_path, test_split.images[:500])
     # ONNX and LiteRT from its float32 twin: the float64 model's logits to float32's rounding.
     runtimes_agree(serve_in_clients(tmp_path / "export" / "1", test_split.images[:200],
                                     test_split.labels[:200], tmp_path), 200)

@@ -16,6 +16,7 @@ import tensorflow as tf
 import readme
 from conftest import REPO
 from exports import runtimes_agree, serve_in_clients
+from same_model import serve_alike
 from processes import (child_env, run_module, task_pid, wait_for_first_backup)
 from traces import lanes_by_step
 from processes import launch as launch_cluster
@@ -115,14 +116,8 @@ def test_one_worker_trains_your_model_exactly_as_from_scratch(tmp_path, data_dir
     assert [r["staleness_max"] for r in metrics["epochs"]] == [0, 0]
     local = entry.train(Config(num_gpus=1, workdir=str(tmp_path / "local"),
                                export_dir=str(tmp_path / "local-export"), **settings))
-    images = tf.constant(pipeline.load_split("test", data_dir).images[:200])
-
-    def served(version):
-        return tf.saved_model.load(str(version)).signatures["serving_default"](
-            images=images)["logits"].numpy()
-
-    ours, theirs = served(tmp_path / "export" / "1"), served(local.export_path)
-    assert np.abs(ours - theirs).max() < 1e-5 * np.abs(theirs).max(), np.abs(ours - theirs).max()
+    serve_alike(tmp_path / "export" / "1", local.export_path,
+                pipeline.load_split("test", data_dir).images[:200])
 
 
 @pytest.mark.cluster

@@ -21,11 +21,11 @@ import threading
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from conftest import REPO
 from processes import (backed_up_steps, child_env, children, task_pid, tf_config_of,
                        train_command, train_in_this_process, wait_for)
+from same_model import served_logits
 from tfdp import paths
 from tfdp.util.errors import PREEMPTED_EXIT_CODE
 
@@ -134,12 +134,6 @@ def command(case, folder, data_dir):
             f"--export_dir={folder / 'export'}", *FLAGS, *train_flags]
 
 
-def served_logits(folder, images):
-    version = folder / "export" / "1"
-    return tf.saved_model.load(str(version)).signatures["serving_default"](
-        images=tf.constant(images))["logits"].numpy()
-
-
 @pytest.fixture(scope="module")
 def never_interrupted(tmp_path_factory, data_dir):
     """``never_interrupted(reference)``: the export folder's parent of ``reference``'s run never
@@ -215,7 +209,8 @@ def test_stopped_at_a_random_step_and_resumed_equals_never_interrupted(
 
     whole_folder = never_interrupted(REFERENCE.get(strategy, strategy))
     images = test_split.images[:256]
-    ours, theirs = served_logits(stopped_folder, images), served_logits(whole_folder, images)
+    ours = served_logits(stopped_folder / "export" / "1", images)
+    theirs = served_logits(whole_folder / "export" / "1", images)
     assert np.abs(ours - theirs).max() <= 1e-6, (
         f"{strategy} preempted at global step {saved} ({moment}) and resumed ends "
         f"{np.abs(ours - theirs).max():.3g} away in the logits from a run never interrupted "
