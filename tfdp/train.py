@@ -37,6 +37,7 @@ def train_from_flags(flag_values) -> None:
             logs.configure(config.verbose)
             # Under Slurm or Kubernetes: TF_CONFIG from the manager; a server task leaves here.
             managed.join(config)
+            managed.check_task(config.strategy)  # Before TensorFlow, which takes seconds.
             logs.import_tensorflow()
             with mid_step.mid_step_signals("tfdp.train"):
                 from tfdp.training import entry  # TensorFlow, after logs hid its start-up.

@@ -38,9 +38,11 @@ def described(strategy: str, num_ps: int, environ=None):
 
 
 def check_task(strategy: str) -> None:
-    """Refuse in one line, before TensorFlow starts, a ``TF_CONFIG`` whose task ``tfdp.train``
-    is not on ``strategy``'s path (a worker of the from-scratch client's cluster, say): the
-    path's own reading of it, later, says the same."""
+    """Refuse in one line, before TensorFlow starts, a ``TF_CONFIG`` (hand-written, or ``join``'s)
+    whose task ``tfdp.train`` is not on ``strategy``'s path (a worker of the from-scratch
+    client's cluster, say): the path's own reading of it, later, says the same."""
+    if not os.environ.get(tf_config.ENV):
+        return
     path = paths.get(strategy)
     if path.cluster == paths.CLIENT:
         tf_config.task(kinds=("chief",), program=path.program)
@@ -53,10 +55,9 @@ def join(config, caller: str = "tfdp.train") -> None:
     (``tfdp.cluster.task_gpus``); a server task becomes ``tfdp.server`` with the flags it shares
     with ``config``'s client, where this process may: not an interactive one (a Jupyter kernel,
     a shell), whose session would end."""
-    strategy = config.strategy
     if os.environ.get(tf_config.ENV):
-        check_task(strategy)
         return
+    strategy = config.strategy
     found = described(strategy, config.num_ps)
     if not found:
         forgotten = slurm.outside_steps(command="python -m tfdp.train ..." if caller ==
