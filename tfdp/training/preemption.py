@@ -46,10 +46,6 @@ from tfdp.util.errors import Interrupted, Preempted
 HANGUP = signal.SIGHUP
 SIGNALS = (signal.SIGTERM, signal.SIGINT, HANGUP)
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", HANGUP: "SIGHUP"}
-# Signals that a supervisor repeats as it ends a job: ignored once a run has stopped for one.
-_REPEATED = (signal.SIGTERM, HANGUP)
-
-
 def _taken(signum) -> bool:
     """Whether tfdp takes ``signum``: not SIGHUP where this process ignores it (``nohup``)."""
     return not (signum == HANGUP and signal.getsignal(HANGUP) == signal.SIG_IGN)
@@ -197,6 +193,12 @@ def exported() -> bool:
     return _FINISHED.is_set()
 
 
+def stopped() -> bool:
+    """Whether a run of this process has stopped for a signal and kept its state
+    (``Watch.preempted``): it is on its way out, with its one line and exit 75."""
+    return _STOPPED.is_set()
+
+
 def stop_signal(signum: int):
     """The name of stop signal ``signum`` as tfdp takes it, or None (not one, or ignored)."""
     return NAMES[signum] if signum in NAMES and _taken(signum) else None
@@ -224,9 +226,11 @@ def preempt_outside_runs():
     over raises ``Preempted`` (nothing to save) rather than ending the process silently or
     with ``KeyboardInterrupt``; once a run has exported, they are ignored until the process
     exits (TensorFlow's teardown takes seconds: a signal then must not turn a finished run into
-    one a supervisor runs again), and so is SIGTERM once a run has stopped for one: Slurm repeats
-    it as it ends the step, and a repeat during the teardown turned the exit status that asks for
-    a requeue (75) into a death by SIGTERM (seen under load: the batch script did not requeue).
+    one a supervisor runs again), and so is any once a run has stopped for one and kept its
+    state (``stopped``): Slurm repeats SIGTERM as it ends the step, and a repeat during the
+    teardown turned the exit status that asks for a requeue (75) into a death by SIGTERM (seen
+    under load: the batch script did not requeue); a second Ctrl-C then has nothing left to cut
+    short (it once ended such a run with 130, "the steps since the newest backup are lost").
     A KeyboardInterrupt raised inside code that a C extension
     runs (TensorFlow's import does) makes CPython kill itself with SIGINT at exit, whatever the
     program exits with (seen: exit status -2 after tfdp's own one line)."""
@@ -237,7 +241,7 @@ def preempt_outside_runs():
     def outside_runs(signum, frame):
         if signum == HANGUP:
             files.away_from_a_closed_terminal()
-        if not _FINISHED.is_set() and not (_STOPPED.is_set() and signum in _REPEATED):
+        if not _FINISHED.is_set() and not _STOPPED.is_set():
             raise Preempted(0, by=NAMES[signum])
 
     _FINISHED.clear()
@@ -260,7 +264,7 @@ def preempt_outside_runs():
         raise
     finally:
         for signum, handler in previous.items():
-            settled = _FINISHED.is_set() or (_STOPPED.is_set() and signum in _REPEATED)
+            settled = _FINISHED.is_set() or _STOPPED.is_set()
             signal.signal(signum, signal.SIG_IGN if settled else handler)
 
 
