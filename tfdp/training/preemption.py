@@ -257,7 +257,7 @@ def preempt_outside_runs():
         # A signal while modules import (TensorFlow's): the handler's exception comes out as
         # what the import made of it, pybind11's "ImportError: initialization failed" or the
         # import lock's SystemError and then a half-initialized module's AttributeError. Seen
-        # from a real terminal's Ctrl-C at start-up (tests/test_preemption.py).
+        # from a real terminal's Ctrl-C at start-up (tests/test_terminal_signals.py).
         preempted = _preemption_behind(e)
         if preempted:
             raise preempted from None
