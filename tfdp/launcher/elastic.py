@@ -15,6 +15,8 @@ import os
 import shutil
 from typing import Optional, Tuple
 
+from tfdp import paths
+from tfdp.config.checks import parse_interval
 from tfdp.config.settings import Config
 
 # How each lost worker is said, and what the group does next.
@@ -39,16 +41,13 @@ def sizes(num_workers) -> Tuple[Optional[tuple], str]:
     return (low, high), ""
 
 
-def refusal(low: int, high: int, config: Config, cluster: str, hosts: bool) -> str:
-    """What ``MIN:MAX`` cannot do with the workers' ``config`` on a path whose workers form a
-    ``cluster`` (``tfdp.paths``), in one line ("" if nothing)."""
-    from tfdp import paths
-
+def refusal(low: int, high: int, config: Config, hosts: bool) -> str:
+    """What ``MIN:MAX`` cannot do with the workers' ``config``, in one line ("" if nothing)."""
     if low == high:
         return ""
-    if cluster != paths.WORKERS:
-        again = (" (a lost one is started again already)"
-                 if paths.get(config.strategy).restart_lost_workers else "")
+    path = paths.get(config.strategy)
+    if path.cluster != paths.WORKERS:
+        again = " (a lost one is started again already)" if path.restart_lost_workers else ""
         return (f"--num_workers={low}:{high} re-forms a --strategy=multi_worker group; "
                 f"--strategy={config.strategy}'s workers are tfdp.servers of one client{again}: "
                 "give a number")
@@ -60,7 +59,7 @@ def refusal(low: int, high: int, config: Config, cluster: str, hosts: bool) -> s
         return (f"--num_workers={low}:{high} keeps the global batch whatever the group's size, "
                 "so that the model is the same: give the workers --batch_size (the global "
                 "batch) instead of --per_replica_batch_size")
-    if config.backup_every in ("0", "0s"):
+    if parse_interval(config.backup_every) == (None, None):
         return (f"--num_workers={low}:{high} re-forms the group from the newest backup: "
                 "--backup_every=0 would redo whole epochs; give it steps or seconds")
     return ""

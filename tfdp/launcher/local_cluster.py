@@ -211,7 +211,7 @@ def _check(size_range: tuple, hosts: bool, link, config, helping: bool = False,
     if link and not hosts:
         return "--link shapes the links of emulated hosts: give --hosts too"
     if not helping:
-        problem = elastic.refusal(*size_range, config, path.cluster, hosts)
+        problem = elastic.refusal(*size_range, config, hosts)
         if problem:
             return problem
     try:

@@ -49,8 +49,9 @@ def task_of(wait: float = 60.0) -> Optional[tf_config.Task]:
     if not os.environ.get(tf_config.ENV):
         return None
     return tf_config.client_task(
-        paths.get("manual").program, (JOB,), "--strategy=manual trains on their devices: add their host:port under "
-                "\"worker\", or unset it to train here", wait)
+        paths.get("manual").program, (JOB,),
+        "--strategy=manual trains on their devices: add their host:port under \"worker\", or "
+        "unset it to train here", wait)
 
 
 @dataclasses.dataclass

@@ -64,8 +64,9 @@ def task_of(config) -> tf_config.Task:
         raise UserError(f"--strategy=parameter_server needs a cluster: {tf_config.ENV} with a "
                         "chief (this process), workers and ps tasks; python -m tfdp.launch "
                         "--num_workers=2 --num_ps=1 -- --strategy=parameter_server starts one here")
-    task = tf_config.client_task(paths.get("parameter_server").program, JOBS, "--strategy=parameter_server needs workers "
-                                                "and parameter servers (ps)",
+    task = tf_config.client_task(paths.get("parameter_server").program, JOBS,
+                                 "--strategy=parameter_server needs workers and parameter "
+                                 "servers (ps)",
                                  wait=config.collective_timeout)
     servers = len(task.cluster["ps"])
     if config.ps_shards > servers:
