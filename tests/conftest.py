@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -85,6 +86,21 @@ def shared_temp(tmp_path_factory):
     """A folder every worker of this test session sees (each has its own basetemp in it)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(autouse=True)
+def signals_as_a_shell_gives_them():
+    """Each test starts with this process's SIGINT, SIGTERM and SIGHUP as they were, whatever
+    the one before left: a command line ignores them once its run has stopped or exported, until
+    it exits (``tfdp.training.preemption.preempt_outside_runs``), and a test that ran one here
+    left them ignored for every process the later tests of this worker started (seen in a
+    whole run: a launcher started with SIGINT ignored kept it so, and a Ctrl-C typed in its
+    terminal did nothing)."""
+    handlers = {signum: signal.getsignal(signum)
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)

@@ -61,16 +61,12 @@ def train_in_this_process(argv: list):
     values = absl_flags.FlagValues()
     flags.define_flags(values)
     values(argv)
-    # The command ignores signals once a run has exported, until its process exits
-    # (tfdp.training.preemption.preempt_outside_runs): this process goes on to other tests.
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    # The command ignores signals once a run has exported, until its process exits: the
+    # fixture conftest.signals_as_a_shell_gives_them takes them back after the test.
     try:
         train.train_from_flags(values)
     except SystemExit as e:
         return e.code
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
     return None
 
 

@@ -79,21 +79,18 @@ def test_a_sigterm_after_a_stop_cannot_change_the_exit_status():
     it as it ends the step) neither raises a second Preempted nor, once the run is left, kills
     the process during TensorFlow's teardown: the status stays the one that asks for a requeue.
     (A real CI run under load lost its requeue so: one worker killed after its save.)"""
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(Preempted) as stopped:
-            with preemption.preempt_outside_runs():
-                with preemption.Watch() as watch:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    time.sleep(0.01)
-                    saved = watch.preempted(5, "/runs/backup/step-5.npz")
-                os.kill(os.getpid(), signal.SIGTERM)  # On the way out: ignored.
+    with pytest.raises(Preempted) as stopped:
+        with preemption.preempt_outside_runs():
+            with preemption.Watch() as watch:
+                os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(0.01)
-                raise saved
-        assert stopped.value is saved
-        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # Until the process exits.
-    finally:
-        signal.signal(signal.SIGTERM, before)
+                saved = watch.preempted(5, "/runs/backup/step-5.npz")
+            os.kill(os.getpid(), signal.SIGTERM)  # On the way out: ignored.
+            time.sleep(0.01)
+            raise saved
+    assert stopped.value is saved
+    # Until the process exits (here, until conftest.signals_as_a_shell_gives_them).
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
 
 
 def test_a_second_ctrl_c_after_the_state_is_saved_has_nothing_to_cut_short():
@@ -124,6 +121,39 @@ def test_a_second_ctrl_c_after_the_state_is_saved_has_nothing_to_cut_short():
     assert done.returncode == PREEMPTED_EXIT_CODE, (done.stdout, done.stderr)
     assert done.stdout.startswith("preempted (Ctrl-C) at step 5: state of step 5 saved in "
                                   "/runs/backup/step-5.npz"), done.stdout
+    assert "stopped at once" not in done.stderr, done.stderr
+
+
+def test_a_second_ctrl_c_is_acted_on_once_naming_the_run_folder():
+    """A second Ctrl-C reaches both the run's handler (in the main thread, between bytecodes)
+    and the command line's mid-step watch (a thread reading the signals' wakeup descriptor).
+    The handler came first in a whole run, raised out of the run, and the watch, late on a
+    loaded machine, then ended the process with a line that no longer named the run folder a
+    default chose. Here the watch reads the two Ctrl-Cs after the handler's ``Interrupted``
+    has left the run: only the handler's line, naming the folder, is said."""
+    script = """if True:
+        import os, signal, sys, time
+        from tfdp.training import mid_step, preemption
+        from tfdp.util import errors
+        with preemption.preempt_outside_runs(), mid_step.mid_step_signals("tfdp.train"):
+            wakeup = signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(wakeup)
+            try:
+                with errors.naming_the_run("runs/manual-lenet-2dev"), preemption.Watch() as w:
+                    w._on_signal(signal.SIGINT, None)
+                    w._on_signal(signal.SIGINT, None)  # The handler's Interrupted.
+            except errors.Interrupted as e:
+                os.write(wakeup, bytes([signal.SIGINT, signal.SIGINT]))  # The watch, late.
+                time.sleep(0.5)
+                print(e, flush=True)
+                sys.exit(errors.INTERRUPTED_EXIT_CODE)
+    """
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env=child_env())
+    assert done.returncode == 130, (done.stdout, done.stderr)
+    assert done.stdout.strip().endswith(
+        "run the same command again with --workdir=runs/manual-lenet-2dev to resume from it"), \
+        done.stdout
     assert "stopped at once" not in done.stderr, done.stderr
 
 

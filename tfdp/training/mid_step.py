@@ -59,7 +59,8 @@ def _watch_signals(read_end: int, program: str) -> None:
             return
         seen += received.count(signal.SIGINT)
         # Exported, or stopped with its state kept: nothing left to cut short.
-        if seen >= 2 and not preemption.exported() and not preemption.stopped():
+        if (seen >= 2 and not preemption.exported() and not preemption.stopped()
+                and preemption.interrupting()):
             _exit_now(program, str(Interrupted()), INTERRUPTED_EXIT_CODE)
         stops = [name for name in map(preemption.stop_signal, received) if name]
         if stops and deadline is None:

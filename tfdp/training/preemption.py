@@ -92,6 +92,8 @@ class Watch:
         self._elsewhere, self._every = poll, every
 
     def __enter__(self):
+        if _INTERRUPTING.locked():  # A new run: no second Ctrl-C is being acted on.
+            _INTERRUPTING.release()
         self.install()
         return self
 
@@ -138,7 +140,7 @@ class Watch:
             files.away_from_a_closed_terminal()
         if self._finished:
             return
-        if self._requested and signum == signal.SIGINT:
+        if self._requested and signum == signal.SIGINT and interrupting():
             raise Interrupted()
         self._requested, self.signal = True, self.signal or NAMES[signum]
 
@@ -197,6 +199,19 @@ def stopped() -> bool:
     """Whether a run of this process has stopped for a signal and kept its state
     (``Watch.preempted``): it is on its way out, with its one line and exit 75."""
     return _STOPPED.is_set()
+
+
+# Held by whichever acts on a second Ctrl-C first (``interrupting``).
+_INTERRUPTING = threading.Lock()
+
+
+def interrupting() -> bool:
+    """Whether the caller is the first to act on a second Ctrl-C, and so the one to end the
+    run: the run's handler in the main thread and, on the command line, the mid-step watch both
+    see it. Without this the second to act could end the process after the first had raised
+    out of the run, with a line that no longer named the run folder to resume (seen in a
+    whole run: \"run the same command again\" for a run in a folder a default chose)."""
+    return _INTERRUPTING.acquire(blocking=False)
 
 
 def stop_signal(signum: int):
