@@ -22,6 +22,7 @@ from processes import (AS_FROM_A_SHELL, alive, backed_up, children, cut_off, lau
                        slow_then_stop, task_pid, wait_for_first_backup)
 from tfdp.launcher import emulated_hosts
 from tfdp.training import report
+from tfdp.util.errors import LOST_CONTACT_EXIT_CODE
 
 pytestmark = pytest.mark.cluster
 
@@ -89,8 +90,8 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
                  "--collective_timeout=10", launcher=path.launcher, popen=True)
     out, err = slow_then_stop(run, tmp_path, "worker", 1, epochs=2)
     # multi_worker: the launcher stops the workers once the chief has ended.
-    assert run.returncode != 0 if path.strategy == "multi_worker" else run.returncode == 1, \
-        err[-3000:]
+    assert (run.returncode != 0 if path.strategy == "multi_worker"
+            else run.returncode == LOST_CONTACT_EXIT_CODE), err[-3000:]
     # A step stopped for a second or more on a loaded machine is named as a pause too.
     slowed_line = re.search(rf"^{re.escape(path.chief)} epoch 3/4: .*; {path.straggler}"
                             r"(; pause: .*)?$", out, re.M)
@@ -204,7 +205,7 @@ def test_a_killed_peer_ends_the_run_and_the_same_command_resumes(tmp_path, data_
     if path.strategy == "multi_worker":
         assert "exited with -9" in err, err[-3000:]
     else:
-        assert run.returncode == 1
+        assert run.returncode == LOST_CONTACT_EXIT_CODE  # The chief's, which decides.
         assert lost_line(path, err, why=r"\w+"), err[-3000:]
     if path.strategy == "manual":
         assert f"tfdp.launch: {kind} {index} exited with -9 while the chief runs" in err

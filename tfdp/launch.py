@@ -17,8 +17,9 @@ cores, prefixes each process's output, and waits. What it starts depends on the 
   meanwhile, and it rejoins), up to ``RESTARTS`` times.
 
 Faults: if a worker fails, the others are stopped and the launcher exits with its code; with
-``--num_workers=MIN:MAX`` (multi_worker) the group re-forms without it instead, while at least
-MIN are left (``tfdp.launcher.elastic``). SIGTERM
+``--max_restarts=N`` (multi_worker) the group re-forms with it started again instead, and with
+``--num_workers=MIN:MAX`` without it, while at least MIN are left (``tfdp.launcher.elastic``).
+SIGTERM
 or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every worker saves the
 same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and so does the launcher; the same command
 resumes. A second Ctrl-C stops them at once (130). Workers die with the launcher whatever kills
@@ -29,6 +30,7 @@ with ``--link`` the rate of every host's link (``tfdp.launcher.emulated_hosts``)
 
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
   python -m tfdp.launch --num_workers=2:3 -- --strategy=multi_worker --backup_every=100
+  python -m tfdp.launch --num_workers=2 --max_restarts=3 -- --strategy=multi_worker
   python -m tfdp.launch --num_workers=3 --hosts --link=100mbit -- --strategy=multi_worker
   python -m tfdp.launch --num_workers=2 --hosts --link=1gbit -- --strategy=manual --allreduce=ring
   python -m tfdp.launch --num_workers=2 --num_ps=2 -- --strategy=parameter_server --ps_shards=2
@@ -48,6 +50,10 @@ flags.DEFINE_string("num_workers", "2", "Workers to start on this machine: tfdp.
                     "parameter_server). multi_worker also takes MIN:MAX: MAX start, and when one "
                     "is lost (killed, crashed) the group re-forms with the others from the "
                     "newest backup, at the same global batch, while at least MIN are left.")
+flags.DEFINE_integer("max_restarts", 0, "multi_worker: lost workers to start again, in all, "
+                     "as the group re-forms from the newest backup (a fixed --num_workers=N "
+                     "keeps N so); without restarts left, MIN:MAX goes on with fewer.",
+                     lower_bound=0)
 flags.DEFINE_integer("num_ps", None, "--strategy=parameter_server: parameter servers to start "
                      "(tfdp.server ps tasks; default 1).")
 flags.DEFINE_boolean("isolate", True, "Run the workers in a private network namespace (loopback "
@@ -64,7 +70,7 @@ TRAIN_FLAGS = {field.name for field in dataclasses.fields(Config)}
 
 def main(argv):
     sys.exit(launch(FLAGS.num_workers, argv[1:], isolate=FLAGS.isolate, hosts=FLAGS.hosts,
-                    link=FLAGS.link, num_ps=FLAGS.num_ps))
+                    link=FLAGS.link, num_ps=FLAGS.num_ps, max_restarts=FLAGS.max_restarts))
 
 
 def run():

@@ -13,6 +13,7 @@ over all of them alike. Throughput comes from the per-epoch timings the run itse
                                                          # across emulated hosts (root)
   python -m tfdp.bench --time_to_accuracy=0.9            # seconds to 0.90, MLPerf's way
                                                          # (tfdp.bench.time_to_accuracy)
+  python -m tfdp.bench --elastic --workers=2,3            # what --num_workers=1:k costs
 
 A configuration is ``path:devices[:option...]``; path is manual, mirrored, multi_worker,
 plain (Keras fit, no strategy, tfdp's input pipeline) or stock (Keras fit on numpy arrays,
@@ -43,7 +44,7 @@ from tfdp.config import model_spec
 from tfdp.bench.configs import (check_command, parse_config, run_once, train_command,
                                 training_flops_per_example)
 from tfdp.bench.host_allreduce import PIECES
-from tfdp.bench.results import format_allreduce, format_table, plot, summarise
+from tfdp.bench.results import format_allreduce, format_table, plot, summarise, write_table
 from tfdp.bench.time_to_accuracy import DEFAULT_CONFIGS as TTA_CONFIGS
 from tfdp.config.flags import help_parser
 from tfdp.util.errors import UserError
@@ -77,7 +78,9 @@ flags.DEFINE_boolean("hosts", False, "Across emulated hosts (Linux, root) instea
                      "parameter_server:k[:ps=n]; "
                      f"default {HOSTS_CONFIGS} with --steps=20 --epochs=2 --rounds=1) and, with "
                      "--allreduce, the allreduce table.")
-flags.DEFINE_list("workers", ["2", "3", "4"], "--hosts: worker counts k to try.")
+flags.DEFINE_list("workers", ["2", "3", "4"], "--hosts, --elastic: worker counts k to try.")
+flags.DEFINE_boolean("elastic", False, "Measure what tfdp.launch --num_workers=1:k costs, with "
+                     "nothing lost and with a worker lost (tfdp.bench.elastic; elastic.md, .json).")
 flags.DEFINE_list("sizes", ["0.5MB", "4MB"], "--hosts: gradient sizes (0.43MB, 4MB, 45MB ...).")
 flags.DEFINE_list("dtypes", ["float32"], "--hosts --allreduce: what the gradients travel in "
                   "(float32, bfloat16: tfdp.train's --allreduce_dtype); --sizes are float32 bytes.")
@@ -103,13 +106,15 @@ flags.DEFINE_string("manual_dir", None, "Fashion-MNIST .gz folder (as for tfdp.t
 FLAGS = flags.FLAGS
 
 
-
 def main(argv):
     del argv
     if FLAGS.hosts:
         return main_hosts()
     if FLAGS.time_to_accuracy is not None:
         return main_time_to_accuracy()
+    if FLAGS.elastic:
+        from tfdp.bench import elastic
+        return elastic.main(FLAGS)
     try:
         configs = [parse_config(c) for c in FLAGS.configs if c.strip()]
         model_spec.check_spec(FLAGS.model)
@@ -199,7 +204,7 @@ def main_hosts():
                                           FLAGS.data_dir, FLAGS.manual_dir)
             rows = host_training.measure(configs, FLAGS.links, launch, setting("rounds"),
                                          say=say)
-            _write(os.path.join(FLAGS.workdir, "training_hosts"), rows,
+            write_table(os.path.join(FLAGS.workdir, "training_hosts"), rows,
                    host_training.format_rows(rows))
             text.append(host_training.format_rows(rows))
             overlap = host_training.format_overlap(rows)
@@ -209,7 +214,7 @@ def main_hosts():
             rows = host_allreduce.measure(workers, sizes, FLAGS.links, FLAGS.repeats, say=say,
                                           dtypes=dtypes, pieces=FLAGS.pieces)
             base = os.path.join(FLAGS.workdir, "allreduce_hosts")
-            _write(base, rows, host_allreduce.format_rows(rows))
+            write_table(base, rows, host_allreduce.format_rows(rows))
             host_allreduce.plot(rows, base + ".png")
             text.append(host_allreduce.format_rows(rows))
     except (UserError, ValueError) as e:
@@ -251,7 +256,7 @@ def main_time_to_accuracy():
     tta.floors(rows, ceilings, training_flops_per_example)
     table = tta.format_rows(rows, ceilings)
     base = os.path.join(FLAGS.workdir, "time_to_accuracy")
-    _write(base, {"matmul_gflops": ceilings, "rows": rows}, table)
+    write_table(base, {"matmul_gflops": ceilings, "rows": rows}, table)
     tta.plot(rows, base + ".png")
     print(table)
     print(f"\nwritten in {FLAGS.workdir}: time_to_accuracy.md, .json, .png")
@@ -270,15 +275,8 @@ def _cadence() -> str:
     except UserError as e:
         sys.exit(f"tfdp.bench: error: {e}")
     table = cadence.format_rows(rows)
-    _write(os.path.join(FLAGS.workdir, "cadence"), rows, table)
+    write_table(os.path.join(FLAGS.workdir, "cadence"), rows, table)
     return table
-
-
-def _write(base: str, rows, table: str) -> None:
-    with open(base + ".json", "w") as f:
-        json.dump(rows, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(table + "\n")
 
 
 def run():

@@ -1,6 +1,7 @@
 """The benchmark's table: one row per configuration, its speedups and its share of the
 machine's ceilings, as Markdown and as a chart."""
 
+import json
 import statistics
 
 from tfdp.util import charts
@@ -103,3 +104,11 @@ def plot(rows, path, settings):
     ax.set_title(f"{settings.model}, batch {settings.batch_size}, {settings.data} data")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def write_table(base: str, rows, table: str) -> None:
+    """``base``.json with ``rows`` and ``base``.md with ``table``."""
+    with open(base + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(table + "\n")

@@ -23,6 +23,7 @@ import time
 import tensorflow as tf
 
 from tfdp.cluster import tf_config
+from tfdp.util.errors import LOST_CONTACT_EXIT_CODE
 
 STARTING = "waiting for the workers to start"
 PROBE_EVERY = 0.25
@@ -106,7 +107,8 @@ class Stall:
                     line += self.recorder.recorded(why) if self.recorder is not None else ""
                 sys.stderr.write(f"tfdp.train: error: {line}\n")
                 sys.stderr.flush()
-                os._exit(1)  # The main thread waits inside TensorFlow: nothing else stops it.
+                # The main thread waits inside TensorFlow: nothing else stops it.
+                os._exit(LOST_CONTACT_EXIT_CODE)
 
 
 def watching(stall, doing: str):

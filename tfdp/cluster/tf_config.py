@@ -15,6 +15,7 @@ import socket
 import time
 
 from tfdp import paths
+from tfdp.config.settings import GROUP_GOES_ON_ENV
 from tfdp.util import errors
 from tfdp.util.errors import UserError
 
@@ -233,9 +234,11 @@ def lost_contact(error_name: str, peers: list, error_text: str, kept_steps: list
 
 
 def _resume(kept_steps: list) -> str:
-    return (
-        (f"; the backup of step {kept_steps[-1]} is kept" if kept_steps else "")
-        + f": {errors.rerun()} to resume once every worker is reachable")
+    kept = f"; the backup of step {kept_steps[-1]} is kept" if kept_steps else ""
+    goes_on = os.environ.get(GROUP_GOES_ON_ENV)
+    if goes_on:
+        return f"{kept}: tfdp.launch {goes_on} re-forms the group"
+    return f"{kept}: {errors.rerun()} to resume once every worker is reachable"
 
 
 def did_not_start(seconds: float, peers: list, start: str = "every worker",

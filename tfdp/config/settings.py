@@ -22,6 +22,9 @@ DEFAULT_BATCH_SIZE = recipes.RECIPES["textbook"]["batch_size"]
 # chief, when the launcher runs in a terminal, so that the chief draws its progress bar.
 RUN_STAMP_ENV = "TFDP_RUN_STAMP"
 LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
+# In the workers' environment of a launcher whose group goes on when a worker is lost (its
+# flags, ``--num_workers=MIN:MAX`` or ``--max_restarts``): the launcher re-forms the group.
+GROUP_GOES_ON_ENV = "TFDP_GROUP_GOES_ON"
 # The default of --plots for every run started where it is set: a sweep's or a CI job's.
 PLOTS_ENV = "TFDP_PLOTS"
 

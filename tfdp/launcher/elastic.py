@@ -1,10 +1,13 @@
-"""``--num_workers=MIN:MAX``: a ``multi_worker`` group that goes on when a worker is lost.
+"""``--num_workers=MIN:MAX`` and ``--max_restarts=N``: a ``multi_worker`` group that goes on
+when a worker is lost.
 
-The launcher starts MAX workers. When one dies (killed, crashed) and at least MIN are left, the
-group re-forms without the user: the survivors are stopped at once (TensorFlow cannot take a
-worker out of a ``MultiWorkerMirroredStrategy`` group in place, and their collectives wait for
-the lost one), and the launcher starts the group again with one worker fewer, in the same run
-folder, from the newest backup every worker has (``--backup_every`` bounds what is redone).
+The launcher starts MAX workers. When one dies (killed, crashed), the group re-forms without the
+user: the survivors are stopped at once (TensorFlow cannot take a worker out of a
+``MultiWorkerMirroredStrategy`` group in place, and their collectives wait for the lost one),
+and the launcher starts the group again in the same run folder, from the newest backup every
+worker has (``--backup_every`` bounds what is redone): with the lost worker started again while
+``--max_restarts`` allows (torchrun's name: a worker that returns), else one worker fewer, while
+at least MIN are left.
 
 The model stays the one an uninterrupted run trains: ``--batch_size`` is the global batch, so
 the per-replica batches grow to keep it, and the data order is a function of the seed and the
@@ -17,7 +20,7 @@ from typing import Optional, Tuple
 
 from tfdp import paths
 from tfdp.config.checks import parse_interval
-from tfdp.config.settings import Config
+from tfdp.config.settings import GROUP_GOES_ON_ENV, Config
 
 # How each lost worker is said, and what the group does next.
 LEFT = ("tfdp.launch: worker {index} left (exited with {code}); going on with {size} of "
@@ -41,31 +44,82 @@ def sizes(num_workers) -> Tuple[Optional[tuple], str]:
     return (low, high), ""
 
 
-def refusal(low: int, high: int, config: Config, hosts: bool) -> str:
-    """What ``MIN:MAX`` cannot do with the workers' ``config``, in one line ("" if nothing)."""
-    if low == high:
+def refusal(low: int, high: int, config: Config, hosts: bool, restarts: int = 0) -> str:
+    """What ``MIN:MAX`` or ``--max_restarts`` cannot do with the workers' ``config``, in one
+    line ("" if nothing)."""
+    if low == high and not restarts:
         return ""
+    asked, mend = ((f"--num_workers={low}:{high}", "give a number") if low < high else
+                   (f"--max_restarts={restarts}", "leave --max_restarts out"))
     path = paths.get(config.strategy)
     if path.cluster != paths.WORKERS:
         again = " (a lost one is started again already)" if path.restart_lost_workers else ""
-        return (f"--num_workers={low}:{high} re-forms a --strategy=multi_worker group; "
+        return (f"{asked} re-forms a --strategy=multi_worker group; "
                 f"--strategy={config.strategy}'s workers are tfdp.servers of one client{again}: "
-                "give a number")
+                f"{mend}")
     if hosts:
-        return (f"--num_workers={low}:{high} with --hosts: an emulated host whose link is cut "
-                "keeps its worker alive, and the group cannot yet tell it from a slow one; "
-                "give a number")
-    if config.per_replica_batch_size:
-        return (f"--num_workers={low}:{high} keeps the global batch whatever the group's size, "
-                "so that the model is the same: give the workers --batch_size (the global "
-                "batch) instead of --per_replica_batch_size")
+        return (f"{asked} with --hosts: an emulated host whose link is cut keeps its worker "
+                f"alive, and the group cannot yet tell it from a slow one; {mend}")
+    if config.per_replica_batch_size and low < high:
+        return (f"{asked} keeps the global batch whatever the group's size, so that the model "
+                "is the same: give the workers --batch_size (the global batch) instead of "
+                "--per_replica_batch_size")
     if parse_interval(config.backup_every) == (None, None):
-        return (f"--num_workers={low}:{high} re-forms the group from the newest backup: "
-                "--backup_every=0 would redo whole epochs; give it steps or seconds")
+        return (f"{asked} re-forms the group from the newest backup: --backup_every=0 would "
+                "redo whole epochs; give it steps or seconds")
     return ""
 
 
-def left_line(index: int, code: int, size: int, asked: str) -> str:
+class Group:
+    """A multi_worker group's size as workers are lost: each started again while
+    ``--max_restarts`` allows, else gone while at least MIN are left (``asked``: the
+    ``--num_workers`` given)."""
+
+    def __init__(self, size_range: tuple, restarts: int, asked: str):
+        (self.fewest, self.most), self.size = size_range, size_range[1]
+        self.restarts, self.restarts_left, self.asked = restarts, restarts, asked
+
+    @property
+    def goes_on(self) -> bool:
+        """Whether a lost worker can leave the run going at all."""
+        return self.fewest < self.most or self.restarts > 0
+
+    @property
+    def departed(self) -> bool:
+        """Whether workers have gone for good (their backups are to be cleared at the end)."""
+        return self.size < self.most
+
+    def survivors_needed(self) -> int:
+        """Survivors enough, with the workers started again, for a group of at least MIN."""
+        return max(1, self.fewest - self.restarts_left)
+
+    def lose(self, failed: list) -> list:
+        """The group without the ``failed`` workers ((index, exit code) each) or with them
+        started again: the launcher's line for each."""
+        used, back = self.restarts - self.restarts_left, min(len(failed), self.restarts_left)
+        self.restarts_left -= back
+        self.size += back - len(failed)
+        return [left_line(index, code, self.size, self.asked, used + n + 1 if n < back else 0,
+                          self.restarts) for n, (index, code) in enumerate(failed)]
+
+    def tell_the_workers(self, specs: list) -> None:
+        """Where the group goes on, each worker's line on losing a peer says the launcher
+        re-forms it (``GROUP_GOES_ON_ENV``), not that the run waits for the same command."""
+        if self.goes_on:
+            flags = f"--num_workers={self.asked}" + (
+                f" --max_restarts={self.restarts}" if self.restarts else "")
+            for spec in specs:
+                spec.env[GROUP_GOES_ON_ENV] = flags
+
+
+def left_line(index: int, code: int, size: int, asked: str, again: int = 0,
+              restarts: int = 0) -> str:
+    """The launcher's line for a lost worker: the group goes on without it, or with it started
+    again (``again``: the how-manieth of ``--max_restarts``'s ``restarts``)."""
+    if again:
+        return (f"tfdp.launch: worker {index} left (exited with {code}); starting it again "
+                f"({again}/{restarts} of --max_restarts): the group of {size} re-forms from the "
+                "newest backup every worker has")
     return LEFT.format(index=index, code=code, size=size, asked=asked)
 
 

@@ -24,11 +24,11 @@ from tfdp.util.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, UserErr
 
 # Seconds the workers get to save and exit after a SIGTERM before they are killed.
 PREEMPT_GRACE = 30.0
+POLL_SECONDS = 0.2  # How often the launcher looks at its processes.
 
 
-def launch(num_workers, train_args: list, poll_seconds: float = 0.2,
-           isolate: bool = True, grace: float = PREEMPT_GRACE, hosts: bool = False,
-           link: str = None, num_ps: int = None) -> int:
+def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = False,
+           link: str = None, num_ps: int = None, max_restarts: int = 0) -> int:
     """Run the workers to the end; return 0 if all succeeded, else an exit code: the first
     failure's; ``PREEMPTED_EXIT_CODE`` when SIGTERM or Ctrl-C preempted them and every one saved;
     ``INTERRUPTED_EXIT_CODE`` after a second Ctrl-C, which stops them at once.
@@ -36,19 +36,20 @@ def launch(num_workers, train_args: list, poll_seconds: float = 0.2,
     With ``isolate`` this process first moves into a private network namespace (its workers
     inherit it: ``tfdp.launcher.isolation``). With ``hosts`` every worker runs on an emulated
     host of its own, its link shaped to ``link`` (``tfdp.launcher.emulated_hosts``).
-    ``num_workers``: a number, or ``"MIN:MAX"``, a group that goes on when workers are lost
+    ``num_workers``: a number, or ``"MIN:MAX"``, a group that goes on when workers are lost;
+    ``max_restarts``: lost workers started again as the group re-forms
     (``tfdp.launcher.elastic``)."""
     config, problem = workers_config(train_args)
     asked, (size_range, size_problem) = str(num_workers), elastic.sizes(num_workers)
     problem = problem or size_problem or _check(size_range, hosts, link, config,
-                                                asks_help(train_args), num_ps)
+                                                asks_help(train_args), num_ps, max_restarts)
     if problem:
         say(f"tfdp.launch: error: {problem}")
         return 2
     path = paths.get(config.strategy)
     client = path.cluster == paths.CLIENT
     num_ps = (num_ps or 1) if path.parameter_servers else 0
-    fewest, num_workers = size_range
+    num_workers, group = size_range[1], elastic.Group(size_range, max_restarts, asked)
     # The client (chief) of the manual and parameter-server paths is a host too.
     count = num_workers + num_ps + client
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
@@ -93,31 +94,31 @@ def launch(num_workers, train_args: list, poll_seconds: float = 0.2,
             return proc
 
         while True:
+            group.tell_the_workers(specs)
             procs[:] = [start(host) for host in range(len(specs))]
             say(f"tfdp.launch: {_summary(specs)} {where}")
             supervise.raise_if_signalled()
             if client:
                 restart = start if path.restart_lost_workers else None
-                return supervise.supervise_client(procs, specs, poll_seconds, restart)
-            ended = supervise.supervise(procs, poll_seconds, grace, going_on=fewest
-                                        if num_workers > fewest else 0)
+                return supervise.supervise_client(procs, specs, POLL_SECONDS, restart)
+            ended = supervise.supervise(procs, POLL_SECONDS, PREEMPT_GRACE,
+                                        going_on=group.survivors_needed())
             if not isinstance(ended, supervise.Left):
-                if ended == 0 and fewest < size_range[1]:
-                    elastic.clear_departed(_run_dir(config, stamp), num_workers)
+                if ended == 0 and group.departed:
+                    elastic.clear_departed(_run_dir(config, stamp), group.size)
                 return ended
-            num_workers -= len(ended.failed)
-            for index, code in ended.failed:
-                say(elastic.left_line(index, code, num_workers, asked))
+            for line in group.lose(ended.failed):
+                say(line)
             # Their collectives wait for the lost worker: nothing more to save.
             supervise.stop(procs, [spec.role for spec in specs], grace=0)
-            addresses = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
-            specs[:] = processes(config, num_workers, train_args, addresses, None, stamp, live)
+            addresses = [f"127.0.0.1:{port}" for port in free_ports(group.size)]
+            specs[:] = processes(config, group.size, train_args, addresses, None, stamp, live)
     except (KeyboardInterrupt, supervise.Terminated) as stop:
         interrupted = isinstance(stop, KeyboardInterrupt)
         say(f"tfdp.launch: {'interrupted' if interrupted else supervise.signalled()}; asking the "
             f"{'chief' if client else 'workers'} to save and stop")
         # The client saves what it reads from the workers or servers: they stay up until it has.
-        codes = supervise.preempt(procs[:1] if client else procs, grace)
+        codes = supervise.preempt(procs[:1] if client else procs, PREEMPT_GRACE)
         if supervise.second_ctrl_c():  # Said last, below, after what the workers said.
             return INTERRUPTED_EXIT_CODE
         if set(codes) == {PREEMPTED_EXIT_CODE}:
@@ -160,7 +161,8 @@ def _summary(specs: list) -> str:
     workers = [s for s in specs if s.role.startswith("worker")]
     chief = [s for s in specs if s.role == "chief"]
     ps = [s for s in specs if s.role.startswith("ps")]
-    line = (f"{len(workers)} {'tfdp.server ' if chief else ''}workers at "
+    line = (f"{len(workers)} {'tfdp.server ' if chief else ''}"
+            f"worker{'s' if len(workers) != 1 else ''} at "
             f"{', '.join(_address(s) for s in workers)}")
     if ps:
         line += f", {len(ps)} parameter server(s) at {', '.join(_address(s) for s in ps)}"
@@ -190,7 +192,7 @@ def asks_help(train_args: list) -> bool:
 
 
 def _check(size_range: tuple, hosts: bool, link, config, helping: bool = False,
-           num_ps=None) -> str:
+           num_ps=None, max_restarts: int = 0) -> str:
     """What is wrong with the launcher's own flags given the workers' ``config``, in one line
     ("" if nothing); ``size_range``: ``--num_workers``' (MIN, MAX); ``helping``: the workers are
     asked for their --help only."""
@@ -211,7 +213,7 @@ def _check(size_range: tuple, hosts: bool, link, config, helping: bool = False,
     if link and not hosts:
         return "--link shapes the links of emulated hosts: give --hosts too"
     if not helping:
-        problem = elastic.refusal(*size_range, config, hosts)
+        problem = elastic.refusal(*size_range, config, hosts, max_restarts)
         if problem:
             return problem
     try:

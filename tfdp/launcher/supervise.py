@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from tfdp.launcher.output import say
 from tfdp.util import files
-from tfdp.util.errors import PREEMPTED_EXIT_CODE
+from tfdp.util.errors import LOST_CONTACT_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 # How often one parameter-server worker is started again after dying while its chief runs.
 RESTARTS = 3
@@ -69,8 +69,11 @@ def supervise(procs, poll_seconds, grace, going_on: int = 0):
                 codes = wait(procs, grace)
                 return (PREEMPTED_EXIT_CODE if set(codes) == {PREEMPTED_EXIT_CODE}
                         else next(c for c in codes if c != PREEMPTED_EXIT_CODE) or 1)
-            if going_on and len(procs) - len(failed) >= going_on:
-                return Left(failed)
+            # Those that lost contact with the lost ones are survivors: they can re-form.
+            lost = [(i, c) for i, c in failed if c != LOST_CONTACT_EXIT_CODE]
+            if going_on and lost and len(procs) - len(lost) >= going_on:
+                return Left(lost)
+            i, code = (lost or failed)[0]
             say(f"tfdp.launch: worker {i} exited with {code}; stopping the others")
             return code if code > 0 else 128 - code  # Killed by signal N: 128 + N.
         if all(c == 0 for c in codes):

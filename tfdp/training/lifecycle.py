@@ -27,7 +27,7 @@ from tfdp.training.path_contract import TrainingPath
 from tfdp.training.result import Result
 from tfdp.training.state import TrainingState
 from tfdp.util import errors, logs
-from tfdp.util.errors import Finished, UserError
+from tfdp.util.errors import Finished, LostContact, UserError
 from tfdp.util.logs import logger
 
 
@@ -119,7 +119,7 @@ def run(resolved, start_weights=None, splits=None, export: bool = True) -> Resul
                     raise
                 logs.quiet_from_now_on("tensorflow")  # The one line below says it all.
                 why = type(e).__name__
-                raise UserError(tf_config.lost_contact(why, path.peers, str(e.message),
+                raise LostContact(tf_config.lost_contact(why, path.peers, str(e.message),
                                                        backups.steps())
                                 + (path.recorder.recorded(why) if path.recorder else "")
                                 ) from None

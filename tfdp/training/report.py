@@ -50,12 +50,9 @@ class Reporter:
 
     def __init__(self, workdir: str, facts: dict, devices: list, is_chief: bool = True,
                  history: list = (), eval_note: str = "", evaluated: str = "test"):
-        self.workdir = workdir
-        self.facts = dict(facts)
+        self.workdir, self.facts, self.devices = workdir, dict(facts), list(devices)
         self.config = self.facts.get("config", self.facts)
-        self.devices = list(devices)
-        self.is_chief = is_chief
-        self.records = list(history)
+        self.is_chief, self.records = is_chief, list(history)
         self.eval_note = eval_note  # Says so when evaluation covers part of its split.
         # What the lines call the split evaluated after each epoch, as Keras does: "val" for a
         # validation split (metrics.json's records keep test_loss and test_acc, and its
@@ -204,7 +201,10 @@ class Reporter:
     def final_line(self) -> str:
         """``test acc: 0.85, 16.5 sec/epoch on [...]``, printed by the chief: the test set's
         accuracy (once at the end, where a validation split was evaluated after each epoch),
-        else the last validation's."""
+        else the last validation's. '' with no records: a worker other than the chief that
+        resumed after the last step (the records are in the chief's ``metrics.json``)."""
+        if not self.records:
+            return ""
         tested = self.facts.get("test")
         label, accuracy, note = (("test", tested["acc"], self.test_note) if tested
                                  else (self.label, self.records[-1]["test_acc"], self.eval_note))

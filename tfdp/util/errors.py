@@ -43,6 +43,11 @@ class UserError(ValueError):
     ``tfdp.run`` raises it as it is (a ``ValueError``); the command line prints its message."""
 
 
+class LostContact(UserError):
+    """The run lost contact with its cluster (``tfdp.cluster.tf_config.lost_contact`` says
+    who and what is kept); ``python -m tfdp.train`` exits with ``LOST_CONTACT_EXIT_CODE``."""
+
+
 class Diverged(UserError):
     """The training loss became NaN or infinite, or exploded: nothing is exported."""
 
@@ -67,6 +72,9 @@ class Finished(UserError):
 
 # A second Ctrl-C stopped the run at once: 128 + SIGINT, as a shell reports it.
 INTERRUPTED_EXIT_CODE = 130
+# The run lost its cluster, a peer gone or hung (sysexits.h EX_UNAVAILABLE): a launcher whose
+# group goes on tells the survivors of a loss from the worker lost by it.
+LOST_CONTACT_EXIT_CODE = 69
 
 
 class Preempted(BaseException):
