@@ -205,8 +205,10 @@ def test_the_bench_measures_what_a_group_costs_and_how_soon_it_trains_again(tmp_
     """``python -m tfdp.bench --elastic`` (tiny sizes: not a timing test): groups of two that
     lose nothing, fixed and elastic, and an elastic one that loses a worker; the table and the
     JSON hold every figure, the times after the kill in the order they happen."""
-    result = run_module("tfdp.bench", "--elastic", "--workers=2", "--rounds=1", "--steps=8",
-                        "--epochs=2", "--batch_size=64", f"--data_dir={data_dir}",
+    # Steps enough for a worker to be lost while the second epoch trains (an epoch of 8 small
+    # ones ended before the kill).
+    result = run_module("tfdp.bench", "--elastic", "--workers=2", "--rounds=1", "--steps=40",
+                        "--epochs=2", "--batch_size=256", f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     row, = json.loads((tmp_path / "elastic.json").read_text())

@@ -40,7 +40,7 @@ from tfdp.util.errors import UserError
 BACKUP_EVERY = 10  # Steps: what a loss can make the group train again.
 _PROGRESS = re.compile(r"^\[0\] epoch (\d+)/\d+ (\d+)/\d+ ")
 _LEFT = re.compile(r"^tfdp\.launch: worker \d+ left ")
-_RESUMED = re.compile(r"^\[0\] resuming at .*\(global step (\d+)\)")
+_RESUMED = re.compile(r"^\[0\] resuming (?:at .*\(global step (\d+)\)|a run that finished)")
 
 
 def main(flags) -> None:
@@ -155,6 +155,10 @@ def _loss(k: int, flags, chosen) -> dict:
                                  if (m := _PROGRESS.match(piece)) and m[1] == "2")
         _, left, _ = _wait(seen, reader, _LEFT.match, start)
         index, resumed, line = _wait(seen, reader, _RESUMED.match, start)
+        if not _RESUMED.match(line)[1]:
+            raise UserError(f"--elastic: the worker was lost after the last step: --steps="
+                            f"{flags.steps} pass too fast here to lose one in training; give "
+                            "more --steps, or a larger --batch_size")
         _, training, _ = _wait(seen, reader, _PROGRESS.match, index + 1)
         _check(run.wait(), "".join(piece + "\n" for _, piece in seen), f"1:{k}")
         return dict(to_left=left - killed, to_resumed=resumed - killed,
