@@ -28,17 +28,18 @@ SETTINGS = dict(precision="float64", epochs=2, steps_per_epoch=STEPS, batch_size
 
 
 @pytest.mark.cluster
-def test_a_group_that_loses_workers_goes_on_and_trains_the_same_model(tmp_path, data_dir,
-                                                                       test_split):
-    """Three workers of ``--num_workers=1:3 --max_restarts=1`` (16 examples each a step), three
-    SIGKILLs from outside, each to a random worker: once every worker has backed up a random
-    step of the first epoch (it is started again: the group stays three), at a later step (the
-    group goes on with two, 24 examples each), and at a moment chosen at random, a later step
-    again or as the last epoch's line is said (its final backup, the export; on with one, 48).
-    Each time the launcher says who left and what the group does, which resumes from the
-    newest backup every worker has (the survivors' own lines say the launcher re-forms it); the
-    run finishes, exports once and leaves no backup, and the model is the one two devices
-    train never interrupted, within 1e-9 in float64."""
+def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
+        tmp_path, data_dir, test_split):
+    """Three workers of ``--num_workers=1:3 --max_restarts=1`` (16 examples each a step), and
+    from outside: a SIGKILL to a random worker once every worker has backed up a random step of
+    the first epoch (it is started again: the group stays three); another at a later step (on
+    with two, 24 examples each); SIGUSR1 to the launcher as they train (a worker joins: every
+    worker saves one common step and the group of three resumes from it, nothing lost); a last
+    SIGKILL at a moment chosen at random, a later step or as the last epoch's line is said (its
+    final backup, the export; on with two). Each time the launcher says who left or joined and
+    what the group does (the survivors' own lines say the launcher re-forms it); the run
+    finishes, exports once and leaves no backup, and the model is the one two devices train
+    never interrupted, within 1e-9 in float64."""
     run = launch(tmp_path, "multi_worker", f"--data_dir={data_dir}", "--backup_every=4",
                  *[f"--{k}={v}" for k, v in SETTINGS.items()],
                  launcher=("--num_workers=1:3", "--max_restarts=1"), popen=True,
@@ -47,37 +48,47 @@ def test_a_group_that_loses_workers_goes_on_and_trains_the_same_model(tmp_path, 
     reader = threading.Thread(target=lambda: out.extend(run.stdout), daemon=True)
     reader.start()
     chosen = random.Random()
-    step, moment = chosen.randrange(4, STEPS * 2 // 3), chosen.choice(["a later step", "the end"])
-    wait_for(lambda: backed_up(tmp_path / "run", 3) >= step or run.poll() is not None, 300,
-             f"every worker's backup of step {step}")
+    step, moment = chosen.randrange(4, STEPS // 2), chosen.choice(["a later step", "the end"])
+
+    def backed_up_after(step, size):
+        wait_for(lambda: backed_up(tmp_path / "run", size) > step or run.poll() is not None,
+                 300, f"every worker's backup of a step after {step}")
+
+    backed_up_after(step - 1, 3)
     seen = backed_up(tmp_path / "run", 3)
-    lost = [_kill_a_worker(run, chosen, 3)]
+    lost = [_kill_a_worker(run, chosen, 3)]  # Started again.
     killed = time.monotonic()
     resumed = _resumed(run, out, 1)
     took = time.monotonic() - killed
     assert resumed >= seen, (seen, "".join(out)[-3000:])
-    for size, when in ((3, "a later step"), (2, moment)):
-        if when == "a later step":
-            wait_for(lambda: backed_up(tmp_path / "run", size) >= resumed + 4
-                     or run.poll() is not None, 300, f"a backup after step {resumed}")
-        else:
-            wait_for(lambda: sum(line.startswith("[0] epoch 2/2:") for line in out) == 1
-                     or run.poll() is not None, 300, "the last epoch's line")
-        lost.append(_kill_a_worker(run, chosen, size))
-        if size == 3:
-            resumed = _resumed(run, out, 2)
+    backed_up_after(resumed + 3, 3)
+    lost.append(_kill_a_worker(run, chosen, 3))  # On with two.
+    backed_up_after(_resumed(run, out, 2) + 3, 2)
+    os.kill(run.pid, signal.SIGUSR1)  # One joins.
+    joined = _resumed(run, out, 3)
+    if moment == "a later step":
+        backed_up_after(joined + 3, 3)
+    else:
+        wait_for(lambda: sum(line.startswith("[0] epoch 2/2:") for line in out) == 1
+                 or run.poll() is not None, 300, "the last epoch's line")
+    lost.append(_kill_a_worker(run, chosen, 3))  # On with two.
     assert run.wait(300) == 0, "".join(out)[-3000:]
     reader.join(10)
     text = "".join(out)
     assert re.search(rf"^tfdp\.launch: worker {lost[0]} left \(exited with -9\); starting it "
                      r"again \(1/1 of --max_restarts\): the group of 3 re-forms from the newest "
                      r"backup every worker has$", text, re.M), text[-3000:]
-    for index, size in zip(lost[1:], (2, 1)):
+    for index in lost[1:]:
         assert re.search(rf"^tfdp\.launch: worker {index} left \(exited with -9\); going on with "
-                         rf"{size} of --num_workers=1:3: the group re-forms from the newest backup "
+                         r"2 of --num_workers=1:3: the group re-forms from the newest backup "
                          r"every worker has, at the same global batch$", text, re.M), (
             moment, text[-3000:])
-    assert re.search(r"^tfdp\.launch: 1 worker at 127\.0\.0\.1:\d+, ", text, re.M), text[-3000:]
+    assert re.search(r"^tfdp\.launch: a worker joins \(SIGUSR1\): every worker saves one common "
+                     r"step, and the group re-forms from it with 3 of --num_workers=1:3$", text,
+                     re.M), text[-3000:]
+    saved = set(re.findall(r"^\[\d\] tfdp\.train: preempted \(SIGTERM\) at step (\d+): ", text,
+                           re.M))
+    assert saved == {str(joined)}, (saved, joined, text[-3000:])  # Nothing lost by the join.
     assert "global batch 48 = 24 + 24 per replica" in text, text[-3000:]
     survivors = re.findall(r"^\[\d\] tfdp\.train: error: lost contact .*$", text, re.M)
     assert survivors and all("the backup of step" in line and ": tfdp.launch --num_workers=1:3 "
@@ -95,7 +106,8 @@ def test_a_group_that_loses_workers_goes_on_and_trains_the_same_model(tmp_path, 
     ours = served_logits(tmp_path / "export" / "1", test_split.images[:256])
     theirs = served_logits(reference.export_path, test_split.images[:256])
     assert np.abs(ours - theirs).max() <= 1e-9, (
-        f"workers {lost} killed from step {seen}, the last at {moment}: "
+        f"workers {lost} killed from step {seen}, one joined at step {joined}, the last lost "
+        f"at {moment}: "
         f"{np.abs(ours - theirs).max():.3g} away in the logits from two devices never "
         "interrupted")
 
@@ -142,7 +154,7 @@ def test_the_workers_that_lost_contact_with_a_lost_one_are_counted_as_survivors(
     assert supervise.supervise([Ended(LOST_CONTACT)] * 2, 0.01, 1.0, going_on=1) == LOST_CONTACT
 
 
-def test_a_group_starts_lost_workers_again_while_it_may_then_goes_on_with_fewer():
+def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_grows():
     from tfdp.launcher.elastic import Group
 
     group = Group((2, 3), 1, "2:3")
@@ -153,6 +165,12 @@ def test_a_group_starts_lost_workers_again_while_it_may_then_goes_on_with_fewer(
                                    "re-forms from the newest backup every worker has")
     assert two_at_once[1].startswith("tfdp.launch: worker 2 left (exited with 1); going on "
                                      "with 2 of --num_workers=2:3: ")
+    room, line = group.joining()
+    assert room and line.endswith("the group re-forms from it with 3 of --num_workers=2:3")
+    group.grow()
+    assert (group.size, group.departed) == (3, False)
+    assert group.joining() == (False, "tfdp.launch: a worker asked to join (SIGUSR1); the group "
+                                      "has --num_workers=2:3's 3 already")
     assert Group((3, 3), 2, "3").survivors_needed() == 1  # A fixed group that restarts.
     assert not Group((3, 3), 0, "3").goes_on
 

@@ -18,8 +18,9 @@ cores, prefixes each process's output, and waits. What it starts depends on the 
 
 Faults: if a worker fails, the others are stopped and the launcher exits with its code; with
 ``--max_restarts=N`` (multi_worker) the group re-forms with it started again instead, and with
-``--num_workers=MIN:MAX`` without it, while at least MIN are left (``tfdp.launcher.elastic``).
-SIGTERM
+``--num_workers=MIN:MAX`` without it, while at least MIN are left; SIGUSR1 to the launcher then
+takes a worker back in, up to MAX, from one common step every worker saves
+(``tfdp.launcher.elastic``). SIGTERM
 or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every worker saves the
 same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and so does the launcher; the same command
 resumes. A second Ctrl-C stops them at once (130). Workers die with the launcher whatever kills
@@ -49,7 +50,8 @@ flags.DEFINE_string("num_workers", "2", "Workers to start on this machine: tfdp.
                     "(multi_worker), or tfdp.server processes for one tfdp.train client (manual, "
                     "parameter_server). multi_worker also takes MIN:MAX: MAX start, and when one "
                     "is lost (killed, crashed) the group re-forms with the others from the "
-                    "newest backup, at the same global batch, while at least MIN are left.")
+                    "newest backup, at the same global batch, while at least MIN are left; "
+                    "SIGUSR1 to the launcher takes one back in, up to MAX.")
 flags.DEFINE_integer("max_restarts", 0, "multi_worker: lost workers to start again, in all, "
                      "as the group re-forms from the newest backup (a fixed --num_workers=N "
                      "keeps N so); without restarts left, MIN:MAX goes on with fewer.",

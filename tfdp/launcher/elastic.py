@@ -7,7 +7,10 @@ user: the survivors are stopped at once (TensorFlow cannot take a worker out of 
 and the launcher starts the group again in the same run folder, from the newest backup every
 worker has (``--backup_every`` bounds what is redone): with the lost worker started again while
 ``--max_restarts`` allows (torchrun's name: a worker that returns), else one worker fewer, while
-at least MIN are left.
+at least MIN are left. SIGUSR1 to the launcher takes a worker in while the group trains, up to
+MAX: every worker saves one common step and stops, as for a preemption, and the group re-forms
+from that step one larger, the newcomer starting from a copy of worker 0's backup (nothing is
+trained again).
 
 The model stays the one an uninterrupted run trains: ``--batch_size`` is the global batch, so
 the per-replica batches grow to keep it, and the data order is a function of the seed and the
@@ -15,6 +18,7 @@ epoch alone (``tfdp.data.pipeline``); the paths train the same model on any repl
 fixed global batch (tests/test_resume_exactly.py, tests/test_elastic.py)."""
 
 import os
+import re
 import shutil
 from typing import Optional, Tuple
 
@@ -102,6 +106,19 @@ class Group:
         return [left_line(index, code, self.size, self.asked, used + n + 1 if n < back else 0,
                           self.restarts) for n, (index, code) in enumerate(failed)]
 
+    def joining(self) -> tuple:
+        """A worker asks to join (SIGUSR1 to the launcher): (whether the group has room for it,
+        the launcher's line)."""
+        if self.size >= self.most:
+            return False, (f"tfdp.launch: a worker asked to join (SIGUSR1); the group has "
+                           f"--num_workers={self.asked}'s {self.most} already")
+        return True, (f"tfdp.launch: a worker joins (SIGUSR1): every worker saves one common "
+                      f"step, and the group re-forms from it with {self.size + 1} of "
+                      f"--num_workers={self.asked}")
+
+    def grow(self) -> None:
+        self.size += 1
+
     def tell_the_workers(self, specs: list) -> None:
         """Where the group goes on, each worker's line on losing a peer says the launcher
         re-forms it (``GROUP_GOES_ON_ENV``), not that the run waits for the same command."""
@@ -121,6 +138,20 @@ def left_line(index: int, code: int, size: int, asked: str, again: int = 0,
                 f"({again}/{restarts} of --max_restarts): the group of {size} re-forms from the "
                 "newest backup every worker has")
     return LEFT.format(index=index, code=code, size=size, asked=asked)
+
+
+def seed_the_joiner(run_dir: str, index: int) -> None:
+    """Worker ``index`` joins: its backups are worker 0's newest (every replica holds the same
+    state), in place of any it left behind when it departed, so that the newest backup every
+    worker has is the common step the group has just saved."""
+    folder = os.path.join(run_dir, "backup")
+    source = os.path.join(folder, "worker-0")
+    steps = sorted((int(m[1]), name) for name in os.listdir(source)
+                   if (m := re.match(r"^step-(\d+)\.npz$", name)))
+    joiner = os.path.join(folder, f"worker-{index}")
+    shutil.rmtree(joiner, ignore_errors=True)
+    os.makedirs(joiner)
+    shutil.copyfile(os.path.join(source, steps[-1][1]), os.path.join(joiner, steps[-1][1]))
 
 
 def clear_departed(run_dir: str, size: int) -> None:

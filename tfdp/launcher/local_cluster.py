@@ -57,6 +57,9 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
     supervise.SIGNALLED.clear()
     previous = {sig: signal.signal(sig, supervise.on_signal) for sig in supervise.STOP_SIGNALS
                 if signal.getsignal(sig) != signal.SIG_IGN}  # SIGHUP under nohup stays ignored.
+    if group.fewest < group.most:  # Room to grow, once workers have been lost.
+        supervise.JOINING.clear()
+        previous[supervise.JOIN_SIGNAL] = signal.signal(supervise.JOIN_SIGNAL, supervise.on_join)
     try:
         if hosts:
             stale = emulated_hosts.remove_stale()
@@ -101,16 +104,18 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
             if client:
                 restart = start if path.restart_lost_workers else None
                 return supervise.supervise_client(procs, specs, POLL_SECONDS, restart)
-            ended = supervise.supervise(procs, POLL_SECONDS, PREEMPT_GRACE,
-                                        going_on=group.survivors_needed())
-            if not isinstance(ended, supervise.Left):
+            ended = _supervise_group(procs, group)
+            if ended is None:  # Grown: every worker saved one common step and stopped.
+                elastic.seed_the_joiner(_run_dir(config, stamp), group.size - 1)
+            elif not isinstance(ended, supervise.Left):
                 if ended == 0 and group.departed:
                     elastic.clear_departed(_run_dir(config, stamp), group.size)
                 return ended
-            for line in group.lose(ended.failed):
-                say(line)
-            # Their collectives wait for the lost worker: nothing more to save.
-            supervise.stop(procs, [spec.role for spec in specs], grace=0)
+            else:
+                for line in group.lose(ended.failed):
+                    say(line)
+                # Their collectives wait for the lost worker: nothing more to save.
+                supervise.stop(procs, [spec.role for spec in specs], grace=0)
             addresses = [f"127.0.0.1:{port}" for port in free_ports(group.size)]
             specs[:] = processes(config, group.size, train_args, addresses, None, stamp, live)
     except (KeyboardInterrupt, supervise.Terminated) as stop:
@@ -141,6 +146,29 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
             folder = None if config.workdir else _run_dir(config, stamp)
             say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
                 f"backup are lost; {errors.rerun_in(folder)} to resume from it")
+
+
+def _supervise_group(procs, group: elastic.Group):
+    """``supervise.supervise`` of a multi_worker group, which a worker may join (SIGUSR1): the
+    group's exit code, a ``supervise.Left``, or None once it has grown (every worker saved one
+    common step and stopped, as for a preemption)."""
+    while True:
+        try:
+            return supervise.supervise(procs, POLL_SECONDS, PREEMPT_GRACE,
+                                       going_on=group.survivors_needed())
+        except supervise.Join:
+            room, line = group.joining()
+            say(line)
+            if not room:
+                continue
+            codes = supervise.preempt(procs, PREEMPT_GRACE)
+            if set(codes) == {PREEMPTED_EXIT_CODE}:
+                group.grow()
+                return None
+            if set(codes) == {0}:  # It had finished.
+                return 0
+            code = next((c for c in codes if c not in (0, PREEMPTED_EXIT_CODE)), None)
+            return 1 if code is None else code if code > 0 else 128 - code
 
 
 def _run_dir(config, stamp: str) -> str:

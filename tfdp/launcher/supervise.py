@@ -31,6 +31,19 @@ SIGNALLED = []
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+# A worker joins a group with room (SIGUSR1 to the launcher: ``tfdp.launcher.elastic``).
+JOIN_SIGNAL = signal.SIGUSR1
+JOINING = []
+
+
+class Join(Exception):
+    pass
+
+
+def on_join(signum, frame):
+    JOINING.append(signum)
+
+
 def on_signal(signum, frame):
     if signum == signal.SIGHUP:  # The terminal has gone: the workers' lines may not reach it.
         files.away_from_a_closed_terminal()
@@ -60,6 +73,9 @@ def supervise(procs, poll_seconds, grace, going_on: int = 0):
     may go on without those that failed (an elastic group, and that many left), ``Left``."""
     while True:
         raise_if_signalled()
+        if JOINING:
+            JOINING.clear()
+            raise Join()
         codes = [p.poll() for p in procs]  # Poll every worker, each time round.
         failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
         if failed:
