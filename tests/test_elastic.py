@@ -32,8 +32,9 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
         tmp_path, data_dir, test_split):
     """Three workers of ``--num_workers=1:3 --max_restarts=1`` (16 examples each a step), and
     from outside: a SIGKILL to a random worker once every worker has backed up a random step of
-    the first epoch (it is started again: the group stays three); another at a later step (on
-    with two, 24 examples each); SIGUSR1 to the launcher as they train (a worker joins: every
+    the first epoch (it is started again: the group stays three); a SIGSTOP to another at a
+    later step (hung: the others' watchdog, --collective_timeout=10, gives up on it, and the
+    group goes on with two, 24 examples each); SIGUSR1 to the launcher as they train (a worker joins: every
     worker saves one common step and the group of three resumes from it, nothing lost); a last
     SIGKILL at a moment chosen at random, a later step or as the last epoch's line is said (its
     final backup, the export; on with two). Each time the launcher says who left or joined and
@@ -41,7 +42,7 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
     finishes, exports once and leaves no backup, and the model is the one two devices train
     never interrupted, within 1e-9 in float64."""
     run = launch(tmp_path, "multi_worker", f"--data_dir={data_dir}", "--backup_every=4",
-                 *[f"--{k}={v}" for k, v in SETTINGS.items()],
+                 "--collective_timeout=10", *[f"--{k}={v}" for k, v in SETTINGS.items()],
                  launcher=("--num_workers=1:3", "--max_restarts=1"), popen=True,
                  stderr=subprocess.STDOUT)
     out = []
@@ -62,7 +63,7 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
     took = time.monotonic() - killed
     assert resumed >= seen, (seen, "".join(out)[-3000:])
     backed_up_after(resumed + 3, 3)
-    lost.append(_kill_a_worker(run, chosen, 3))  # On with two.
+    lost.append(_kill_a_worker(run, chosen, 3, signal.SIGSTOP))  # Hung: on with two.
     backed_up_after(_resumed(run, out, 2) + 3, 2)
     os.kill(run.pid, signal.SIGUSR1)  # One joins.
     joined = _resumed(run, out, 3)
@@ -78,10 +79,10 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
     assert re.search(rf"^tfdp\.launch: worker {lost[0]} left \(exited with -9\); starting it "
                      r"again \(1/1 of --max_restarts\): the group of 3 re-forms from the newest "
                      r"backup every worker has$", text, re.M), text[-3000:]
-    for index in lost[1:]:
-        assert re.search(rf"^tfdp\.launch: worker {index} left \(exited with -9\); going on with "
-                         r"2 of --num_workers=1:3: the group re-forms from the newest backup "
-                         r"every worker has, at the same global batch$", text, re.M), (
+    for index, why in zip(lost[1:], ("hung: its peers lost contact with it", "exited with -9")):
+        assert re.search(rf"^tfdp\.launch: worker {index} left \({why}\); going on with 2 of "
+                         r"--num_workers=1:3: the group re-forms from the newest backup every "
+                         r"worker has, at the same global batch$", text, re.M), (
             moment, text[-3000:])
     assert re.search(r"^tfdp\.launch: a worker joins \(SIGUSR1\): every worker saves one common "
                      r"step, and the group re-forms from it with 3 of --num_workers=1:3$", text,
@@ -175,13 +176,36 @@ def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_g
     assert not Group((3, 3), 0, "3").goes_on
 
 
-def _kill_a_worker(run, chosen, size: int) -> int:
-    """SIGKILL a random one of the group's ``size`` workers: its index."""
+def test_the_workers_still_running_when_the_others_lost_contact_with_them_are_hung(
+        monkeypatch):
+    """Every worker that ended lost contact with a peer, and one still runs: it hung past their
+    watchdog (stopped, or stuck), and is the one the group goes on without. If it ends likewise
+    in the meantime, the whole group lost contact: not a hang."""
+    from tfdp.launcher import supervise
+    from tfdp.util.errors import LOST_CONTACT_EXIT_CODE as LOST_CONTACT
+
+    monkeypatch.setattr(supervise, "HUNG_SETTLE", 0.3)
+
+    class Worker:
+        def __init__(self, codes):
+            self.codes = list(codes)
+
+        def poll(self):
+            return self.codes.pop(0) if len(self.codes) > 1 else self.codes[0]
+
+    group = [Worker([LOST_CONTACT]), Worker([None]), Worker([None, LOST_CONTACT])]
+    assert supervise.supervise(group, 0.01, 1.0, going_on=1) == supervise.Left([(1, None)])
+    group = [Worker([LOST_CONTACT]), Worker([None, None, LOST_CONTACT])]
+    assert supervise.supervise(group, 0.01, 1.0, going_on=1) == LOST_CONTACT
+
+
+def _kill_a_worker(run, chosen, size: int, how=signal.SIGKILL) -> int:
+    """SIGKILL (or stop: ``how``) a random one of the group's ``size`` workers: its index."""
     workers = {task_of["task"]["index"]: pid for pid in children(run.pid)
                if (task_of := tf_config_of(pid))}
     assert sorted(workers) == list(range(size)), workers
     victim = chosen.choice(sorted(workers))
-    os.kill(workers[victim], signal.SIGKILL)
+    os.kill(workers[victim], how)
     return victim
 
 

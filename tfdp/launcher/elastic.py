@@ -1,8 +1,9 @@
 """``--num_workers=MIN:MAX`` and ``--max_restarts=N``: a ``multi_worker`` group that goes on
 when a worker is lost.
 
-The launcher starts MAX workers. When one dies (killed, crashed), the group re-forms without the
-user: the survivors are stopped at once (TensorFlow cannot take a worker out of a
+The launcher starts MAX workers. When one dies (killed, crashed) or hangs (its peers' watchdog
+gives up on it: ``tfdp.launcher.supervise.hung``), the group re-forms without the user: the
+survivors are stopped at once (TensorFlow cannot take a worker out of a
 ``MultiWorkerMirroredStrategy`` group in place, and their collectives wait for the lost one),
 and the launcher starts the group again in the same run folder, from the newest backup every
 worker has (``--backup_every`` bounds what is redone): with the lost worker started again while
@@ -27,7 +28,7 @@ from tfdp.config.checks import parse_interval
 from tfdp.config.settings import GROUP_GOES_ON_ENV, Config
 
 # How each lost worker is said, and what the group does next.
-LEFT = ("tfdp.launch: worker {index} left (exited with {code}); going on with {size} of "
+LEFT = ("tfdp.launch: worker {index} left ({why}); going on with {size} of "
         "--num_workers={asked}: the group re-forms from the newest backup every worker has, "
         "at the same global batch")
 
@@ -133,11 +134,12 @@ def left_line(index: int, code: int, size: int, asked: str, again: int = 0,
               restarts: int = 0) -> str:
     """The launcher's line for a lost worker: the group goes on without it, or with it started
     again (``again``: the how-manieth of ``--max_restarts``'s ``restarts``)."""
+    why = "hung: its peers lost contact with it" if code is None else f"exited with {code}"
     if again:
-        return (f"tfdp.launch: worker {index} left (exited with {code}); starting it again "
+        return (f"tfdp.launch: worker {index} left ({why}); starting it again "
                 f"({again}/{restarts} of --max_restarts): the group of {size} re-forms from the "
                 "newest backup every worker has")
-    return LEFT.format(index=index, code=code, size=size, asked=asked)
+    return LEFT.format(index=index, why=why, size=size, asked=asked)
 
 
 def seed_the_joiner(run_dir: str, index: int) -> None:

@@ -64,7 +64,7 @@ def raise_if_signalled():
 
 class Left(NamedTuple):
     """Workers that ended while the others ran (``tfdp.launcher.elastic``): their indexes and
-    exit codes."""
+    exit codes (None: hung, ``hung``)."""
     failed: list
 
 
@@ -87,6 +87,8 @@ def supervise(procs, poll_seconds, grace, going_on: int = 0):
                         else next(c for c in codes if c != PREEMPTED_EXIT_CODE) or 1)
             # Those that lost contact with the lost ones are survivors: they can re-form.
             lost = [(i, c) for i, c in failed if c != LOST_CONTACT_EXIT_CODE]
+            if going_on and not lost:
+                lost = hung(procs)
             if going_on and lost and len(procs) - len(lost) >= going_on:
                 return Left(lost)
             i, code = (lost or failed)[0]
@@ -95,6 +97,26 @@ def supervise(procs, poll_seconds, grace, going_on: int = 0):
         if all(c == 0 for c in codes):
             return 0
         time.sleep(poll_seconds)
+
+
+# Seconds the workers that lost contact with a peer have to end likewise, before those still
+# running are taken to be the hung peers (each one's watchdog gave up at about the same time).
+HUNG_SETTLE = 5.0
+
+
+def hung(procs) -> list:
+    """Where every worker that ended lost contact with a peer and others still run: those
+    others, once ``HUNG_SETTLE`` s have let the rest end likewise, ``(index, None)`` each: hung
+    (stopped, or stuck) past their peers' watchdog. [] if every worker has ended."""
+    deadline = time.time() + HUNG_SETTLE
+    while time.time() < deadline:
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, LOST_CONTACT_EXIT_CODE) for c in codes):
+            return []  # Another kind of end: not a hang.
+        if None not in codes:
+            break
+        time.sleep(0.1)
+    return [(i, None) for i, p in enumerate(procs) if p.poll() is None]
 
 
 def supervise_client(procs, specs, poll_seconds, restart=None) -> int:
