@@ -93,11 +93,12 @@ class Stall:
             time.sleep(min(1.0, self.seconds / 4))
             since = self._since
             if since is not None and time.monotonic() - since > self.seconds:
-                if self._doing == STARTING:
-                    line = tf_config.did_not_start(self.seconds, self.peers,
-                                                   start="a tfdp.server for every worker",
-                                                   suggest_longer=False)
+                if self._doing == STARTING:  # Never had a cluster: an error like any other.
+                    code, line = 1, tf_config.did_not_start(
+                        self.seconds, self.peers, start="a tfdp.server for every worker",
+                        suggest_longer=False)
                 else:
+                    code = LOST_CONTACT_EXIT_CODE
                     why = (f"no answer for {self.seconds:g} s while {self._doing}, "
                            "--collective_timeout")
                     hung = self.unresponsive() if self.unresponsive is not None else []
@@ -107,8 +108,7 @@ class Stall:
                     line += self.recorder.recorded(why) if self.recorder is not None else ""
                 sys.stderr.write(f"tfdp.train: error: {line}\n")
                 sys.stderr.flush()
-                # The main thread waits inside TensorFlow: nothing else stops it.
-                os._exit(LOST_CONTACT_EXIT_CODE)
+                os._exit(code)  # The main thread waits inside TensorFlow: nothing else can.
 
 
 def watching(stall, doing: str):
