@@ -17,9 +17,8 @@ from absl import app  # noqa: E402
 
 from tfdp.config import flags
 from tfdp.util import logs  # noqa: E402
-from tfdp.util.errors import (INTERRUPTED_EXIT_CODE, LOST_CONTACT_EXIT_CODE,  # noqa: E402
-                              PREEMPTED_EXIT_CODE, Finished, Interrupted, LostContact,
-                              Preempted, UserError)
+from tfdp.util.errors import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Finished,  # noqa: E402
+                              Interrupted, Preempted, UserError)
 from tfdp.cluster import managed  # noqa: E402
 
 
@@ -48,7 +47,7 @@ def train_from_flags(flag_values) -> None:
         print(f"tfdp.train: {e}", flush=True)
     except UserError as e:
         print(f"tfdp.train: error: {e}", file=sys.stderr, flush=True)
-        sys.exit(LOST_CONTACT_EXIT_CODE if isinstance(e, LostContact) else 1)
+        sys.exit(e.exit_code)
     except Preempted as e:
         # After a terminal's "^C" echo, the line of its own.
         start = "\n" if e.by == "Ctrl-C" and sys.stderr.isatty() else ""

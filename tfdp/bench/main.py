@@ -205,7 +205,7 @@ def main_hosts():
             rows = host_training.measure(configs, FLAGS.links, launch, setting("rounds"),
                                          say=say)
             write_table(os.path.join(FLAGS.workdir, "training_hosts"), rows,
-                   host_training.format_rows(rows))
+                        host_training.format_rows(rows))
             text.append(host_training.format_rows(rows))
             overlap = host_training.format_overlap(rows)
             if overlap.count("\n") > 2:  # Rows with an overlap=none twin.

@@ -168,7 +168,7 @@ def _supervise_group(procs, group: elastic.Group):
             if set(codes) == {0}:  # It had finished.
                 return 0
             code = next((c for c in codes if c not in (0, PREEMPTED_EXIT_CODE)), None)
-            return 1 if code is None else code if code > 0 else 128 - code
+            return 1 if code is None else supervise.exit_status(code)
 
 
 def _run_dir(config, stamp: str) -> str:

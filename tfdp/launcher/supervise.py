@@ -55,6 +55,12 @@ def signalled() -> str:
     return {signal.SIGHUP: "SIGHUP"}.get(SIGNALLED[0], "SIGTERM") if SIGNALLED else "SIGTERM"
 
 
+def exit_status(code: int) -> int:
+    """The launcher's exit status for a process's exit ``code``, as a shell reports it: killed
+    by signal N (``-N``), 128 + N."""
+    return code if code >= 0 else 128 - code
+
+
 def raise_if_signalled():
     if signal.SIGINT in SIGNALLED:
         raise KeyboardInterrupt()
@@ -93,7 +99,7 @@ def supervise(procs, poll_seconds, grace, going_on: int = 0):
                 return Left(lost)
             i, code = (lost or failed)[0]
             say(f"tfdp.launch: worker {i} exited with {code}; stopping the others")
-            return code if code > 0 else 128 - code  # Killed by signal N: 128 + N.
+            return exit_status(code)
         if all(c == 0 for c in codes):
             return 0
         time.sleep(poll_seconds)
@@ -144,7 +150,7 @@ def supervise_client(procs, specs, poll_seconds, restart=None) -> int:
         if code is not None:
             if code not in (0, PREEMPTED_EXIT_CODE):
                 say(f"tfdp.launch: the chief exited with {code}; stopping the workers")
-            return code if code >= 0 else 128 - code
+            return exit_status(code)
         time.sleep(poll_seconds)
 
 

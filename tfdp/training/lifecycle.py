@@ -120,9 +120,9 @@ def run(resolved, start_weights=None, splits=None, export: bool = True) -> Resul
                 logs.quiet_from_now_on("tensorflow")  # The one line below says it all.
                 why = type(e).__name__
                 raise LostContact(tf_config.lost_contact(why, path.peers, str(e.message),
-                                                       backups.steps())
-                                + (path.recorder.recorded(why) if path.recorder else "")
-                                ) from None
+                                                         backups.steps())
+                                  + (path.recorder.recorded(why) if path.recorder else "")
+                                  ) from None
             backups.clear()  # Signals are ignored by now (finish): the run is complete.
     return result
 

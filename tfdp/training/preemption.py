@@ -46,6 +46,8 @@ from tfdp.util.errors import Interrupted, Preempted
 HANGUP = signal.SIGHUP
 SIGNALS = (signal.SIGTERM, signal.SIGINT, HANGUP)
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", HANGUP: "SIGHUP"}
+
+
 def _taken(signum) -> bool:
     """Whether tfdp takes ``signum``: not SIGHUP where this process ignores it (``nohup``)."""
     return not (signum == HANGUP and signal.getsignal(HANGUP) == signal.SIG_IGN)

@@ -37,15 +37,24 @@ def naming_the_run(run_dir: str = None):
         _RERUN.pop()
 
 
+# The run lost its cluster, a peer gone or hung (sysexits.h EX_UNAVAILABLE): a launcher whose
+# group goes on tells the survivors of a loss from the worker lost by it.
+LOST_CONTACT_EXIT_CODE = 69
+
+
 class UserError(ValueError):
     """A mistake the user can fix; the message names the flag or file and what to do.
 
     ``tfdp.run`` raises it as it is (a ``ValueError``); the command line prints its message."""
 
+    exit_code = 1  # What the command line exits with.
+
 
 class LostContact(UserError):
     """The run lost contact with its cluster (``tfdp.cluster.tf_config.lost_contact`` says
-    who and what is kept); ``python -m tfdp.train`` exits with ``LOST_CONTACT_EXIT_CODE``."""
+    who and what is kept)."""
+
+    exit_code = LOST_CONTACT_EXIT_CODE
 
 
 class Diverged(UserError):
@@ -72,9 +81,6 @@ class Finished(UserError):
 
 # A second Ctrl-C stopped the run at once: 128 + SIGINT, as a shell reports it.
 INTERRUPTED_EXIT_CODE = 130
-# The run lost its cluster, a peer gone or hung (sysexits.h EX_UNAVAILABLE): a launcher whose
-# group goes on tells the survivors of a loss from the worker lost by it.
-LOST_CONTACT_EXIT_CODE = 69
 
 
 class Preempted(BaseException):
