@@ -19,6 +19,7 @@ from processes import backed_up, children, launch, run_module, tf_config_of, wai
 from same_model import served_logits
 from tfdp.bench import elastic
 from tfdp.config.settings import Config
+from tfdp.launcher.elastic import THE_CLIENTS, Group
 from tfdp.training import entry
 from tfdp.util.errors import UserError
 
@@ -101,21 +102,84 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
     assert not (tmp_path / "run" / "backup").exists()  # The departed workers' too.
     print(f"re-formed and resuming {took:.1f} s after the first loss; the last at {moment}")
 
-    reference = entry.train(Config(strategy="mirrored", num_gpus=2, data_dir=data_dir,
+    _serves_like_two_devices_never_interrupted(
+        tmp_path, data_dir, test_split, "mirrored", f"workers {lost} killed from step {seen}, one "
+        f"joined at step {joined}, the last lost at {moment}")
+
+
+@pytest.mark.cluster
+def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_model(
+        tmp_path, data_dir, test_split):
+    """The from-scratch path across machines, ``--num_workers=1:2``: its client and two
+    ``tfdp.server`` workers of one device each, and from outside a SIGKILL to a random server
+    once the client has backed up a random step of the first epoch: the client's step cannot
+    finish without it, so the launcher stops the client at once and the group re-forms with one
+    server (48 examples a step on its one device) from the client's newest backup; then SIGUSR1
+    to the launcher: the client saves its step and the group of two resumes from exactly it.
+    The model is the one two local devices train never interrupted, within 1e-9 in float64."""
+    run = launch(tmp_path, "manual", f"--data_dir={data_dir}", "--backup_every=4",
+                 *[f"--{k}={v}" for k, v in SETTINGS.items()],
+                 launcher=("--num_workers=1:2",), popen=True, stderr=subprocess.STDOUT)
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(run.stdout), daemon=True)
+    reader.start()
+    chosen = random.Random()
+    step = chosen.randrange(4, STEPS // 2)
+    wait_for(lambda: backed_up(tmp_path / "run") >= step or run.poll() is not None, 300,
+             f"the client's backup of step {step}")
+    seen = backed_up(tmp_path / "run")
+    servers = {task_of["task"]["index"]: pid for pid in children(run.pid)
+               if (task_of := tf_config_of(pid)) and task_of["task"]["type"] == "worker"}
+    assert sorted(servers) == [0, 1], servers
+    lost = chosen.choice([0, 1])
+    os.kill(servers[lost], signal.SIGKILL)
+    resumed = _resumed(run, out, 1, "chief")
+    assert resumed >= seen, (seen, "".join(out)[-3000:])
+    wait_for(lambda: backed_up(tmp_path / "run") > resumed + 3 or run.poll() is not None, 300,
+             f"the client's backup of a step after {resumed + 3}")
+    os.kill(run.pid, signal.SIGUSR1)  # One joins.
+    joined = _resumed(run, out, 2, "chief")
+    assert run.wait(300) == 0, "".join(out)[-3000:]
+    reader.join(10)
+    text = "".join(out)
+    assert re.search(rf"^tfdp\.launch: worker {lost} left \(exited with -9\); going on with 1 "
+                     r"of --num_workers=1:2: the group re-forms from the chief's newest backup, "
+                     r"at the same global batch$", text, re.M), text[-3000:]
+    assert "global batch 48 = 48 per replica" in text, text[-3000:]
+    assert re.search(r"^tfdp\.launch: a worker joins \(SIGUSR1\): the chief saves its step, "
+                     r"and the group re-forms from it with 2 of --num_workers=1:2$", text,
+                     re.M), text[-3000:]
+    saved = re.findall(r"^\[chief\] tfdp\.train: preempted \(SIGTERM\) at step (\d+): ", text,
+                       re.M)
+    assert saved == [str(joined)], (saved, joined, text[-3000:])  # Nothing lost by the join.
+    # Stopped at once, the survivor says nothing of a save it could not make.
+    assert "asking the chief" not in text, text[-3000:]
+    assert os.listdir(tmp_path / "export") == ["1"]
+    assert not (tmp_path / "run" / "backup").exists()
+
+    _serves_like_two_devices_never_interrupted(
+        tmp_path, data_dir, test_split, "manual",
+        f"server {lost} killed from step {seen}, one joined at step {joined}")
+
+
+def _serves_like_two_devices_never_interrupted(tmp_path, data_dir, test_split, strategy, what):
+    """The group's export serves, within 1e-9 in float64, the logits of ``strategy`` on two
+    local devices never interrupted (trained here, in the test process)."""
+    reference = entry.train(Config(strategy=strategy, num_gpus=2, data_dir=data_dir,
                                    workdir=str(tmp_path / "whole"),
                                    export_dir=str(tmp_path / "whole-export"), **SETTINGS))
     ours = served_logits(tmp_path / "export" / "1", test_split.images[:256])
     theirs = served_logits(reference.export_path, test_split.images[:256])
     assert np.abs(ours - theirs).max() <= 1e-9, (
-        f"workers {lost} killed from step {seen}, one joined at step {joined}, the last lost "
-        f"at {moment}: "
-        f"{np.abs(ours - theirs).max():.3g} away in the logits from two devices never "
+        f"{what}: {np.abs(ours - theirs).max():.3g} away in the logits from two devices never "
         "interrupted")
 
 
-def _resumed(run, out: list, times: int) -> int:
-    """The global step the group resumed at the ``times``-th time it re-formed."""
-    pattern = r"^\[0\] resuming at epoch \d/2, step \d+/24 \(global step (\d+)\)"
+def _resumed(run, out: list, times: int, reporter: str = "0") -> int:
+    """The global step the group resumed at the ``times``-th time it re-formed (as its
+    ``reporter`` says it: worker 0, or the client's ``chief``)."""
+    pattern = (rf"^\[{reporter}\] resuming at epoch \d/2, step \d+/24 "
+               r"\(global step (\d+)\)")
     wait_for(lambda: len(re.findall(pattern, "".join(out), re.M)) >= times
              or run.poll() is not None, 300, "the group to re-form")
     found = re.findall(pattern, "".join(out), re.M)
@@ -155,9 +219,42 @@ def test_the_workers_that_lost_contact_with_a_lost_one_are_counted_as_survivors(
     assert supervise.supervise([Ended(LOST_CONTACT)] * 2, 0.01, 1.0, going_on=1) == LOST_CONTACT
 
 
-def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_grows():
-    from tfdp.launcher.elastic import Group
+def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost():
+    """A from-scratch client's group (``supervise.supervise_client`` with ``going_on``): a
+    server killed is lost whether the client is still stepping or has already lost contact
+    with it (a launcher polling late finds both ended); a server that stopped because the
+    client finished (0) or saves for a preemption (75) is not; nor is any where fewer than
+    ``going_on`` would be left."""
+    from tfdp.launcher import supervise
+    from tfdp.util.errors import LOST_CONTACT_EXIT_CODE as LOST_CONTACT
+    from tfdp.util.errors import PREEMPTED_EXIT_CODE as PREEMPTED
 
+    class Ended:
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    roles = [SimpleNamespace(role=r) for r in ("chief", "worker 0", "worker 1")]
+    watch = lambda *codes, going_on=1: supervise.supervise_client(  # noqa: E731
+        [Ended(c) for c in codes], roles, 0.01, going_on=going_on)
+    assert watch(None, None, -9) == supervise.Left([(1, -9)])
+    assert watch(LOST_CONTACT, -9, None) == supervise.Left([(0, -9)])
+    assert watch(0, 0, 0) == 0
+    assert watch(PREEMPTED, PREEMPTED, None) == PREEMPTED
+    assert watch(LOST_CONTACT, -9, -9) == LOST_CONTACT  # None left to go on with.
+    assert watch(LOST_CONTACT, None, -9, going_on=2) == LOST_CONTACT
+    group = Group((1, 2), 0, "1:2", THE_CLIENTS)
+    assert group.lose([(1, -9)]) == [
+        "tfdp.launch: worker 1 left (exited with -9); going on with 1 of --num_workers=1:2: "
+        "the group re-forms from the chief's newest backup, at the same global batch"]
+    assert group.joining() == (True, "tfdp.launch: a worker joins (SIGUSR1): the chief saves "
+                                     "its step, and the group re-forms from it with 2 of "
+                                     "--num_workers=1:2")
+
+
+def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_grows():
     group = Group((2, 3), 1, "2:3")
     assert group.goes_on and group.survivors_needed() == 1 and not group.departed
     two_at_once = group.lose([(0, -9), (2, 1)])  # One started again, one gone: 2 left.
@@ -212,13 +309,9 @@ def _kill_a_worker(run, chosen, size: int, how=signal.SIGKILL) -> int:
 @pytest.mark.parametrize("launcher, train, line", [
     (["--num_workers=3:2"], ["--strategy=multi_worker"],
      "--num_workers=3:2: the workers must be a positive integer, or MIN:MAX with 1 <= MIN <= MAX"),
-    (["--num_workers=1:2"], ["--strategy=manual"],
-     "--num_workers=1:2 re-forms a --strategy=multi_worker group; --strategy=manual's workers "
-     "are tfdp.servers of one client: give a number"),
     (["--num_workers=1:2"], ["--strategy=parameter_server"],
-     "--num_workers=1:2 re-forms a --strategy=multi_worker group; --strategy=parameter_server's "
-     "workers are tfdp.servers of one client (a lost one is started again already): give a "
-     "number"),
+     "--num_workers=1:2 re-forms a --strategy=manual or multi_worker group; "
+     "--strategy=parameter_server: a lost worker is started again already; give a number"),
     (["--num_workers=1:2"], ["--strategy=multi_worker", "--per_replica_batch_size=32"],
      "--num_workers=1:2 keeps the global batch whatever the group's size, so that the model is "
      "the same: give the workers --batch_size (the global batch) instead of "
@@ -226,9 +319,14 @@ def _kill_a_worker(run, chosen, size: int, how=signal.SIGKILL) -> int:
     (["--num_workers=1:2"], ["--strategy=multi_worker", "--backup_every=0"],
      "--num_workers=1:2 re-forms the group from the newest backup: --backup_every=0 would redo "
      "whole epochs; give it steps or seconds"),
-    (["--num_workers=2", "--max_restarts=1"], ["--strategy=manual"],
-     "--max_restarts=1 re-forms a --strategy=multi_worker group; --strategy=manual's workers "
-     "are tfdp.servers of one client: leave --max_restarts out"),
+    (["--num_workers=2", "--max_restarts=1"], ["--strategy=parameter_server"],
+     "--max_restarts=1 re-forms a --strategy=manual or multi_worker group; "
+     "--strategy=parameter_server: a lost worker is started again already; leave "
+     "--max_restarts out"),
+    (["--num_workers=1:2"], ["--strategy=manual", "--per_replica_batch_size=32"],
+     "--num_workers=1:2 keeps the global batch whatever the group's size, so that the model is "
+     "the same: give the workers --batch_size (the global batch) instead of "
+     "--per_replica_batch_size"),
     (["--num_workers=2", "--max_restarts=2"], ["--strategy=multi_worker", "--backup_every=0"],
      "--max_restarts=2 re-forms the group from the newest backup: --backup_every=0 would redo "
      "whole epochs; give it steps or seconds"),

@@ -17,10 +17,10 @@ cores, prefixes each process's output, and waits. What it starts depends on the 
   meanwhile, and it rejoins), up to ``RESTARTS`` times.
 
 Faults: if a worker fails, the others are stopped and the launcher exits with its code; with
-``--max_restarts=N`` (multi_worker) the group re-forms with it started again instead, and with
-``--num_workers=MIN:MAX`` without it, while at least MIN are left; SIGUSR1 to the launcher then
-takes a worker back in, up to MAX, from one common step every worker saves
-(``tfdp.launcher.elastic``). SIGTERM
+``--max_restarts=N`` (multi_worker, and manual's servers) the group re-forms with it started
+again instead, and with ``--num_workers=MIN:MAX`` without it, while at least MIN are left;
+SIGUSR1 to the launcher then takes a worker back in, up to MAX, from one common step every
+worker (or manual's client) saves (``tfdp.launcher.elastic``). SIGTERM
 or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every worker saves the
 same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and so does the launcher; the same command
 resumes. A second Ctrl-C stops them at once (130). Workers die with the launcher whatever kills
@@ -32,6 +32,7 @@ with ``--link`` the rate of every host's link (``tfdp.launcher.emulated_hosts``)
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
   python -m tfdp.launch --num_workers=2:3 -- --strategy=multi_worker --backup_every=100
   python -m tfdp.launch --num_workers=2 --max_restarts=3 -- --strategy=multi_worker
+  python -m tfdp.launch --num_workers=1:2 -- --strategy=manual --backup_every=100
   python -m tfdp.launch --num_workers=3 --hosts --link=100mbit -- --strategy=multi_worker
   python -m tfdp.launch --num_workers=2 --hosts --link=1gbit -- --strategy=manual --allreduce=ring
   python -m tfdp.launch --num_workers=2 --num_ps=2 -- --strategy=parameter_server --ps_shards=2
@@ -48,14 +49,14 @@ from tfdp.launcher.local_cluster import launch
 
 flags.DEFINE_string("num_workers", "2", "Workers to start on this machine: tfdp.train processes "
                     "(multi_worker), or tfdp.server processes for one tfdp.train client (manual, "
-                    "parameter_server). multi_worker also takes MIN:MAX: MAX start, and when one "
-                    "is lost (killed, crashed) the group re-forms with the others from the "
-                    "newest backup, at the same global batch, while at least MIN are left; "
-                    "SIGUSR1 to the launcher takes one back in, up to MAX.")
-flags.DEFINE_integer("max_restarts", 0, "multi_worker: lost workers to start again, in all, "
-                     "as the group re-forms from the newest backup (a fixed --num_workers=N "
-                     "keeps N so); without restarts left, MIN:MAX goes on with fewer.",
-                     lower_bound=0)
+                    "parameter_server). multi_worker and manual also take MIN:MAX: MAX start, "
+                    "and when one is lost (killed, crashed) the group re-forms with the others "
+                    "from the newest backup, at the same global batch, while at least MIN are "
+                    "left; SIGUSR1 to the launcher takes one back in, up to MAX.")
+flags.DEFINE_integer("max_restarts", 0, "multi_worker and manual: lost workers to start again, "
+                     "in all, as the group re-forms from the newest backup (a fixed "
+                     "--num_workers=N keeps N so); without restarts left, MIN:MAX goes on with "
+                     "fewer.", lower_bound=0)
 flags.DEFINE_integer("num_ps", None, "--strategy=parameter_server: parameter servers to start "
                      "(tfdp.server ps tasks; default 1).")
 flags.DEFINE_boolean("isolate", True, "Run the workers in a private network namespace (loopback "

@@ -1,17 +1,19 @@
-"""``--num_workers=MIN:MAX`` and ``--max_restarts=N``: a ``multi_worker`` group that goes on
-when a worker is lost.
+"""``--num_workers=MIN:MAX`` and ``--max_restarts=N``: a group that goes on when a worker is
+lost, on the paths that regroup (``tfdp.paths.Path.regroups``): ``multi_worker``'s workers, and
+the ``tfdp.server`` workers of the from-scratch client.
 
-The launcher starts MAX workers. When one dies (killed, crashed) or hangs (its peers' watchdog
-gives up on it: ``tfdp.launcher.supervise.hung``), the group re-forms without the user: the
-survivors are stopped at once (TensorFlow cannot take a worker out of a
-``MultiWorkerMirroredStrategy`` group in place, and their collectives wait for the lost one),
-and the launcher starts the group again in the same run folder, from the newest backup every
-worker has (``--backup_every`` bounds what is redone): with the lost worker started again while
-``--max_restarts`` allows (torchrun's name: a worker that returns), else one worker fewer, while
-at least MIN are left. SIGUSR1 to the launcher takes a worker in while the group trains, up to
-MAX: every worker saves one common step and stops, as for a preemption, and the group re-forms
-from that step one larger, the newcomer starting from a copy of worker 0's backup (nothing is
-trained again).
+The launcher starts MAX workers. When one dies (killed, crashed) or, on ``multi_worker``, hangs
+(its peers' watchdog gives up on it: ``tfdp.launcher.supervise.hung``), the group re-forms
+without the user: the survivors are stopped at once (TensorFlow cannot take a worker out of a
+``MultiWorkerMirroredStrategy`` group in place, and their collectives wait for the lost one; the
+from-scratch client's step runs on every server's devices and cannot finish without one), and
+the launcher starts the group again in the same run folder, from the newest backup every worker
+has (the client's, where a client keeps them: ``--backup_every`` bounds what is redone): with
+the lost worker started again while ``--max_restarts`` allows (torchrun's name: a worker that
+returns), else one worker fewer, while at least MIN are left. SIGUSR1 to the launcher takes a
+worker in while the group trains, up to MAX: the workers (or the client) save one common step
+and stop, as for a preemption, and the group re-forms from that step one larger, a joining
+``multi_worker`` worker starting from a copy of worker 0's backup (nothing is trained again).
 
 The model stays the one an uninterrupted run trains: ``--batch_size`` is the global batch, so
 the per-replica batches grow to keep it, and the data order is a function of the seed and the
@@ -27,10 +29,11 @@ from tfdp import paths
 from tfdp.config.checks import parse_interval
 from tfdp.config.settings import GROUP_GOES_ON_ENV, Config
 
-# How each lost worker is said, and what the group does next.
+# How each lost worker is said, and what the group does next; ``{kept}``: whose backup.
 LEFT = ("tfdp.launch: worker {index} left ({why}); going on with {size} of "
-        "--num_workers={asked}: the group re-forms from the newest backup every worker has, "
-        "at the same global batch")
+        "--num_workers={asked}: the group re-forms from {kept}, at the same global batch")
+EVERY_WORKERS = "the newest backup every worker has"
+THE_CLIENTS = "the chief's newest backup"
 
 
 def sizes(num_workers) -> Tuple[Optional[tuple], str]:
@@ -57,11 +60,12 @@ def refusal(low: int, high: int, config: Config, hosts: bool, restarts: int = 0)
     asked, mend = ((f"--num_workers={low}:{high}", "give a number") if low < high else
                    (f"--max_restarts={restarts}", "leave --max_restarts out"))
     path = paths.get(config.strategy)
-    if path.cluster != paths.WORKERS:
-        again = " (a lost one is started again already)" if path.restart_lost_workers else ""
-        return (f"{asked} re-forms a --strategy=multi_worker group; "
-                f"--strategy={config.strategy}'s workers are tfdp.servers of one client{again}: "
-                f"{mend}")
+    if not path.regroups:
+        regrouping = [p.name for p in paths.all_paths() if p.regroups]
+        why = ("a lost worker is started again already" if path.restart_lost_workers else
+               "its cluster cannot re-form")
+        return (f"{asked} re-forms a --strategy={paths.either(regrouping)} group; "
+                f"--strategy={config.strategy}: {why}; {mend}")
     if hosts:
         return (f"{asked} with --hosts: an emulated host whose link is cut keeps its worker "
                 f"alive, and the group cannot yet tell it from a slow one; {mend}")
@@ -76,13 +80,14 @@ def refusal(low: int, high: int, config: Config, hosts: bool, restarts: int = 0)
 
 
 class Group:
-    """A multi_worker group's size as workers are lost: each started again while
-    ``--max_restarts`` allows, else gone while at least MIN are left (``asked``: the
-    ``--num_workers`` given)."""
+    """A group's size as workers are lost: each started again while ``--max_restarts`` allows,
+    else gone while at least MIN are left (``asked``: the ``--num_workers`` given; ``kept``:
+    whose backup it re-forms from, ``EVERY_WORKERS`` or ``THE_CLIENTS``)."""
 
-    def __init__(self, size_range: tuple, restarts: int, asked: str):
+    def __init__(self, size_range: tuple, restarts: int, asked: str, kept: str = EVERY_WORKERS):
         (self.fewest, self.most), self.size = size_range, size_range[1]
         self.restarts, self.restarts_left, self.asked = restarts, restarts, asked
+        self.kept = kept
 
     @property
     def goes_on(self) -> bool:
@@ -105,7 +110,7 @@ class Group:
         self.restarts_left -= back
         self.size += back - len(failed)
         return [left_line(index, code, self.size, self.asked, used + n + 1 if n < back else 0,
-                          self.restarts) for n, (index, code) in enumerate(failed)]
+                          self.restarts, self.kept) for n, (index, code) in enumerate(failed)]
 
     def joining(self) -> tuple:
         """A worker asks to join (SIGUSR1 to the launcher): (whether the group has room for it,
@@ -113,9 +118,10 @@ class Group:
         if self.size >= self.most:
             return False, (f"tfdp.launch: a worker asked to join (SIGUSR1); the group has "
                            f"--num_workers={self.asked}'s {self.most} already")
-        return True, (f"tfdp.launch: a worker joins (SIGUSR1): every worker saves one common "
-                      f"step, and the group re-forms from it with {self.size + 1} of "
-                      f"--num_workers={self.asked}")
+        saves = ("the chief saves its step" if self.kept == THE_CLIENTS else
+                 "every worker saves one common step")
+        return True, (f"tfdp.launch: a worker joins (SIGUSR1): {saves}, and the group re-forms "
+                      f"from it with {self.size + 1} of --num_workers={self.asked}")
 
     def grow(self) -> None:
         self.size += 1
@@ -131,15 +137,15 @@ class Group:
 
 
 def left_line(index: int, code: int, size: int, asked: str, again: int = 0,
-              restarts: int = 0) -> str:
+              restarts: int = 0, kept: str = EVERY_WORKERS) -> str:
     """The launcher's line for a lost worker: the group goes on without it, or with it started
-    again (``again``: the how-manieth of ``--max_restarts``'s ``restarts``)."""
+    again (``again``: the how-manieth of ``--max_restarts``'s ``restarts``), from ``kept``."""
     why = "hung: its peers lost contact with it" if code is None else f"exited with {code}"
     if again:
         return (f"tfdp.launch: worker {index} left ({why}); starting it again "
-                f"({again}/{restarts} of --max_restarts): the group of {size} re-forms from the "
-                "newest backup every worker has")
-    return LEFT.format(index=index, why=why, size=size, asked=asked)
+                f"({again}/{restarts} of --max_restarts): the group of {size} re-forms from "
+                f"{kept}")
+    return LEFT.format(index=index, why=why, size=size, asked=asked, kept=kept)
 
 
 def seed_the_joiner(run_dir: str, index: int) -> None:

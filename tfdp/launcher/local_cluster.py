@@ -49,7 +49,8 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
     path = paths.get(config.strategy)
     client = path.cluster == paths.CLIENT
     num_ps = (num_ps or 1) if path.parameter_servers else 0
-    num_workers, group = size_range[1], elastic.Group(size_range, max_restarts, asked)
+    num_workers, group = size_range[1], elastic.Group(
+        size_range, max_restarts, asked, elastic.THE_CLIENTS if client else elastic.EVERY_WORKERS)
     # The client (chief) of the manual and parameter-server paths is a host too.
     count = num_workers + num_ps + client
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
@@ -101,23 +102,29 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
             procs[:] = [start(host) for host in range(len(specs))]
             say(f"tfdp.launch: {_summary(specs)} {where}")
             supervise.raise_if_signalled()
-            if client:
+            if client and not group.goes_on:
                 restart = start if path.restart_lost_workers else None
                 return supervise.supervise_client(procs, specs, POLL_SECONDS, restart)
-            ended = _supervise_group(procs, group)
-            if ended is None:  # Grown: every worker saved one common step and stopped.
-                elastic.seed_the_joiner(_run_dir(config, stamp), group.size - 1)
+            ended = _supervise_group(procs, specs, group, client)
+            roles = [spec.role for spec in specs]
+            if ended is None:  # Grown: the workers (or the client) saved one step and stopped.
+                if client:  # Its servers stop once it has gone.
+                    supervise.stop(procs, roles)
+                else:
+                    elastic.seed_the_joiner(_run_dir(config, stamp), group.size - 1)
             elif not isinstance(ended, supervise.Left):
-                if ended == 0 and group.departed:
+                if ended == 0 and group.departed and not client:
                     elastic.clear_departed(_run_dir(config, stamp), group.size)
                 return ended
             else:
                 for line in group.lose(ended.failed):
                     say(line)
-                # Their collectives wait for the lost worker: nothing more to save.
-                supervise.stop(procs, [spec.role for spec in specs], grace=0)
-            addresses = [f"127.0.0.1:{port}" for port in free_ports(group.size)]
-            specs[:] = processes(config, group.size, train_args, addresses, None, stamp, live)
+                # Their collectives (the client's step) wait for the lost worker: nothing more
+                # to save.
+                supervise.stop(procs, roles, grace=0)
+            addresses = [f"127.0.0.1:{port}" for port in free_ports(group.size + client)]
+            chief = addresses.pop(0) if client else None
+            specs[:] = processes(config, group.size, train_args, addresses, chief, stamp, live)
     except (KeyboardInterrupt, supervise.Terminated) as stop:
         interrupted = isinstance(stop, KeyboardInterrupt)
         say(f"tfdp.launch: {'interrupted' if interrupted else supervise.signalled()}; asking the "
@@ -148,12 +155,16 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
                 f"backup are lost; {errors.rerun_in(folder)} to resume from it")
 
 
-def _supervise_group(procs, group: elastic.Group):
-    """``supervise.supervise`` of a multi_worker group, which a worker may join (SIGUSR1): the
-    group's exit code, a ``supervise.Left``, or None once it has grown (every worker saved one
-    common step and stopped, as for a preemption)."""
+def _supervise_group(procs, specs, group: elastic.Group, client: bool):
+    """The supervision of a group that regroups (``multi_worker``'s workers, or a client's
+    servers), which a worker may join (SIGUSR1): the group's exit code, a ``supervise.Left``,
+    or None once it has grown (every worker, or the client, saved one common step and stopped,
+    as for a preemption)."""
     while True:
         try:
+            if client:
+                return supervise.supervise_client(procs, specs, POLL_SECONDS,
+                                                  going_on=group.survivors_needed())
             return supervise.supervise(procs, POLL_SECONDS, PREEMPT_GRACE,
                                        going_on=group.survivors_needed())
         except supervise.Join:
@@ -161,7 +172,8 @@ def _supervise_group(procs, group: elastic.Group):
             say(line)
             if not room:
                 continue
-            codes = supervise.preempt(procs, PREEMPT_GRACE)
+            # The client saves what it reads from its servers: they stay up until it has.
+            codes = supervise.preempt(procs[:1] if client else procs, PREEMPT_GRACE)
             if set(codes) == {PREEMPTED_EXIT_CODE}:
                 group.grow()
                 return None

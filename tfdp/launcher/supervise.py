@@ -125,15 +125,27 @@ def hung(procs) -> list:
     return [(i, None) for i, p in enumerate(procs) if p.poll() is None]
 
 
-def supervise_client(procs, specs, poll_seconds, restart=None) -> int:
+def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0):
     """The manual and parameter-server paths: the client (``procs[0]``) decides; a server that
     ends first is said once (the client finds out and says what it means for the run). With
     ``restart`` (``restart(i) -> Popen``), a worker that ends is started again instead, up to
-    ``RESTARTS`` times each."""
+    ``RESTARTS`` times each. Where ``going_on`` servers may go on without those that ended (a
+    group that regroups, and that many left): ``Left``, the servers' indexes among the
+    workers."""
     reported, restarts = set(), {}
     while True:
         raise_if_signalled()
+        if JOINING:
+            JOINING.clear()
+            raise Join()
         code = procs[0].poll()
+        if going_on and code in (None, LOST_CONTACT_EXIT_CODE):
+            # The client's step needs every server. One that stopped on its own (0: the client
+            # has finished; 75: a preemption the client saves for) is not lost.
+            ended = [(i - 1, c) for i, c in enumerate((p.poll() for p in procs[1:]), 1)
+                     if c not in (None, 0, PREEMPTED_EXIT_CODE)]
+            if ended and len(procs) - 1 - len(ended) >= going_on:
+                return Left(ended)
         for i, proc in enumerate(procs[1:], 1):  # Before the chief's end: it may be why.
             if i in reported or proc.poll() is None or code is not None:
                 continue
@@ -183,8 +195,10 @@ def wait(procs, grace) -> list:
 
 
 def stop(procs, roles, grace: float = 5.0):
-    """SIGTERM every process still running, SIGKILL those alive ``grace`` seconds later."""
-    for i, code in enumerate(preempt(procs, grace)):
+    """SIGTERM every process still running, SIGKILL those alive ``grace`` seconds later (at once
+    with no ``grace``: a SIGTERM would ask them to save a step they cannot finish, and their
+    lines would say so)."""
+    for i, code in enumerate(preempt(procs, grace) if grace else [p.poll() for p in procs]):
         if code is None:
             if grace:
                 say(f"tfdp.launch: {roles[i]} did not stop; killing it")

@@ -59,6 +59,9 @@ class Path:
     program: str = "tfdp.train"
     parameter_servers: bool = False     # its cluster has ps tasks (--num_ps)
     restart_lost_workers: bool = False  # the launcher restarts a worker that died
+    # tfdp.launch re-forms its cluster without a lost worker, from the newest backup
+    # (--num_workers=MIN:MAX, --max_restarts: tfdp.launcher.elastic)
+    regroups: bool = False
     # The tf.distribute strategy a Keras fit path trains under (KERAS_STRATEGIES), or "".
     keras_strategy: str = ""
     # What tfdp.bench's path:k counts: devices of one process, or launched workers.

@@ -48,7 +48,8 @@ def under_tf_distribute(name: str, summary: str, **cluster) -> Path:
 
 under_tf_distribute("mirrored", "Keras fit under MirroredStrategy", keras_strategy=MIRRORED)
 under_tf_distribute("multi_worker", "Keras fit under MultiWorkerMirroredStrategy (TF_CONFIG)",
-                    keras_strategy=MULTI_WORKER_MIRRORED, cluster=WORKERS, scales_by="workers")
+                    keras_strategy=MULTI_WORKER_MIRRORED, cluster=WORKERS, scales_by="workers",
+                    regroups=True)
 register(Path(
     name="plain",
     summary="Keras fit on one device with no tf.distribute strategy (the baseline)",

@@ -29,6 +29,7 @@ register(Path(
             "TF_CONFIG names them)",
     trainer="tfdp.paths.manual.trainer:FromScratchPath",
     cluster=CLIENT,
+    regroups=True,
     program="tfdp.train --strategy=manual (the client; its workers run python -m tfdp.server)",
     own_flags={
         "allreduce": OwnFlag((algorithms.DEFAULT,), ITS_ALLREDUCE, TENSORFLOWS_WAY,
