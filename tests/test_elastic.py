@@ -115,10 +115,13 @@ def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_m
     once the client has backed up a random step of the first epoch: the client's step cannot
     finish without it, so the launcher stops the client at once and the group re-forms with one
     server (48 examples a step on its one device) from the client's newest backup; then SIGUSR1
-    to the launcher: the client saves its step and the group of two resumes from exactly it.
-    The model is the one two local devices train never interrupted, within 1e-9 in float64."""
+    to the launcher: the client saves its step and the group of two resumes from exactly it;
+    then a SIGSTOP to a random server in the last steps (hung: the client's watchdog,
+    --collective_timeout=20, gives up on it, while training or exporting, and the group goes
+    on with one fresh server, which trains the rest or exports). The model is the one two
+    local devices train never interrupted, within 1e-9 in float64."""
     run = launch(tmp_path, "manual", f"--data_dir={data_dir}", "--backup_every=4",
-                 *[f"--{k}={v}" for k, v in SETTINGS.items()],
+                 "--collective_timeout=20", *[f"--{k}={v}" for k, v in SETTINGS.items()],
                  launcher=("--num_workers=1:2",), popen=True, stderr=subprocess.STDOUT)
     out = []
     reader = threading.Thread(target=lambda: out.extend(run.stdout), daemon=True)
@@ -128,23 +131,29 @@ def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_m
     wait_for(lambda: backed_up(tmp_path / "run") >= step or run.poll() is not None, 300,
              f"the client's backup of step {step}")
     seen = backed_up(tmp_path / "run")
-    servers = {task_of["task"]["index"]: pid for pid in children(run.pid)
-               if (task_of := tf_config_of(pid)) and task_of["task"]["type"] == "worker"}
-    assert sorted(servers) == [0, 1], servers
-    lost = chosen.choice([0, 1])
-    os.kill(servers[lost], signal.SIGKILL)
+    lost = [_signal_a_server(run, chosen, signal.SIGKILL)]
     resumed = _resumed(run, out, 1, "chief")
     assert resumed >= seen, (seen, "".join(out)[-3000:])
     wait_for(lambda: backed_up(tmp_path / "run") > resumed + 3 or run.poll() is not None, 300,
              f"the client's backup of a step after {resumed + 3}")
     os.kill(run.pid, signal.SIGUSR1)  # One joins.
     joined = _resumed(run, out, 2, "chief")
+    wait_for(lambda: backed_up(tmp_path / "run") > joined + 3 or run.poll() is not None, 300,
+             f"the client's backup of a step after {joined + 3}")
+    lost.append(_signal_a_server(run, chosen, signal.SIGSTOP))  # Hung: on with one.
     assert run.wait(300) == 0, "".join(out)[-3000:]
     reader.join(10)
     text = "".join(out)
-    assert re.search(rf"^tfdp\.launch: worker {lost} left \(exited with -9\); going on with 1 "
-                     r"of --num_workers=1:2: the group re-forms from the chief's newest backup, "
-                     r"at the same global batch$", text, re.M), text[-3000:]
+    for index, why in zip(lost, ("exited with -9", "hung: the chief lost contact with it")):
+        assert re.search(rf"^tfdp\.launch: worker {index} left \({why}\); going on with 1 of "
+                         r"--num_workers=1:2: the group re-forms from the chief's newest "
+                         r"backup, at the same global batch$", text, re.M), text[-3000:]
+    assert re.search(r"^\[chief\] tfdp\.train: error: lost contact with the cluster .*not "
+                     r"answering now .*: tfdp\.launch --num_workers=1:2 re-forms the group",
+                     text, re.M), text[-3000:]
+    # The stop lands in the last steps or the export: the third resume, at a step or of a run
+    # that finished training, exports.
+    assert len(re.findall(r"^\[chief\] resuming ", text, re.M)) == 3, text[-3000:]
     assert "global batch 48 = 48 per replica" in text, text[-3000:]
     assert re.search(r"^tfdp\.launch: a worker joins \(SIGUSR1\): the chief saves its step, "
                      r"and the group re-forms from it with 2 of --num_workers=1:2$", text,
@@ -159,7 +168,18 @@ def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_m
 
     _serves_like_two_devices_never_interrupted(
         tmp_path, data_dir, test_split, "manual",
-        f"server {lost} killed from step {seen}, one joined at step {joined}")
+        f"server {lost[0]} killed from step {seen}, one joined at step {joined}, server "
+        f"{lost[1]} stopped later")
+
+
+def _signal_a_server(run, chosen, how) -> int:
+    """Send ``how`` to a random one of the client's two ``tfdp.server`` workers: its index."""
+    servers = {task_of["task"]["index"]: pid for pid in children(run.pid)
+               if (task_of := tf_config_of(pid)) and task_of["task"]["type"] == "worker"}
+    assert sorted(servers) == [0, 1], servers
+    victim = chosen.choice(sorted(servers))
+    os.kill(servers[victim], how)
+    return victim
 
 
 def _serves_like_two_devices_never_interrupted(tmp_path, data_dir, test_split, strategy, what):
@@ -219,7 +239,7 @@ def test_the_workers_that_lost_contact_with_a_lost_one_are_counted_as_survivors(
     assert supervise.supervise([Ended(LOST_CONTACT)] * 2, 0.01, 1.0, going_on=1) == LOST_CONTACT
 
 
-def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost():
+def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost(monkeypatch):
     """A from-scratch client's group (``supervise.supervise_client`` with ``going_on``): a
     server killed is lost whether the client is still stepping or has already lost contact
     with it (a launcher polling late finds both ended); a server that stopped because the
@@ -245,6 +265,14 @@ def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost():
     assert watch(PREEMPTED, PREEMPTED, None) == PREEMPTED
     assert watch(LOST_CONTACT, -9, -9) == LOST_CONTACT  # None left to go on with.
     assert watch(LOST_CONTACT, None, -9, going_on=2) == LOST_CONTACT
+    # The client lost contact while both servers run: the one stopped by a signal hung, else
+    # one it cannot name.
+    stopped = Ended(None)
+    monkeypatch.setattr(supervise, "_stopped", lambda proc: proc is stopped)
+    assert supervise.supervise_client([Ended(LOST_CONTACT), Ended(None), stopped], roles, 0.01,
+                                      going_on=1) == supervise.Left([(1, None)])
+    assert watch(LOST_CONTACT, None, None) == supervise.Left([(None, None)])
+    assert watch(LOST_CONTACT, None, None, going_on=2) == LOST_CONTACT
     group = Group((1, 2), 0, "1:2", THE_CLIENTS)
     assert group.lose([(1, -9)]) == [
         "tfdp.launch: worker 1 left (exited with -9); going on with 1 of --num_workers=1:2: "
@@ -252,6 +280,9 @@ def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost():
     assert group.joining() == (True, "tfdp.launch: a worker joins (SIGUSR1): the chief saves "
                                      "its step, and the group re-forms from it with 2 of "
                                      "--num_workers=1:2")
+    group.grow()
+    assert group.lose([(None, None)])[0].startswith(
+        "tfdp.launch: a worker left (hung: the chief lost contact with it); going on with 1 of ")
 
 
 def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_grows():

@@ -30,7 +30,7 @@ from tfdp.config.checks import parse_interval
 from tfdp.config.settings import GROUP_GOES_ON_ENV, Config
 
 # How each lost worker is said, and what the group does next; ``{kept}``: whose backup.
-LEFT = ("tfdp.launch: worker {index} left ({why}); going on with {size} of "
+LEFT = ("tfdp.launch: {who} left ({why}); going on with {size} of "
         "--num_workers={asked}: the group re-forms from {kept}, at the same global batch")
 EVERY_WORKERS = "the newest backup every worker has"
 THE_CLIENTS = "the chief's newest backup"
@@ -139,13 +139,16 @@ class Group:
 def left_line(index: int, code: int, size: int, asked: str, again: int = 0,
               restarts: int = 0, kept: str = EVERY_WORKERS) -> str:
     """The launcher's line for a lost worker: the group goes on without it, or with it started
-    again (``again``: the how-manieth of ``--max_restarts``'s ``restarts``), from ``kept``."""
-    why = "hung: its peers lost contact with it" if code is None else f"exited with {code}"
+    again (``again``: the how-manieth of ``--max_restarts``'s ``restarts``), from ``kept``;
+    ``index`` None: a worker the launcher cannot name (one of a client's servers hung)."""
+    peers = "the chief" if kept == THE_CLIENTS else "its peers"
+    why = f"hung: {peers} lost contact with it" if code is None else f"exited with {code}"
+    who = "a worker" if index is None else f"worker {index}"
     if again:
-        return (f"tfdp.launch: worker {index} left ({why}); starting it again "
+        return (f"tfdp.launch: {who} left ({why}); starting it again "
                 f"({again}/{restarts} of --max_restarts): the group of {size} re-forms from "
                 f"{kept}")
-    return LEFT.format(index=index, why=why, size=size, asked=asked, kept=kept)
+    return LEFT.format(who=who, why=why, size=size, asked=asked, kept=kept)
 
 
 def seed_the_joiner(run_dir: str, index: int) -> None:

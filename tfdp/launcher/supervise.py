@@ -131,7 +131,10 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
     ``restart`` (``restart(i) -> Popen``), a worker that ends is started again instead, up to
     ``RESTARTS`` times each. Where ``going_on`` servers may go on without those that ended (a
     group that regroups, and that many left): ``Left``, the servers' indexes among the
-    workers."""
+    workers; and where the client lost contact (its watchdog) while every server runs, one of
+    them hung: ``Left`` with those stopped by a signal (``(i, None)``), else ``(None, None)``,
+    a server it cannot name. The servers hold nothing of the run (the client keeps its state),
+    so the group re-forms from fresh ones whichever it was."""
     reported, restarts = set(), {}
     while True:
         raise_if_signalled()
@@ -146,6 +149,10 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
                      if c not in (None, 0, PREEMPTED_EXIT_CODE)]
             if ended and len(procs) - 1 - len(ended) >= going_on:
                 return Left(ended)
+            if not ended and code == LOST_CONTACT_EXIT_CODE and len(procs) - 2 >= going_on:
+                stopped = [(i - 1, None) for i, p in enumerate(procs[1:], 1) if _stopped(p)]
+                if len(procs) - 1 - len(stopped) >= going_on:
+                    return Left(stopped or [(None, None)])
         for i, proc in enumerate(procs[1:], 1):  # Before the chief's end: it may be why.
             if i in reported or proc.poll() is None or code is not None:
                 continue
@@ -164,6 +171,16 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
                 say(f"tfdp.launch: the chief exited with {code}; stopping the workers")
             return exit_status(code)
         time.sleep(poll_seconds)
+
+
+def _stopped(proc) -> bool:
+    """Whether ``proc`` is stopped by a signal (SIGSTOP, a debugger): its state in
+    /proc/<pid>/stat (False where that cannot be read)."""
+    try:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def preempt(procs, grace) -> list:

@@ -13,7 +13,7 @@ to watch, no servers to trace and no flight recorder.
 import abc
 from typing import Callable, Optional, Sequence
 
-from tfdp.cluster.stall import Stall
+from tfdp.cluster.stall import Stall, watching
 from tfdp.trace.flight_recorder import FlightRecorder
 from tfdp.training.state import TrainingState
 
@@ -68,9 +68,13 @@ class TrainingPath(abc.ABC):
     def export(self, config) -> Optional[str]:
         """Write the trained model's next version under ``config.export_root`` with the serving
         contract and ``--export_formats`` (``tfdp.export.saved_model``); return its folder.
-        A path whose workers all take part in saving says so by overriding this."""
+        A path whose workers all take part in saving says so by overriding this. Watched for a
+        stall like every call into a cluster: saving waits for every executor of the eager
+        context, a hung worker's too."""
         from tfdp.export import saved_model
 
-        return saved_model.export(self.serving_model(config.precision), config.export_root,
-                                  config.export_formats, lambda: self.serving_model("float32"),
-                                  config.eval_flip, self.dataset.class_names)
+        with watching(self.stall, "exporting the trained model"):
+            return saved_model.export(self.serving_model(config.precision), config.export_root,
+                                      config.export_formats,
+                                      lambda: self.serving_model("float32"), config.eval_flip,
+                                      self.dataset.class_names)
