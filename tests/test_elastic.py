@@ -116,7 +116,7 @@ def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_m
     finish without it, so the launcher stops the client at once and the group re-forms with one
     server (48 examples a step on its one device) from the client's newest backup; then SIGUSR1
     to the launcher: the client saves its step and the group of two resumes from exactly it;
-    then a SIGSTOP to a random server in the last steps (hung: the client's watchdog,
+    then a SIGSTOP to a random server as soon as they train (hung: the client's watchdog,
     --collective_timeout=20, gives up on it, while training or exporting, and the group goes
     on with one fresh server, which trains the rest or exports). The model is the one two
     local devices train never interrupted, within 1e-9 in float64."""
@@ -138,8 +138,8 @@ def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_m
              f"the client's backup of a step after {resumed + 3}")
     os.kill(run.pid, signal.SIGUSR1)  # One joins.
     joined = _resumed(run, out, 2, "chief")
-    wait_for(lambda: backed_up(tmp_path / "run") > joined + 3 or run.poll() is not None, 300,
-             f"the client's backup of a step after {joined + 3}")
+    # The group of two trains (its servers answered before the resume line): a server stopped
+    # now hangs in training, an evaluation or the export, wherever the client has got to.
     lost.append(_signal_a_server(run, chosen, signal.SIGSTOP))  # Hung: on with one.
     assert run.wait(300) == 0, "".join(out)[-3000:]
     reader.join(10)
@@ -198,8 +198,8 @@ def _serves_like_two_devices_never_interrupted(tmp_path, data_dir, test_split, s
 def _resumed(run, out: list, times: int, reporter: str = "0") -> int:
     """The global step the group resumed at the ``times``-th time it re-formed (as its
     ``reporter`` says it: worker 0, or the client's ``chief``)."""
-    pattern = (rf"^\[{reporter}\] resuming at epoch \d/2, step \d+/24 "
-               r"\(global step (\d+)\)")
+    pattern = (rf"^\[{reporter}\] resuming (?:at epoch \d/2, step \d+/24 \(global step "
+               r"|a run that finished training \()(\d+)")
     wait_for(lambda: len(re.findall(pattern, "".join(out), re.M)) >= times
              or run.poll() is not None, 300, "the group to re-form")
     found = re.findall(pattern, "".join(out), re.M)
