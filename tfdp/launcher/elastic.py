@@ -2,18 +2,19 @@
 lost, on the paths that regroup (``tfdp.paths.Path.regroups``): ``multi_worker``'s workers, and
 the ``tfdp.server`` workers of the from-scratch client.
 
-The launcher starts MAX workers. When one dies (killed, crashed) or, on ``multi_worker``, hangs
-(its peers' watchdog gives up on it: ``tfdp.launcher.supervise.hung``), the group re-forms
-without the user: the survivors are stopped at once (TensorFlow cannot take a worker out of a
-``MultiWorkerMirroredStrategy`` group in place, and their collectives wait for the lost one; the
-from-scratch client's step runs on every server's devices and cannot finish without one), and
-the launcher starts the group again in the same run folder, from the newest backup every worker
-has (the client's, where a client keeps them: ``--backup_every`` bounds what is redone): with
-the lost worker started again while ``--max_restarts`` allows (torchrun's name: a worker that
-returns), else one worker fewer, while at least MIN are left. SIGUSR1 to the launcher takes a
-worker in while the group trains, up to MAX: the workers (or the client) save one common step
-and stop, as for a preemption, and the group re-forms from that step one larger, a joining
-``multi_worker`` worker starting from a copy of worker 0's backup (nothing is trained again).
+The launcher starts MAX workers. When one dies (killed, crashed) or hangs (its peers' watchdog,
+or the client's, gives up on it: ``tfdp.launcher.supervise.hung``, ``supervise_client``), the
+group re-forms without the user: the survivors are stopped at once (TensorFlow cannot take a
+worker out of a ``MultiWorkerMirroredStrategy`` group in place, and their collectives wait for
+the lost one; the from-scratch client's step runs on every server's devices and cannot finish
+without one), and the launcher starts the group again in the same run folder, from the newest
+backup every worker has (the client's, where a client keeps them: ``--backup_every`` bounds what
+is redone): with the lost worker started again while ``--max_restarts`` allows (torchrun's name:
+a worker that returns), else one worker fewer, while at least MIN are left. SIGUSR1 to the
+launcher takes a worker in while the group trains, up to MAX: the workers (or the client) save
+one common step and stop, as for a preemption, and the group re-forms from that step one larger,
+a joining ``multi_worker`` worker starting from a copy of worker 0's backup (nothing is trained
+again).
 
 The model stays the one an uninterrupted run trains: ``--batch_size`` is the global batch, so
 the per-replica batches grow to keep it, and the data order is a function of the seed and the
