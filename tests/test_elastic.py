@@ -1,8 +1,7 @@
 """``python -m tfdp.launch --num_workers=MIN:MAX``: a multi_worker group, or a from-scratch
 client's servers, that loses workers goes on with the others, without the user, and ends on the
 model of a run never interrupted (float64), since the global batch and the data order stay the
-run's. Real processes, real
-SIGKILLs from outside to random workers at random moments."""
+run's. Real processes, real signals from outside to random workers at random moments."""
 
 import json
 import os
