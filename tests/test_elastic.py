@@ -19,7 +19,7 @@ from processes import backed_up, children, launch, run_module, tf_config_of, wai
 from same_model import served_logits
 from tfdp.bench import elastic
 from tfdp.config.settings import Config
-from tfdp.launcher.elastic import THE_CLIENTS, Group
+from tfdp.launcher.elastic import Group
 from tfdp.training import entry
 from tfdp.util.errors import UserError
 
@@ -273,7 +273,7 @@ def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost(monk
                                       going_on=1) == supervise.Left([(1, None)])
     assert watch(LOST_CONTACT, None, None) == supervise.Left([(None, None)])
     assert watch(LOST_CONTACT, None, None, going_on=2) == LOST_CONTACT
-    group = Group((1, 2), 0, "1:2", THE_CLIENTS)
+    group = Group((1, 2), 0, "1:2", client=True)
     assert group.lose([(1, -9)]) == [
         "tfdp.launch: worker 1 left (exited with -9); going on with 1 of --num_workers=1:2: "
         "the group re-forms from the chief's newest backup, at the same global batch"]

@@ -33,8 +33,6 @@ from tfdp.config.settings import GROUP_GOES_ON_ENV, Config
 # How each lost worker is said, and what the group does next; ``{kept}``: whose backup.
 LEFT = ("tfdp.launch: {who} left ({why}); going on with {size} of "
         "--num_workers={asked}: the group re-forms from {kept}, at the same global batch")
-EVERY_WORKERS = "the newest backup every worker has"
-THE_CLIENTS = "the chief's newest backup"
 
 
 def sizes(num_workers) -> Tuple[Optional[tuple], str]:
@@ -82,13 +80,13 @@ def refusal(low: int, high: int, config: Config, hosts: bool, restarts: int = 0)
 
 class Group:
     """A group's size as workers are lost: each started again while ``--max_restarts`` allows,
-    else gone while at least MIN are left (``asked``: the ``--num_workers`` given; ``kept``:
-    whose backup it re-forms from, ``EVERY_WORKERS`` or ``THE_CLIENTS``)."""
+    else gone while at least MIN are left (``asked``: the ``--num_workers`` given; ``client``:
+    its workers are the servers of a client, which keeps the backups)."""
 
-    def __init__(self, size_range: tuple, restarts: int, asked: str, kept: str = EVERY_WORKERS):
+    def __init__(self, size_range: tuple, restarts: int, asked: str, client: bool = False):
         (self.fewest, self.most), self.size = size_range, size_range[1]
         self.restarts, self.restarts_left, self.asked = restarts, restarts, asked
-        self.kept = kept
+        self.client = client
 
     @property
     def goes_on(self) -> bool:
@@ -111,7 +109,7 @@ class Group:
         self.restarts_left -= back
         self.size += back - len(failed)
         return [left_line(index, code, self.size, self.asked, used + n + 1 if n < back else 0,
-                          self.restarts, self.kept) for n, (index, code) in enumerate(failed)]
+                          self.restarts, self.client) for n, (index, code) in enumerate(failed)]
 
     def joining(self) -> tuple:
         """A worker asks to join (SIGUSR1 to the launcher): (whether the group has room for it,
@@ -119,8 +117,7 @@ class Group:
         if self.size >= self.most:
             return False, (f"tfdp.launch: a worker asked to join (SIGUSR1); the group has "
                            f"--num_workers={self.asked}'s {self.most} already")
-        saves = ("the chief saves its step" if self.kept == THE_CLIENTS else
-                 "every worker saves one common step")
+        saves = "the chief saves its step" if self.client else "every worker saves one common step"
         return True, (f"tfdp.launch: a worker joins (SIGUSR1): {saves}, and the group re-forms "
                       f"from it with {self.size + 1} of --num_workers={self.asked}")
 
@@ -138,11 +135,13 @@ class Group:
 
 
 def left_line(index: int, code: int, size: int, asked: str, again: int = 0,
-              restarts: int = 0, kept: str = EVERY_WORKERS) -> str:
+              restarts: int = 0, client: bool = False) -> str:
     """The launcher's line for a lost worker: the group goes on without it, or with it started
-    again (``again``: the how-manieth of ``--max_restarts``'s ``restarts``), from ``kept``;
-    ``index`` None: a worker the launcher cannot name (one of a client's servers hung)."""
-    peers = "the chief" if kept == THE_CLIENTS else "its peers"
+    again (``again``: the how-manieth of ``--max_restarts``'s ``restarts``), from the newest
+    backup (the ``client``'s, where the workers are its servers); ``index`` None: a worker the
+    launcher cannot name (one of a client's servers hung)."""
+    kept = "the chief's newest backup" if client else "the newest backup every worker has"
+    peers = "the chief" if client else "its peers"
     why = f"hung: {peers} lost contact with it" if code is None else f"exited with {code}"
     who = "a worker" if index is None else f"worker {index}"
     if again:

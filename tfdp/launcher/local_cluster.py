@@ -49,8 +49,7 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
     path = paths.get(config.strategy)
     client = path.cluster == paths.CLIENT
     num_ps = (num_ps or 1) if path.parameter_servers else 0
-    num_workers, group = size_range[1], elastic.Group(
-        size_range, max_restarts, asked, elastic.THE_CLIENTS if client else elastic.EVERY_WORKERS)
+    num_workers, group = size_range[1], elastic.Group(size_range, max_restarts, asked, client)
     # The client (chief) of the manual and parameter-server paths is a host too.
     count = num_workers + num_ps + client
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
@@ -113,7 +112,7 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
                 else:
                     elastic.seed_the_joiner(_run_dir(config, stamp), group.size - 1)
             elif not isinstance(ended, supervise.Left):
-                if ended == 0 and group.departed and not client:
+                if ended == 0 and group.departed:
                     elastic.clear_departed(_run_dir(config, stamp), group.size)
                 return ended
             else:

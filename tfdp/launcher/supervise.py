@@ -149,10 +149,11 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
                      if c not in (None, 0, PREEMPTED_EXIT_CODE)]
             if ended and len(procs) - 1 - len(ended) >= going_on:
                 return Left(ended)
-            if not ended and code == LOST_CONTACT_EXIT_CODE and len(procs) - 2 >= going_on:
-                stopped = [(i - 1, None) for i, p in enumerate(procs[1:], 1) if _stopped(p)]
-                if len(procs) - 1 - len(stopped) >= going_on:
-                    return Left(stopped or [(None, None)])
+            if not ended and code == LOST_CONTACT_EXIT_CODE:
+                hung = [(i - 1, None) for i, p in enumerate(procs[1:], 1) if _stopped(p)]
+                hung = hung or [(None, None)]
+                if len(procs) - 1 - len(hung) >= going_on:
+                    return Left(hung)
         for i, proc in enumerate(procs[1:], 1):  # Before the chief's end: it may be why.
             if i in reported or proc.poll() is None or code is not None:
                 continue
