@@ -88,19 +88,27 @@ def shared_temp(tmp_path_factory):
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+# SIGINT, SIGTERM and SIGHUP as this process started with them: what a shell gives a command.
+SHELL_SIGNALS = {signum: signal.getsignal(signum)
+                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
 @pytest.fixture(autouse=True)
 def signals_as_a_shell_gives_them():
-    """Each test starts with this process's SIGINT, SIGTERM and SIGHUP as they were, whatever
-    the one before left: a command line ignores them once its run has stopped or exported, until
-    it exits (``tfdp.training.preemption.preempt_outside_runs``), and a test that ran one here
-    left them ignored for every process the later tests of this worker started (seen in a
-    whole run: a launcher started with SIGINT ignored kept it so, and a Ctrl-C typed in its
-    terminal did nothing)."""
-    handlers = {signum: signal.getsignal(signum)
-                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    """Each test starts and ends with this process's SIGINT, SIGTERM and SIGHUP as it started
+    with them, whatever ran before: a command line ignores them once its run has stopped or
+    exported, until it exits (``tfdp.training.preemption.preempt_outside_runs``), and a command
+    run here left them ignored for every process the later tests of this worker started (seen in
+    whole runs: a launcher started with SIGINT ignored keeps it so, as a shell's background job
+    does, and a Ctrl-C typed in its terminal did nothing). Taken from the process's start, not
+    from the test's: a module's fixture that ran a command here (a reference run) comes before."""
+    def as_the_shell_gave_them():
+        for signum, handler in SHELL_SIGNALS.items():
+            signal.signal(signum, handler)
+
+    as_the_shell_gave_them()
     yield
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
+    as_the_shell_gave_them()
 
 
 @pytest.fixture(autouse=True)

@@ -62,7 +62,7 @@ def train_in_this_process(argv: list):
     flags.define_flags(values)
     values(argv)
     # The command ignores signals once a run has exported, until its process exits: the
-    # fixture conftest.signals_as_a_shell_gives_them takes them back after the test.
+    # fixture conftest.signals_as_a_shell_gives_them gives every test them back.
     try:
         train.train_from_flags(values)
     except SystemExit as e:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, SHELL_SIGNALS
 from processes import alive, child_env, children, launch, tf_config_of, wait_for
 from terminal import Terminal
 from tfdp.training import preemption
@@ -91,6 +91,25 @@ def test_a_sigterm_after_a_stop_cannot_change_the_exit_status():
     assert stopped.value is saved
     # Until the process exits (here, until conftest.signals_as_a_shell_gives_them).
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+
+
+@pytest.fixture(scope="module")
+def a_command_run_here_by_a_module_fixture():
+    """What a reference run trained in this process by a module's fixture leaves: its command
+    line's signals ignored (``preempt_outside_runs``, after the export)."""
+    for signum in SHELL_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def test_a_test_after_a_command_ran_in_this_process_starts_with_the_shells_signals(
+        a_command_run_here_by_a_module_fixture):
+    """The processes a test starts inherit its signals' dispositions: after a command run here
+    (even in a fixture before the test's own), a launcher started with SIGINT ignored would keep
+    it so, and a Ctrl-C typed in its terminal would do nothing (seen in a whole run)."""
+    assert {s: signal.getsignal(s) for s in SHELL_SIGNALS} == SHELL_SIGNALS
+    child = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal("
+                            "signal.SIGINT) == signal.SIG_IGN)"], capture_output=True, text=True)
+    assert child.stdout.strip() == str(SHELL_SIGNALS[signal.SIGINT] == signal.SIG_IGN)
 
 
 def test_a_second_ctrl_c_after_the_state_is_saved_has_nothing_to_cut_short():
