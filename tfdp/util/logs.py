@@ -120,13 +120,14 @@ def import_tensorflow():
     While TensorFlow starts, fd 2 goes to a temporary file; afterwards every line that is not one
     of ``STARTUP_BANNERS`` is written back to stderr, in order, whether the import succeeded or
     raised. With ``--verbose`` nothing is captured. Keras' matplotlib is imported at its first
-    use (``tfdp.util.matplotlib_deferred``).
+    use (``tfdp.util.matplotlib_deferred``), and Python's cyclic garbage collector waits for the
+    import to end (``tfdp.util.start_cost``).
     """
-    from tfdp.util import matplotlib_deferred
+    from tfdp.util import matplotlib_deferred, start_cost
 
     started = "tensorflow" in sys.modules
     with contextlib.nullcontext() if verbose() or started else _stderr_filtered(STARTUP_BANNERS):
-        with matplotlib_deferred.deferred():
+        with matplotlib_deferred.deferred(), start_cost.collector_paused():
             import tensorflow as tf
 
         tf.config.list_physical_devices()  # The CUDA probe logs here, on first use.
