@@ -17,7 +17,7 @@ from tfdp.config.settings import Config
 from tfdp.data import pipeline
 from tfdp.models import lenet, lenet_batch_norm
 from tfdp.models.averaging import Averaging, averaged
-from tfdp.models.loss import cross_entropy
+from tfdp.models.loss import confusion_of, cross_entropy
 from tfdp.models.optimizers import Optimizer
 from tfdp.training import entry
 from tfdp.training.backups import Backups
@@ -76,6 +76,20 @@ def test_label_smoothing_is_keras_categorical_cross_entropy_of_the_one_hot_label
         tf.one_hot(labels, 10, dtype=tf.float64), logits, from_logits=True, label_smoothing=0.1)
     np.testing.assert_allclose(cross_entropy(logits, labels, 0.1), keras_loss, rtol=1e-12)
     assert not np.allclose(cross_entropy(logits, labels, 0.0), keras_loss)
+
+
+def test_the_confusion_matrix_every_path_counts_is_tensorflows():
+    """``tfdp.models.loss.confusion_of`` (one scatter) against ``tf.math.confusion_matrix``:
+    random batches, an empty one (an empty shard's), Keras' float32 counts, compiled."""
+    rng = np.random.default_rng(0)
+    counted = tf.function(confusion_of, autograph=False)
+    for n in (0, 1, 100):
+        labels, predicted = (tf.constant(rng.integers(0, 10, n), tf.int32) for _ in range(2))
+        for dtype in (tf.int64, tf.float32):
+            expected = tf.math.confusion_matrix(labels, predicted, 10, dtype=dtype)
+            got = counted(labels, predicted, 10, dtype)
+            assert got.dtype == dtype and got.shape == (10, 10)
+            np.testing.assert_array_equal(got.numpy(), expected.numpy())
 
 
 def test_the_fused_batch_norm_computes_what_the_moments_path_computes(monkeypatch):

@@ -40,8 +40,16 @@ def own_losses(losses, dtype):
 def confusion(logits, labels):
     """The confusion matrix of a batch, int64 [K, K]: row = the true class, column = the class
     the ``logits`` rank first (its trace counts the correct ones)."""
-    return tf.math.confusion_matrix(labels, tf.argmax(logits, -1), num_classes=logits.shape[-1],
-                                    dtype=tf.int64)
+    return confusion_of(labels, tf.argmax(logits, -1), logits.shape[-1])
+
+
+def confusion_of(labels, predicted, num_classes: int, dtype=tf.int64):
+    """The confusion matrix [K, K] of ``predicted`` classes against ``labels``, counted in
+    ``dtype``: one scatter (``tf.math.confusion_matrix`` builds some 50 ops of checks and casts
+    around it, and tracing them took ten times as long: docs/design.md#tests). A label or class
+    outside [0, K) fails on the CPU, as it does there."""
+    pairs = tf.stack([tf.cast(labels, tf.int64), tf.cast(predicted, tf.int64)], axis=1)
+    return tf.scatter_nd(pairs, tf.ones(tf.shape(pairs)[:1], dtype), [num_classes, num_classes])
 
 
 def count_correct(logits, labels):

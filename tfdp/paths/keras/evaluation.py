@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdp.models.loss import test_logits
+from tfdp.models.loss import confusion_of, test_logits
 
 
 class Evaluator:
@@ -48,8 +48,7 @@ class Evaluator:
             # never reaches a kernel: oneDNN's convolution refuses an empty batch.
             loss, predicted = tf.cond(tf.size(labels) > 0, lambda: sums(images, labels),
                                       lambda: (tf.zeros([]), tf.zeros([0], labels.dtype)))
-            confusion = tf.math.confusion_matrix(labels, predicted, self.num_classes,
-                                                 dtype=tf.float32)
+            confusion = confusion_of(labels, predicted, self.num_classes, tf.float32)
             # One vector to reduce: the loss, the examples, the confusion matrix.
             return tf.concat([tf.stack([loss, tf.cast(tf.shape(labels)[0], tf.float32)]),
                               tf.reshape(confusion, [-1])], 0)

@@ -3,7 +3,7 @@ it has them) on every replica, the test batch split across the devices as in tra
 
 import tensorflow as tf
 
-from tfdp.models.loss import summed_cross_entropy, test_logits
+from tfdp.models.loss import confusion_of, summed_cross_entropy, test_logits
 from tfdp.paths.manual.feed import EVAL, Feed, images_feed
 from tfdp.paths.manual.replicate import Replicas
 from tfdp.paths.manual.step import StepSettings, unless_empty
@@ -32,8 +32,7 @@ def make_eval_step(replicas: Replicas, settings: StepSettings = StepSettings(),
                                                lambda: [tf.zeros([], dtype),
                                                         tf.zeros([0], tf.int64)])
                 losses.append(loss)
-                confusions.append(tf.math.confusion_matrix(
-                    y, predicted, num_classes=model.num_classes, dtype=tf.int64))
+                confusions.append(confusion_of(y, predicted, model.num_classes))
         return tf.add_n(losses), tf.add_n(confusions)
 
     return step if settings.eager else tf.function(step, input_signature=feed.signature,
