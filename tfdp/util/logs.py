@@ -121,14 +121,16 @@ def import_tensorflow():
     of ``STARTUP_BANNERS`` is written back to stderr, in order, whether the import succeeded or
     raised. With ``--verbose`` nothing is captured. Keras' matplotlib is imported at its first
     use (``tfdp.util.matplotlib_deferred``), and Python's cyclic garbage collector waits for the
-    import to end (``tfdp.util.start_cost``).
+    first import to end (``tfdp.util.start_cost``; later calls, a notebook's second run, freeze
+    nothing more).
     """
     from tfdp.util import matplotlib_deferred, start_cost
 
     started = "tensorflow" in sys.modules
     with contextlib.nullcontext() if verbose() or started else _stderr_filtered(STARTUP_BANNERS):
-        with matplotlib_deferred.deferred(), start_cost.collector_paused():
-            import tensorflow as tf
+        with matplotlib_deferred.deferred():
+            with contextlib.nullcontext() if started else start_cost.collector_paused():
+                import tensorflow as tf
 
         tf.config.list_physical_devices()  # The CUDA probe logs here, on first use.
     return tf

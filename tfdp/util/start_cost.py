@@ -7,8 +7,9 @@ tracks: during the import those walks free nothing, and later, while a run trace
 each full walk goes through all of TensorFlow's again. ``collector_paused()`` turns the
 collector off for the import and then moves everything the process holds to the permanent
 generation (``gc.freeze()``), which the collector never walks; it is on again afterwards for
-what the run makes. What it costs: cyclic garbage already made when TensorFlow is imported (a
-notebook's cells before tfdp's first run) is not collected until ``gc.unfreeze()``. Measured in
+what the run makes. What it costs: cyclic garbage already made when TensorFlow is first imported
+(a notebook's cells before tfdp's first run) is not collected until ``gc.unfreeze()``; what is
+made later is (``tfdp.util.logs.import_tensorflow`` freezes at the first import only). Measured in
 docs/design.md#tests.
 """
 
