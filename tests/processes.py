@@ -79,17 +79,22 @@ def launch(folder, strategy, *train_args, launcher=("--num_workers=2",), popen=F
     args = [sys.executable, "-m", "tfdp.launch", *launcher, "--", f"--strategy={strategy}",
             f"--workdir={folder / 'run'}", f"--export_dir={folder / 'export'}", *train_args]
     environment = child_env(**(env or {}))
-    if popen:  # SIGHUP at its default, as a terminal's process has it (a harness may ignore it).
+    if popen:  # Its signals as a terminal's foreground command has them.
         return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                env=environment, cwd=REPO, preexec_fn=hangup_as_in_a_terminal)
+                                env=environment, cwd=REPO, preexec_fn=signals_as_in_a_terminal)
     return subprocess.run(args, capture_output=True, text=True, env=environment, cwd=REPO,
                           timeout=timeout)
 
 
-def hangup_as_in_a_terminal() -> None:
-    """In a child before it runs its program: SIGHUP's default action, which the suite's own
-    process may not have (tfdp leaves an ignored SIGHUP ignored, as nohup asks)."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+def signals_as_in_a_terminal() -> None:
+    """In a child before it runs its program: SIGHUP, SIGINT and SIGTERM at their default
+    actions, as a shell gives a command it runs in the foreground of a terminal. The suite's
+    own processes may have them ignored (a suite started by nohup, or in the background of a
+    script, whose shell ignores SIGINT for it), and tfdp.launch leaves an ignored signal
+    ignored, as such a shell asks: a Ctrl-C, or a SIGINT the test sends, then did nothing (seen
+    in whole runs started in the background)."""
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def alive(pid: int) -> bool:

@@ -7,22 +7,27 @@ import time
 import pytest
 
 from conftest import REPO
-from processes import child_env
+from processes import child_env, signals_as_in_a_terminal
 
 
 class Terminal:
     """A command run in a real pseudo-terminal, as in a user's shell: the terminal is its
-    controlling one and its process group the foreground one, so typing Ctrl-C (``type``)
-    signals it as a shell would. ``text`` is everything it printed so far."""
+    controlling one, its process group the foreground one and its signals at their defaults,
+    so typing Ctrl-C (``type``) signals it as a shell would. ``text`` is everything it printed
+    so far."""
 
     def __init__(self, argv, cwd=REPO, env=None):
         import fcntl
         import termios
 
+        def as_a_shell_starts_it():
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            signals_as_in_a_terminal()
+
         self.master, slave = os.openpty()
         self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
                                      env=env or child_env(), cwd=cwd, start_new_session=True,
-                                     preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+                                     preexec_fn=as_a_shell_starts_it)
         os.close(slave)
         self.output = bytearray()
 
