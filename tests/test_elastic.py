@@ -15,9 +15,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from processes import backed_up, children, launch, run_module, tf_config_of, wait_for
+from processes import (backed_up, children, launch, run_module, task_pid, tf_config_of,
+                       wait_for)
 from same_model import served_logits
 from tfdp.bench import elastic
+from tfdp.launcher import regrouping
 from tfdp.config.settings import Config
 from tfdp.launcher.elastic import Group
 from tfdp.training import entry
@@ -88,9 +90,12 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
     assert re.search(r"^tfdp\.launch: a worker joins \(SIGUSR1\): every worker saves one common "
                      r"step, and the group re-forms from it with 3 of --num_workers=1:3$", text,
                      re.M), text[-3000:]
-    saved = set(re.findall(r"^\[\d\] tfdp\.train: preempted \(SIGTERM\) at step (\d+): ", text,
-                           re.M))
+    saved = set(re.findall(r"^\[\d\] tfdp\.train: preempted \(SIGTERM\) at step (\d+): state of "
+                           r"step \1 saved in \S+; a worker joins: tfdp\.launch --num_workers=1:3 "
+                           r"--max_restarts=1 re-forms the group from it, one larger$", text, re.M))
     assert saved == {str(joined)}, (saved, joined, text[-3000:])  # Nothing lost by the join.
+    assert "run the same command again" not in text, text[-3000:]  # The launcher does.
+    assert not (tmp_path / "run" / regrouping.MARK).exists()
     assert "global batch 48 = 24 + 24 per replica" in text, text[-3000:]
     survivors = re.findall(r"^\[\d\] tfdp\.train: error: lost contact .*$", text, re.M)
     assert survivors and all("the backup of step" in line and ": tfdp.launch --num_workers=1:3 "
@@ -158,9 +163,11 @@ def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_m
     assert re.search(r"^tfdp\.launch: a worker joins \(SIGUSR1\): the chief saves its step, "
                      r"and the group re-forms from it with 2 of --num_workers=1:2$", text,
                      re.M), text[-3000:]
-    saved = re.findall(r"^\[chief\] tfdp\.train: preempted \(SIGTERM\) at step (\d+): ", text,
-                       re.M)
+    saved = re.findall(r"^\[chief\] tfdp\.train: preempted \(SIGTERM\) at step (\d+): state of "
+                       r"step \1 saved in \S+; a worker joins: tfdp\.launch --num_workers=1:2 "
+                       r"re-forms the group from it, one larger$", text, re.M)
     assert saved == [str(joined)], (saved, joined, text[-3000:])  # Nothing lost by the join.
+    assert "run the same command again" not in text, text[-3000:]
     # Stopped at once, the survivor says nothing of a save it could not make.
     assert "asking the chief" not in text, text[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]
@@ -170,6 +177,39 @@ def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_m
         tmp_path, data_dir, test_split, "manual",
         f"server {lost[0]} killed from step {seen}, one joined at step {joined}, server "
         f"{lost[1]} stopped later")
+
+
+@pytest.mark.cluster
+def test_a_killed_client_is_started_again_and_its_group_trains_on_from_its_backup(
+        tmp_path, data_dir):
+    """``--num_workers=2 --max_restarts=1`` on the from-scratch path: a SIGKILL from outside
+    to the client itself (the chief, which keeps the run's state) once it has backed up a
+    random step of the first epoch; its servers hold nothing, so the launcher starts the group
+    again, fresh servers and the client from its newest backup, and the run finishes. (The model
+    a resumed client trains is the uninterrupted one: tests/test_resume_exactly.py.)"""
+    run = launch(tmp_path, "manual", f"--data_dir={data_dir}", "--backup_every=4", "--epochs=2",
+                 f"--steps_per_epoch={STEPS}", "--batch_size=48", "--eval_steps=1",
+                 launcher=("--num_workers=2", "--max_restarts=1"), popen=True,
+                 stderr=subprocess.STDOUT)
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(run.stdout), daemon=True)
+    reader.start()
+    step = random.Random().randrange(4, STEPS // 2)
+    wait_for(lambda: backed_up(tmp_path / "run") >= step or run.poll() is not None, 300,
+             f"the client's backup of step {step}")
+    seen = backed_up(tmp_path / "run")
+    os.kill(task_pid(run.pid, "chief", 0), signal.SIGKILL)
+    resumed = _resumed(run, out, 1, "chief")
+    assert run.wait(300) == 0, "".join(out)[-3000:]
+    reader.join(10)
+    text = "".join(out)
+    assert seen <= resumed < STEPS, (seen, resumed, text[-3000:])
+    assert re.search(r"^tfdp\.launch: the chief left \(exited with -9\); starting it again \(1/1 "
+                     r"of --max_restarts\): the group of 2 re-forms from the chief's newest "
+                     r"backup$", text, re.M), text[-3000:]
+    assert "Traceback" not in text and "[chief] epoch 2/2: loss" in text, text[-3000:]
+    assert os.listdir(tmp_path / "export") == ["1"]
+    assert not (tmp_path / "run" / "backup").exists()
 
 
 def _signal_a_server(run, chosen, how) -> int:
@@ -283,6 +323,18 @@ def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost(monk
     group.grow()
     assert group.lose([(None, None)])[0].startswith(
         "tfdp.launch: a worker left (hung: the chief lost contact with it); going on with 1 of ")
+    # The client itself killed: lost where the group may start it again, and only killed (a
+    # signal's code: an exit of its own, an error, ends the run).
+    again = lambda *codes: supervise.supervise_client(  # noqa: E731
+        [Ended(c) for c in codes], roles, 0.01, going_on=1, chief_again=True)
+    assert again(-9, None, None) == supervise.ChiefLost(-9)
+    assert again(1, None, None) == 1 and again(PREEMPTED, None, None) == PREEMPTED
+    assert watch(-9, None, None) == supervise.exit_status(-9)  # No restarts left.
+    restarted = Group((2, 2), 2, "2", client=True)
+    assert restarted.start_the_chief_again(-9) == (
+        "tfdp.launch: the chief left (exited with -9); starting it again (1/2 of "
+        "--max_restarts): the group of 2 re-forms from the chief's newest backup")
+    assert (restarted.restarts_left, restarted.size) == (1, 2)
 
 
 def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_grows():
@@ -302,6 +354,31 @@ def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_g
                                       "has --num_workers=2:3's 3 already")
     assert Group((3, 3), 2, "3").survivors_needed() == 1  # A fixed group that restarts.
     assert not Group((3, 3), 0, "3").goes_on
+
+
+def test_a_stop_for_a_join_says_the_launcher_re_forms_the_group_and_any_other_to_run_again(
+        tmp_path, monkeypatch):
+    """The line of a worker stopped while its run folder is marked for a join (what the
+    launcher does before its SIGTERM), in an elastic group; without the mark, or outside a
+    group that goes on, the stop is a preemption the user resumes."""
+    from tfdp.training.backups import Backups
+    from tfdp.training.preemption import Watch
+
+    run_dir = str(tmp_path / "run")
+    watch = Watch()
+    watch.backups, watch.signal = Backups(run_dir, 0, {}), "SIGTERM"
+    again = "; run the same command again to resume"
+    monkeypatch.setenv("TFDP_GROUP_GOES_ON", "--num_workers=1:3")
+    assert str(watch.preempted(12, "saved-here")).endswith(again)
+    regrouping.mark(run_dir)
+    assert str(watch.preempted(12, "saved-here")) == (
+        "preempted (SIGTERM) at step 12: state of step 12 saved in saved-here; a worker joins: "
+        "tfdp.launch --num_workers=1:3 re-forms the group from it, one larger")
+    monkeypatch.delenv("TFDP_GROUP_GOES_ON")
+    assert str(watch.preempted(12, "saved-here")).endswith(again)
+    regrouping.unmark(run_dir)
+    regrouping.unmark(run_dir)  # Gone already: nothing to do.
+    assert not os.listdir(run_dir)
 
 
 def test_the_workers_still_running_when_the_others_lost_contact_with_them_are_hung(

@@ -17,10 +17,10 @@ cores, prefixes each process's output, and waits. What it starts depends on the 
   meanwhile, and it rejoins), up to ``RESTARTS`` times.
 
 Faults: if a worker fails, the others are stopped and the launcher exits with its code; with
-``--max_restarts=N`` (multi_worker, and manual's servers) the group re-forms with it started
-again instead, and with ``--num_workers=MIN:MAX`` without it, while at least MIN are left;
-SIGUSR1 to the launcher then takes a worker back in, up to MAX, from one common step every
-worker (or manual's client) saves (``tfdp.launcher.elastic``). SIGTERM
+``--max_restarts=N`` (multi_worker, and manual's servers and its client) the group re-forms
+with it started again instead, and with ``--num_workers=MIN:MAX`` without it, while at least
+MIN are left; SIGUSR1 to the launcher then takes a worker back in, up to MAX, from one common
+step every worker (or manual's client) saves (``tfdp.launcher.elastic``). SIGTERM
 or Ctrl-C to the launcher, or SIGTERM to any worker, is a preemption: every worker saves the
 same step and exits with ``PREEMPTED_EXIT_CODE`` (75), and so does the launcher; the same command
 resumes. A second Ctrl-C stops them at once (130). Workers die with the launcher whatever kills
@@ -53,10 +53,10 @@ flags.DEFINE_string("num_workers", "2", "Workers to start on this machine: tfdp.
                     "and when one is lost (killed, crashed) the group re-forms with the others "
                     "from the newest backup, at the same global batch, while at least MIN are "
                     "left; SIGUSR1 to the launcher takes one back in, up to MAX.")
-flags.DEFINE_integer("max_restarts", 0, "multi_worker and manual: lost workers to start again, "
-                     "in all, as the group re-forms from the newest backup (a fixed "
-                     "--num_workers=N keeps N so); without restarts left, MIN:MAX goes on with "
-                     "fewer.", lower_bound=0)
+flags.DEFINE_integer("max_restarts", 0, "multi_worker and manual: lost workers (and manual's "
+                     "client, killed) to start again, in all, as the group re-forms from the "
+                     "newest backup (a fixed --num_workers=N keeps N so); without restarts "
+                     "left, MIN:MAX goes on with fewer.", lower_bound=0)
 flags.DEFINE_integer("num_ps", None, "--strategy=parameter_server: parameter servers to start "
                      "(tfdp.server ps tasks; default 1).")
 flags.DEFINE_boolean("isolate", True, "Run the workers in a private network namespace (loopback "

@@ -10,7 +10,9 @@ the lost one; the from-scratch client's step runs on every server's devices and 
 without one), and the launcher starts the group again in the same run folder, from the newest
 backup every worker has (the client's, where a client keeps them: ``--backup_every`` bounds what
 is redone): with the lost worker started again while ``--max_restarts`` allows (torchrun's name:
-a worker that returns), else one worker fewer, while at least MIN are left. SIGUSR1 to the
+a worker that returns), else one worker fewer, while at least MIN are left; the from-scratch
+client itself, killed, is started again while ``--max_restarts`` allows (its servers hold
+nothing: the group re-forms at its size from the client's newest backup). SIGUSR1 to the
 launcher takes a worker in while the group trains, up to MAX: the workers (or the client) save
 one common step and stop, as for a preemption, and the group re-forms from that step one larger,
 a joining ``multi_worker`` worker starting from a copy of worker 0's backup (nothing is trained
@@ -123,6 +125,14 @@ class Group:
 
     def grow(self) -> None:
         self.size += 1
+
+    def start_the_chief_again(self, code: int) -> str:
+        """The from-scratch client was killed (``code``): started again, one of
+        ``--max_restarts``, the group at its size; the launcher's line."""
+        self.restarts_left -= 1
+        return (f"tfdp.launch: the chief left (exited with {code}); starting it again "
+                f"({self.restarts - self.restarts_left}/{self.restarts} of --max_restarts): "
+                f"the group of {self.size} re-forms from the chief's newest backup")
 
     def tell_the_workers(self, specs: list) -> None:
         """Where the group goes on, each worker's line on losing a peer says the launcher

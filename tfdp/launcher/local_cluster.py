@@ -13,6 +13,7 @@ import threading
 import time
 
 from tfdp import paths
+from tfdp.launcher import regrouping
 from tfdp.config import flags
 from tfdp.config.settings import RUN_STAMP_ENV
 from tfdp.launcher import elastic, emulated_hosts, isolation, supervise
@@ -53,11 +54,13 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
     # The client (chief) of the manual and parameter-server paths is a host too.
     count = num_workers + num_ps + client
     stamp, live = time.strftime("%Y%m%d-%H%M%S"), sys.stdout.isatty()
+    run_dir = _run_dir(config, stamp)
     procs, copiers, emulated, specs = [], [], None, []
     supervise.SIGNALLED.clear()
     previous = {sig: signal.signal(sig, supervise.on_signal) for sig in supervise.STOP_SIGNALS
                 if signal.getsignal(sig) != signal.SIG_IGN}  # SIGHUP under nohup stays ignored.
     if group.fewest < group.most:  # Room to grow, once workers have been lost.
+        regrouping.unmark(run_dir)  # What a launcher killed in a join left.
         supervise.JOINING.clear()
         previous[supervise.JOIN_SIGNAL] = signal.signal(supervise.JOIN_SIGNAL, supervise.on_join)
     try:
@@ -104,16 +107,19 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
             if client and not group.goes_on:
                 restart = start if path.restart_lost_workers else None
                 return supervise.supervise_client(procs, specs, POLL_SECONDS, restart)
-            ended = _supervise_group(procs, specs, group, client)
+            ended = _supervise_group(procs, specs, group, client, run_dir)
             roles = [spec.role for spec in specs]
             if ended is None:  # Grown: the workers (or the client) saved one step and stopped.
                 if client:  # Its servers stop once it has gone.
                     supervise.stop(procs, roles)
                 else:
-                    elastic.seed_the_joiner(_run_dir(config, stamp), group.size - 1)
+                    elastic.seed_the_joiner(run_dir, group.size - 1)
+            elif isinstance(ended, supervise.ChiefLost):
+                say(group.start_the_chief_again(ended.code))
+                supervise.stop(procs, roles, grace=0)  # Its servers: they hold nothing.
             elif not isinstance(ended, supervise.Left):
                 if ended == 0 and group.departed:
-                    elastic.clear_departed(_run_dir(config, stamp), group.size)
+                    elastic.clear_departed(run_dir, group.size)
                 return ended
             else:
                 for line in group.lose(ended.failed):
@@ -149,21 +155,24 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
                 say(f"tfdp.launch: {line}")
             emulated.remove()
         if supervise.second_ctrl_c():
-            folder = None if config.workdir else _run_dir(config, stamp)
+            folder = None if config.workdir else run_dir
             say("tfdp.launch: stopped at once (a second Ctrl-C): the steps since the newest "
                 f"backup are lost; {errors.rerun_in(folder)} to resume from it")
 
 
-def _supervise_group(procs, specs, group: elastic.Group, client: bool):
+def _supervise_group(procs, specs, group: elastic.Group, client: bool, run_dir: str):
     """The supervision of a group that regroups (``multi_worker``'s workers, or a client's
     servers), which a worker may join (SIGUSR1): the group's exit code, a ``supervise.Left``,
-    or None once it has grown (every worker, or the client, saved one common step and stopped,
-    as for a preemption)."""
+    a ``supervise.ChiefLost`` (while ``--max_restarts`` allows), or None once it has grown
+    (every worker, or the client, saved one common step and stopped, as for a preemption, the
+    run folder ``run_dir`` marked meanwhile so that their lines say the group re-forms:
+    ``tfdp.launcher.regrouping``)."""
     while True:
         try:
             if client:
                 return supervise.supervise_client(procs, specs, POLL_SECONDS,
-                                                  going_on=group.survivors_needed())
+                                                  going_on=group.survivors_needed(),
+                                                  chief_again=group.restarts_left > 0)
             return supervise.supervise(procs, POLL_SECONDS, PREEMPT_GRACE,
                                        going_on=group.survivors_needed())
         except supervise.Join:
@@ -172,7 +181,11 @@ def _supervise_group(procs, specs, group: elastic.Group, client: bool):
             if not room:
                 continue
             # The client saves what it reads from its servers: they stay up until it has.
-            codes = supervise.preempt(procs[:1] if client else procs, PREEMPT_GRACE)
+            regrouping.mark(run_dir)
+            try:
+                codes = supervise.preempt(procs[:1] if client else procs, PREEMPT_GRACE)
+            finally:
+                regrouping.unmark(run_dir)
             if set(codes) == {PREEMPTED_EXIT_CODE}:
                 group.grow()
                 return None

@@ -74,6 +74,13 @@ class Left(NamedTuple):
     failed: list
 
 
+class ChiefLost(NamedTuple):
+    """The from-scratch client of a group that may start it again was killed (its exit code:
+    a signal's, -N): its servers hold nothing of the run, so the group re-forms from its
+    newest backup (``tfdp.launcher.elastic``)."""
+    code: int
+
+
 def supervise(procs, poll_seconds, grace, going_on: int = 0):
     """The exit code of a group of workers that ends together, or, where ``going_on`` workers
     may go on without those that failed (an elastic group, and that many left), ``Left``."""
@@ -125,7 +132,8 @@ def hung(procs) -> list:
     return [(i, None) for i, p in enumerate(procs) if p.poll() is None]
 
 
-def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0):
+def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0,
+                     chief_again: bool = False):
     """The manual and parameter-server paths: the client (``procs[0]``) decides; a server that
     ends first is said once (the client finds out and says what it means for the run). With
     ``restart`` (``restart(i) -> Popen``), a worker that ends is started again instead, up to
@@ -134,7 +142,9 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
     workers; and where the client lost contact (its watchdog) while every server runs, one of
     them hung: ``Left`` with those stopped by a signal (``(i, None)``), else ``(None, None)``,
     a server it cannot name. The servers hold nothing of the run (the client keeps its state),
-    so the group re-forms from fresh ones whichever it was."""
+    so the group re-forms from fresh ones whichever it was. With ``chief_again``, a client
+    killed by a signal (from outside, or the kernel's out-of-memory killer; not an exit of its
+    own) is ``ChiefLost``: the group may start it again."""
     reported, restarts = set(), {}
     while True:
         raise_if_signalled()
@@ -168,6 +178,8 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
             reported.add(i)
             say(f"tfdp.launch: {role} exited with {proc.returncode} while the chief runs")
         if code is not None:
+            if chief_again and code < 0:
+                return ChiefLost(code)
             if code not in (0, PREEMPTED_EXIT_CODE):
                 say(f"tfdp.launch: the chief exited with {code}; stopping the workers")
             return exit_status(code)

@@ -66,6 +66,7 @@ class Backups:
     """The backups of worker ``worker_index`` of the run in ``run_dir``."""
 
     def __init__(self, run_dir: str, worker_index: int, identity: dict):
+        self.run_dir = run_dir
         self.folder = os.path.join(run_dir, "backup", f"worker-{worker_index}")
         self.identity = identity
         self._loaded = {}

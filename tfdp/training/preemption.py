@@ -38,6 +38,7 @@ import signal
 import threading
 import time
 
+from tfdp.launcher import regrouping
 from tfdp.util import errors, files
 from tfdp.util.errors import Interrupted, Preempted
 
@@ -158,7 +159,8 @@ class Watch:
     def preempted(self, step: int, saved: str = None) -> Preempted:
         """The ``Preempted`` of ``step``, saved in ``saved``, naming the signal that asked."""
         _STOPPED.set()
-        return Preempted(step, saved, by=self.signal)
+        run_dir = self.backups.run_dir if self.backups is not None else None
+        return Preempted(step, saved, by=self.signal, then=regrouping.then(run_dir))
 
     def stop(self, step: int, backups, state):
         """Raise ``Preempted`` after saving ``step`` (``state()``: the run's

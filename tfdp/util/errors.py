@@ -92,10 +92,11 @@ class Preempted(BaseException):
     ``__init__`` does, and was left half-imported by a Ctrl-C: an AttributeError followed).
     Catch it by name: ``except tfdp.Preempted``."""
 
-    def __init__(self, step: int, saved: str = None, by: str = None):
+    def __init__(self, step: int, saved: str = None, by: str = None, then: str = None):
         by = by or "SIGTERM"
         where = f"state of step {step} saved in {saved}" if saved else "nothing new to save"
-        super().__init__(f"preempted ({by}) at step {step}: {where}; {rerun()} to resume")
+        then = then or f"{rerun()} to resume"  # What comes next: a launcher may say its own.
+        super().__init__(f"preempted ({by}) at step {step}: {where}; {then}")
         self.step, self.saved, self.by = step, saved, by
 
 

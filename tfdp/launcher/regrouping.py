@@ -1,0 +1,39 @@
+"""A stop for a worker joining, told apart from a preemption.
+
+A launcher whose group goes on (``tfdp.launcher.elastic``) takes a worker in by stopping the
+group as a preemption does (SIGTERM: every worker saves one common step, or the from-scratch
+client saves its own) and starting it again one larger. The workers' lines must not then say
+"run the same command again": the launcher does that itself, at once. So before its SIGTERM it
+marks the run folder (``mark``), and a worker that stops for a signal reads the mark
+(``then``) to say what happens next; the launcher removes the mark once the group has stopped
+(``unmark``), and any a killed launcher left when it starts again."""
+
+import os
+from typing import Optional
+
+from tfdp.config.settings import GROUP_GOES_ON_ENV
+
+MARK = ".tfdp-regrouping"
+
+
+def mark(run_dir: str) -> None:
+    """The group in ``run_dir`` stops for a worker to join."""
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, MARK), "w") as f:
+        f.write("a worker joins: the launcher re-forms the group from the step saved\n")
+
+
+def unmark(run_dir: str) -> None:
+    try:
+        os.remove(os.path.join(run_dir, MARK))
+    except FileNotFoundError:
+        pass
+
+
+def then(run_dir: Optional[str]) -> Optional[str]:
+    """What follows a stop of the run in ``run_dir`` that a join asked for, for its line (the
+    group's flags: ``GROUP_GOES_ON_ENV``); None for any other stop."""
+    flags = os.environ.get(GROUP_GOES_ON_ENV)
+    if flags and run_dir and os.path.exists(os.path.join(run_dir, MARK)):
+        return f"a worker joins: tfdp.launch {flags} re-forms the group from it, one larger"
+    return None
