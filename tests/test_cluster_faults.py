@@ -92,6 +92,7 @@ def test_a_slowed_worker_is_named_and_a_stopped_one_leaves_its_flight_record(tmp
     # multi_worker: the launcher stops the workers once the chief has ended.
     assert (run.returncode != 0 if path.strategy == "multi_worker"
             else run.returncode == LOST_CONTACT_EXIT_CODE), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]  # The launcher's, for a hung worker, once.
     # A step stopped for a second or more on a loaded machine is named as a pause too.
     slowed_line = re.search(rf"^{re.escape(path.chief)} epoch 3/4: .*; {path.straggler}"
                             r"(; pause: .*)?$", out, re.M)

@@ -212,6 +212,45 @@ def test_a_killed_client_is_started_again_and_its_group_trains_on_from_its_backu
     assert not (tmp_path / "run" / "backup").exists()
 
 
+@pytest.mark.cluster
+@pytest.mark.root("emulated hosts: network namespaces")
+def test_a_group_on_emulated_hosts_goes_on_without_a_host_cut_off(tmp_path, data_dir):
+    """``--num_workers=1:2 --hosts``: worker 1's host loses its link, its process alive, once
+    every worker has backed up a step; the others lose contact with it within
+    --collective_timeout, the launcher finds that host's link down and re-forms the group on the
+    hosts still reachable, from the newest backup; a worker asking to join then has no host up
+    and free; the run finishes, exports once and leaves no namespace."""
+    from processes import cut_off
+    from tfdp.launcher import emulated_hosts
+
+    run = launch(tmp_path, "multi_worker", f"--data_dir={data_dir}", "--backup_every=4",
+                 "--epochs=2", f"--steps_per_epoch={STEPS}", "--batch_size=48", "--eval_steps=1",
+                 "--collective_timeout=10", launcher=("--num_workers=1:2", "--hosts"),
+                 popen=True, stderr=subprocess.STDOUT)
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(run.stdout), daemon=True)
+    reader.start()
+    wait_for(lambda: backed_up(tmp_path / "run", 2) >= 4 or run.poll() is not None, 300,
+             "every worker's first backup")
+    seen = backed_up(tmp_path / "run", 2)
+    cut_off(run.pid, 1)
+    resumed = _resumed(run, out, 1)
+    os.kill(run.pid, signal.SIGUSR1)
+    assert run.wait(300) == 0, "".join(out)[-3000:]
+    reader.join(10)
+    text = "".join(out)
+    assert resumed >= seen, (seen, resumed, text[-3000:])
+    assert re.search(r"^tfdp\.launch: worker 1 left \(its host's link is down\); going on with 1 "
+                     r"of --num_workers=1:2: the group re-forms from the newest backup every "
+                     r"worker has, at the same global batch$", text, re.M), text[-3000:]
+    assert ("tfdp.launch: a worker asked to join (SIGUSR1); no emulated host is up and free for "
+            "it") in text, text[-3000:]
+    assert re.search(r"^tfdp\.launch: host 1 \(no process now\) sent ", text, re.M), text[-3000:]
+    assert "Traceback" not in text and os.listdir(tmp_path / "export") == ["1"]
+    assert not any(n.startswith(f"{emulated_hosts.PREFIX}{run.pid}-")
+                   for n in emulated_hosts.namespaces())
+
+
 def _signal_a_server(run, chosen, how) -> int:
     """Send ``how`` to a random one of the client's two ``tfdp.server`` workers: its index."""
     servers = {task_of["task"]["index"]: pid for pid in children(run.pid)
@@ -323,6 +362,25 @@ def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost(monk
     group.grow()
     assert group.lose([(None, None)])[0].startswith(
         "tfdp.launch: a worker left (hung: the chief lost contact with it); going on with 1 of ")
+    # On emulated hosts: the server whose host's link is down, whatever the others do.
+    assert supervise.supervise_client([Ended(LOST_CONTACT), Ended(None), Ended(None)], roles,
+                                      0.01, going_on=1, cut=lambda: [2]) == supervise.Left(
+        [(1, supervise.CUT_OFF)])
+    assert supervise.supervise_client([Ended(None), Ended(None), Ended(1)], roles, 0.01,
+                                      going_on=1, cut=lambda: [2]) == supervise.Left(
+        [(1, supervise.CUT_OFF)])  # It noticed first, and ended.
+    assert supervise.supervise([Ended(LOST_CONTACT), Ended(None)], 0.01, 1, going_on=1,
+                               cut=lambda: [1]) == supervise.Left([(1, supervise.CUT_OFF)])
+    # Too few left without the hung or cut-off one: the group ends with its peers' code.
+    monkeypatch.setattr(supervise, "HUNG_SETTLE", 0.2)
+    assert supervise.supervise([Ended(LOST_CONTACT), Ended(None)], 0.01, 1, going_on=2,
+                               cut=lambda: [1]) == LOST_CONTACT
+    assert supervise.supervise([Ended(LOST_CONTACT), Ended(None)], 0.01, 1,
+                               going_on=2) == LOST_CONTACT
+    assert Group((1, 2), 0, "1:2").lose([(1, supervise.CUT_OFF)]) == [
+        "tfdp.launch: worker 1 left (its host's link is down); going on with 1 of "
+        "--num_workers=1:2: the group re-forms from the newest backup every worker has, at the "
+        "same global batch"]
     # The client itself killed: lost where the group may start it again, and only killed (a
     # signal's code: an exit of its own, an error, ends the run).
     again = lambda *codes: supervise.supervise_client(  # noqa: E731
@@ -440,6 +498,9 @@ def _kill_a_worker(run, chosen, size: int, how=signal.SIGKILL) -> int:
      "whole epochs; give it steps or seconds"),
     (["--num_workers=2", "--max_restarts=-1"], ["--strategy=multi_worker"],
      "flag --max_restarts=-1: -1 is not a non-negative integer; see tfdp.launch --help"),
+    (["--num_workers=1:2", "--max_restarts=1", "--hosts"], ["--strategy=multi_worker"],
+     "--max_restarts=1 with --hosts: a worker whose emulated host is cut off cannot be started "
+     "there again; leave --max_restarts out (MIN:MAX goes on without it)"),
 ])
 def test_what_a_group_cannot_do_is_refused_in_one_line_before_anything_starts(launcher, train,
                                                                              line):

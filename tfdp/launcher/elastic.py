@@ -12,11 +12,13 @@ backup every worker has (the client's, where a client keeps them: ``--backup_eve
 is redone): with the lost worker started again while ``--max_restarts`` allows (torchrun's name:
 a worker that returns), else one worker fewer, while at least MIN are left; the from-scratch
 client itself, killed, is started again while ``--max_restarts`` allows (its servers hold
-nothing: the group re-forms at its size from the client's newest backup). SIGUSR1 to the
-launcher takes a worker in while the group trains, up to MAX: the workers (or the client) save
-one common step and stop, as for a preemption, and the group re-forms from that step one larger,
-a joining ``multi_worker`` worker starting from a copy of worker 0's backup (nothing is trained
-again).
+nothing: the group re-forms at its size from the client's newest backup). On emulated hosts
+(``--hosts``) a worker whose host's link is down is lost, ended or not (the launcher reads the
+links once its peers have lost contact), and the group re-forms on the hosts still up.
+SIGUSR1 to the launcher takes a worker in while the group trains, up to MAX (on emulated hosts,
+where one is up and free): the workers (or the client) save one common step and stop, as for a
+preemption, and the group re-forms from that step one larger, a joining ``multi_worker`` worker
+starting from a copy of worker 0's backup (nothing is trained again).
 
 The model stays the one an uninterrupted run trains: ``--batch_size`` is the global batch, so
 the per-replica batches grow to keep it, and the data order is a function of the seed and the
@@ -31,6 +33,7 @@ from typing import Optional, Tuple
 from tfdp import paths
 from tfdp.config.checks import parse_interval
 from tfdp.config.settings import GROUP_GOES_ON_ENV, Config
+from tfdp.launcher.supervise import CUT_OFF
 
 # How each lost worker is said, and what the group does next; ``{kept}``: whose backup.
 LEFT = ("tfdp.launch: {who} left ({why}); going on with {size} of "
@@ -67,9 +70,10 @@ def refusal(low: int, high: int, config: Config, hosts: bool, restarts: int = 0)
                "its cluster cannot re-form")
         return (f"{asked} re-forms a --strategy={paths.either(regrouping)} group; "
                 f"--strategy={config.strategy}: {why}; {mend}")
-    if hosts:
-        return (f"{asked} with --hosts: an emulated host whose link is cut keeps its worker "
-                f"alive, and the group cannot yet tell it from a slow one; {mend}")
+    if hosts and restarts:
+        return (f"--max_restarts={restarts} with --hosts: a worker whose emulated host is cut "
+                "off cannot be started there again; leave --max_restarts out (MIN:MAX goes on "
+                "without it)")
     if config.per_replica_batch_size and low < high:
         return (f"{asked} keeps the global batch whatever the group's size, so that the model "
                 "is the same: give the workers --batch_size (the global batch) instead of "
@@ -152,7 +156,8 @@ def left_line(index: int, code: int, size: int, asked: str, again: int = 0,
     launcher cannot name (one of a client's servers hung)."""
     kept = "the chief's newest backup" if client else "the newest backup every worker has"
     peers = "the chief" if client else "its peers"
-    why = f"hung: {peers} lost contact with it" if code is None else f"exited with {code}"
+    why = (f"hung: {peers} lost contact with it" if code is None else
+           "its host's link is down" if code == CUT_OFF else f"exited with {code}")
     who = "a worker" if index is None else f"worker {index}"
     if again:
         return (f"tfdp.launch: {who} left ({why}); starting it again "

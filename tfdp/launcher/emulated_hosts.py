@@ -159,6 +159,19 @@ class Hosts:
         finally:
             os.close(fd)
 
+    def up(self, index: int) -> bool:
+        """Whether host ``index``'s link is up (an operator, or a test, may set it down)."""
+        try:
+            flags = json.loads(_run("ip", "-n", self.names[index], "-j", "link", "show",
+                                    "eth0"))[0]["flags"]
+        except (RuntimeError, ValueError, LookupError):
+            return False  # Not made, or gone.
+        return "UP" in flags
+
+    def reachable(self, first: list) -> list:
+        """The hosts ``first`` (kept in front: a client's), then every other whose link is up."""
+        return [*first, *(i for i in range(self.count) if i not in first and self.up(i))]
+
     def describe(self, roles: list) -> list:
         """One line per host: its namespace, address, what runs there (``roles[i]``), link."""
         rate = f"{self.link} each way" if self.link else "unshaped"
@@ -178,11 +191,11 @@ class Hosts:
                 found.append(None)  # Not made, or already gone: nothing to count.
         return found
 
-    def traffic(self, roles: list) -> list:
+    def traffic(self, roles: dict) -> list:
         """One line per host: the bytes its link carried each way so far (``roles[i]`` runs
-        there)."""
-        return [f"host {i} ({roles[i]}) sent {c[0] / 1e6:.2f} MB, received {c[1] / 1e6:.2f} MB"
-                for i, c in enumerate(self.counters()) if c]
+        there last, if anything does)."""
+        return [f"host {i} ({roles.get(i, 'no process now')}) sent {c[0] / 1e6:.2f} MB, "
+                f"received {c[1] / 1e6:.2f} MB" for i, c in enumerate(self.counters()) if c]
 
     def remove(self) -> None:
         """Remove every namespace made (their links go with them, and what runs in them)."""

@@ -4,7 +4,6 @@ checked, the network chosen (a private namespace, or emulated hosts), the proces
 copied (``tfdp.launcher.output``); ``tfdp.launch`` is the command line."""
 
 import functools
-import json
 import os
 import signal
 import subprocess
@@ -18,8 +17,8 @@ from tfdp.config import flags
 from tfdp.config.settings import RUN_STAMP_ENV
 from tfdp.launcher import elastic, emulated_hosts, isolation, supervise
 from tfdp.launcher.children import prepare_child
-from tfdp.launcher.processes import HOST_PORT, Process, free_ports, processes
-from tfdp.launcher.output import pump, say
+from tfdp.launcher.processes import HOST_PORT, free_ports, processes
+from tfdp.launcher.output import pump, roles_of, say, summary
 from tfdp.util import errors
 from tfdp.util.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, UserError
 
@@ -80,18 +79,19 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
         specs[:] = processes(config, num_workers, train_args, addresses[:num_workers], chief,
                              stamp, live, ps)
         if emulated:
-            for line in emulated.describe(_roles(specs)):
+            for line in emulated.describe(roles_of(specs)):
                 say(f"tfdp.launch: {line}")
+        placed = list(range(len(specs)))  # The emulated host of each process.
 
-        def start(host):
-            spec = specs[host]
+        def start(position):
+            spec = specs[position]
             proc = subprocess.Popen(
                 spec.argv, env=spec.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 # A session of its own: Ctrl-C in the terminal reaches the launcher only, which
                 # then asks every worker to save and stop.
                 start_new_session=True,
                 preexec_fn=functools.partial(prepare_child, spec.cores, os.getpid(), emulated,
-                                             host))
+                                             placed[position]))
             for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 copier = threading.Thread(target=pump, args=(stream, spec.prefix, out),
                                           daemon=True)
@@ -102,12 +102,13 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
         while True:
             group.tell_the_workers(specs)
             procs[:] = [start(host) for host in range(len(specs))]
-            say(f"tfdp.launch: {_summary(specs)} {where}")
+            say(f"tfdp.launch: {summary(specs)} {where}")
             supervise.raise_if_signalled()
             if client and not group.goes_on:
                 restart = start if path.restart_lost_workers else None
                 return supervise.supervise_client(procs, specs, POLL_SECONDS, restart)
-            ended = _supervise_group(procs, specs, group, client, run_dir)
+            ended = _supervise_group(procs, specs, group, client, run_dir,
+                                     *_host_checks(emulated, placed))
             roles = [spec.role for spec in specs]
             if ended is None:  # Grown: the workers (or the client) saved one step and stopped.
                 if client:  # Its servers stop once it has gone.
@@ -127,7 +128,11 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
                 # Their collectives (the client's step) wait for the lost worker: nothing more
                 # to save.
                 supervise.stop(procs, roles, grace=0)
-            addresses = [f"127.0.0.1:{port}" for port in free_ports(group.size + client)]
+            if emulated:  # On the hosts still reachable: one cut off keeps no worker.
+                placed[:] = emulated.reachable(placed[:client])[:group.size + client]
+                addresses = [f"{emulated.address(h)}:{HOST_PORT}" for h in placed]
+            else:
+                addresses = [f"127.0.0.1:{port}" for port in free_ports(group.size + client)]
             chief = addresses.pop(0) if client else None
             specs[:] = processes(config, group.size, train_args, addresses, chief, stamp, live)
     except (KeyboardInterrupt, supervise.Terminated) as stop:
@@ -151,7 +156,7 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
         for copier in copiers:
             copier.join(timeout=5)
         if emulated:
-            for line in emulated.traffic([spec.role for spec in specs]):
+            for line in emulated.traffic({h: spec.role for h, spec in zip(placed, specs)}):
                 say(f"tfdp.launch: {line}")
             emulated.remove()
         if supervise.second_ctrl_c():
@@ -160,23 +165,37 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
                 f"backup are lost; {errors.rerun_in(folder)} to resume from it")
 
 
-def _supervise_group(procs, specs, group: elastic.Group, client: bool, run_dir: str):
+def _host_checks(emulated, placed: list) -> tuple:
+    """On emulated hosts: which processes' hosts are cut off (their positions), and whether a
+    host is free and up for a worker to join; (None, None) elsewhere."""
+    if not emulated:
+        return None, None
+    return ((lambda: [j for j, h in enumerate(placed) if not emulated.up(h)]),
+            (lambda: len(emulated.reachable(placed)) > len(placed)))
+
+
+def _supervise_group(procs, specs, group: elastic.Group, client: bool, run_dir: str,
+                     cut=None, host_free=None):
     """The supervision of a group that regroups (``multi_worker``'s workers, or a client's
     servers), which a worker may join (SIGUSR1): the group's exit code, a ``supervise.Left``,
     a ``supervise.ChiefLost`` (while ``--max_restarts`` allows), or None once it has grown
     (every worker, or the client, saved one common step and stopped, as for a preemption, the
     run folder ``run_dir`` marked meanwhile so that their lines say the group re-forms:
-    ``tfdp.launcher.regrouping``)."""
+    ``tfdp.launcher.regrouping``). On emulated hosts, ``cut()`` names the processes whose
+    host's link is down, and ``host_free()`` says whether a joining worker has a host."""
     while True:
         try:
             if client:
                 return supervise.supervise_client(procs, specs, POLL_SECONDS,
                                                   going_on=group.survivors_needed(),
-                                                  chief_again=group.restarts_left > 0)
+                                                  chief_again=group.restarts_left > 0, cut=cut)
             return supervise.supervise(procs, POLL_SECONDS, PREEMPT_GRACE,
-                                       going_on=group.survivors_needed())
+                                       going_on=group.survivors_needed(), cut=cut)
         except supervise.Join:
             room, line = group.joining()
+            if room and host_free and not host_free():
+                room, line = False, ("tfdp.launch: a worker asked to join (SIGUSR1); no "
+                                     "emulated host is up and free for it")
             say(line)
             if not room:
                 continue
@@ -198,34 +217,6 @@ def _supervise_group(procs, specs, group: elastic.Group, client: bool, run_dir: 
 def _run_dir(config, stamp: str) -> str:
     """The workers' run folder: ``--workdir``, else the default ``worker_env``'s stamp names."""
     return config.workdir or config.default_run_dir(os.environ.get(RUN_STAMP_ENV, stamp))
-
-
-def _roles(specs: list) -> list:
-    """What each process is, naming its program where the cluster runs more than one."""
-    if len({spec.argv[2] for spec in specs}) == 1:
-        return [spec.role for spec in specs]
-    return [f"{spec.role} ({spec.argv[2]})" for spec in specs]
-
-
-def _summary(specs: list) -> str:
-    """Who runs where: ``2 workers at a, b, cores [[0], [1]]`` (and the client paths' chief,
-    and parameter servers)."""
-    workers = [s for s in specs if s.role.startswith("worker")]
-    chief = [s for s in specs if s.role == "chief"]
-    ps = [s for s in specs if s.role.startswith("ps")]
-    line = (f"{len(workers)} {'tfdp.server ' if chief else ''}"
-            f"worker{'s' if len(workers) != 1 else ''} at "
-            f"{', '.join(_address(s) for s in workers)}")
-    if ps:
-        line += f", {len(ps)} parameter server(s) at {', '.join(_address(s) for s in ps)}"
-    if chief:
-        line += f" and their chief (tfdp.train) at {_address(chief[0])}"
-    return line + f", cores {[s.cores for s in workers]}"
-
-
-def _address(spec: Process) -> str:
-    config = json.loads(spec.env["TF_CONFIG"])
-    return config["cluster"][config["task"]["type"]][config["task"]["index"]]
 
 
 def workers_config(train_args: list) -> tuple:

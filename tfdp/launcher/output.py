@@ -8,6 +8,7 @@ nothing else is filtered, tracebacks never.
 """
 
 import codecs
+import json
 import os
 import re
 import sys
@@ -83,3 +84,31 @@ def emit(text, prefix, out):
         out.write("".join(pieces))
         out.flush()
         _LINE_OPEN[0] = not text.endswith("\n")
+
+
+def roles_of(specs: list) -> list:
+    """What each process is, naming its program where the cluster runs more than one."""
+    if len({spec.argv[2] for spec in specs}) == 1:
+        return [spec.role for spec in specs]
+    return [f"{spec.role} ({spec.argv[2]})" for spec in specs]
+
+
+def summary(specs: list) -> str:
+    """Who runs where: ``2 workers at a, b, cores [[0], [1]]`` (and the client paths' chief,
+    and parameter servers)."""
+    workers = [s for s in specs if s.role.startswith("worker")]
+    chief = [s for s in specs if s.role == "chief"]
+    ps = [s for s in specs if s.role.startswith("ps")]
+    line = (f"{len(workers)} {'tfdp.server ' if chief else ''}"
+            f"worker{'s' if len(workers) != 1 else ''} at "
+            f"{', '.join(address_of(s) for s in workers)}")
+    if ps:
+        line += f", {len(ps)} parameter server(s) at {', '.join(address_of(s) for s in ps)}"
+    if chief:
+        line += f" and their chief (tfdp.train) at {address_of(chief[0])}"
+    return line + f", cores {[s.cores for s in workers]}"
+
+
+def address_of(spec) -> str:
+    config = json.loads(spec.env["TF_CONFIG"])
+    return config["cluster"][config["task"]["type"]][config["task"]["index"]]

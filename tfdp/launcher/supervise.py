@@ -70,8 +70,11 @@ def raise_if_signalled():
 
 class Left(NamedTuple):
     """Workers that ended while the others ran (``tfdp.launcher.elastic``): their indexes and
-    exit codes (None: hung, ``hung``)."""
+    exit codes (None: hung, ``hung``; ``CUT_OFF``: an emulated host's link down)."""
     failed: list
+
+
+CUT_OFF = "cut off"
 
 
 class ChiefLost(NamedTuple):
@@ -81,9 +84,10 @@ class ChiefLost(NamedTuple):
     code: int
 
 
-def supervise(procs, poll_seconds, grace, going_on: int = 0):
+def supervise(procs, poll_seconds, grace, going_on: int = 0, cut=None):
     """The exit code of a group of workers that ends together, or, where ``going_on`` workers
-    may go on without those that failed (an elastic group, and that many left), ``Left``."""
+    may go on without those that failed (an elastic group, and that many left), ``Left``;
+    ``cut()``: the workers whose emulated host is cut off, lost whether they ended or not."""
     while True:
         raise_if_signalled()
         if JOINING:
@@ -100,11 +104,17 @@ def supervise(procs, poll_seconds, grace, going_on: int = 0):
                         else next(c for c in codes if c != PREEMPTED_EXIT_CODE) or 1)
             # Those that lost contact with the lost ones are survivors: they can re-form.
             lost = [(i, c) for i, c in failed if c != LOST_CONTACT_EXIT_CODE]
+            if going_on and not lost and cut:
+                lost = [(i, CUT_OFF) for i in cut()]
             if going_on and not lost:
                 lost = hung(procs)
             if going_on and lost and len(procs) - len(lost) >= going_on:
                 return Left(lost)
             i, code = (lost or failed)[0]
+            if not isinstance(code, int):  # Hung or cut off, and too few left without it.
+                say(f"tfdp.launch: worker {i} {'hung' if code is None else code}: its peers "
+                    "lost contact with it; stopping the others")
+                return exit_status(failed[0][1])
             say(f"tfdp.launch: worker {i} exited with {code}; stopping the others")
             return exit_status(code)
         if all(c == 0 for c in codes):
@@ -133,7 +143,7 @@ def hung(procs) -> list:
 
 
 def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0,
-                     chief_again: bool = False):
+                     chief_again: bool = False, cut=None):
     """The manual and parameter-server paths: the client (``procs[0]``) decides; a server that
     ends first is said once (the client finds out and says what it means for the run). With
     ``restart`` (``restart(i) -> Popen``), a worker that ends is started again instead, up to
@@ -144,7 +154,8 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
     a server it cannot name. The servers hold nothing of the run (the client keeps its state),
     so the group re-forms from fresh ones whichever it was. With ``chief_again``, a client
     killed by a signal (from outside, or the kernel's out-of-memory killer; not an exit of its
-    own) is ``ChiefLost``: the group may start it again."""
+    own) is ``ChiefLost``: the group may start it again. ``cut()``: the processes (positions in
+    ``procs``) whose emulated host is cut off, the servers among them lost."""
     reported, restarts = set(), {}
     while True:
         raise_if_signalled()
@@ -157,10 +168,14 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
             # has finished; 75: a preemption the client saves for) is not lost.
             ended = [(i - 1, c) for i, c in enumerate((p.poll() for p in procs[1:]), 1)
                      if c not in (None, 0, PREEMPTED_EXIT_CODE)]
+            if ended and cut:  # A server cut off ends on its own too: its host says why.
+                down = cut()
+                ended = [(i, CUT_OFF if i + 1 in down else c) for i, c in ended]
             if ended and len(procs) - 1 - len(ended) >= going_on:
                 return Left(ended)
             if not ended and code == LOST_CONTACT_EXIT_CODE:
-                hung = [(i - 1, None) for i, p in enumerate(procs[1:], 1) if _stopped(p)]
+                hung = [(i - 1, CUT_OFF) for i in (cut() if cut else []) if i > 0] or [
+                    (i - 1, None) for i, p in enumerate(procs[1:], 1) if _stopped(p)]
                 hung = hung or [(None, None)]
                 if len(procs) - 1 - len(hung) >= going_on:
                     return Left(hung)
