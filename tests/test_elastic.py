@@ -371,6 +371,10 @@ def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost(monk
         [(1, supervise.CUT_OFF)])  # It noticed first, and ended.
     assert supervise.supervise([Ended(LOST_CONTACT), Ended(None)], 0.01, 1, going_on=1,
                                cut=lambda: [1]) == supervise.Left([(1, supervise.CUT_OFF)])
+    # The client's own host cut off: no server is lost, the run ends with the client's code.
+    for codes in ((LOST_CONTACT, None, None), (LOST_CONTACT, 1, None)):
+        assert supervise.supervise_client([Ended(c) for c in codes], roles, 0.01, going_on=1,
+                                          cut=lambda: [0]) == LOST_CONTACT
     # Too few left without the hung or cut-off one: the group ends with its peers' code.
     monkeypatch.setattr(supervise, "HUNG_SETTLE", 0.2)
     assert supervise.supervise([Ended(LOST_CONTACT), Ended(None)], 0.01, 1, going_on=2,

@@ -12,10 +12,9 @@ import threading
 import time
 
 from tfdp import paths
-from tfdp.launcher import regrouping
 from tfdp.config import flags
 from tfdp.config.settings import RUN_STAMP_ENV
-from tfdp.launcher import elastic, emulated_hosts, isolation, supervise
+from tfdp.launcher import elastic, emulated_hosts, isolation, regrouping, supervise
 from tfdp.launcher.children import prepare_child
 from tfdp.launcher.processes import HOST_PORT, free_ports, processes
 from tfdp.launcher.output import pump, roles_of, say, summary

@@ -1,5 +1,6 @@
-"""The launcher's output: its own lines, and every process's lines copied with a prefix
-(``[0]``, ``[chief]``), whole lines at a time, so two processes' lines never mix.
+"""The launcher's output: its own lines (what it starts: ``roles_of``, ``summary``), and every
+process's lines copied with a prefix (``[0]``, ``[chief]``), whole lines at a time, so two
+processes' lines never mix.
 
 A worker that dies leaves its peers' TensorFlow runtimes logging the same four-line gRPC error
 each time they try to reach it (dozens of times while the launcher restarts it), which buries

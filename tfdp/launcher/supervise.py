@@ -168,15 +168,15 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
             # has finished; 75: a preemption the client saves for) is not lost.
             ended = [(i - 1, c) for i, c in enumerate((p.poll() for p in procs[1:]), 1)
                      if c not in (None, 0, PREEMPTED_EXIT_CODE)]
-            if ended and cut:  # A server cut off ends on its own too: its host says why.
-                down = cut()
-                ended = [(i, CUT_OFF if i + 1 in down else c) for i, c in ended]
-            if ended and len(procs) - 1 - len(ended) >= going_on:
-                return Left(ended)
-            if not ended and code == LOST_CONTACT_EXIT_CODE:
-                hung = [(i - 1, CUT_OFF) for i in (cut() if cut else []) if i > 0] or [
-                    (i - 1, None) for i, p in enumerate(procs[1:], 1) if _stopped(p)]
-                hung = hung or [(None, None)]
+            down = cut() if cut and (ended or code is not None) else []
+            # The client's own host cut off: no server is to blame, and the run ends.
+            if ended and 0 not in down and len(procs) - 1 - len(ended) >= going_on:
+                # A server cut off ends on its own too: its host says why.
+                return Left([(i, CUT_OFF if i + 1 in down else c) for i, c in ended])
+            if not ended and code == LOST_CONTACT_EXIT_CODE and 0 not in down:
+                hung = ([(i - 1, CUT_OFF) for i in down] or
+                        [(i - 1, None) for i, p in enumerate(procs[1:], 1) if _stopped(p)] or
+                        [(None, None)])
                 if len(procs) - 1 - len(hung) >= going_on:
                     return Left(hung)
         for i, proc in enumerate(procs[1:], 1):  # Before the chief's end: it may be why.
