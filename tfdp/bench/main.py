@@ -81,6 +81,8 @@ flags.DEFINE_boolean("hosts", False, "Across emulated hosts (Linux, root) instea
 flags.DEFINE_list("workers", ["2", "3", "4"], "--hosts, --elastic: worker counts k to try.")
 flags.DEFINE_boolean("elastic", False, "Measure what tfdp.launch --num_workers=1:k costs, with "
                      "nothing lost and with a worker lost (tfdp.bench.elastic; elastic.md, .json).")
+flags.DEFINE_list("elastic_paths", ["multi_worker"], "--elastic: the paths to measure "
+                  "(multi_worker, manual: the from-scratch client's servers).")
 flags.DEFINE_list("sizes", ["0.5MB", "4MB"], "--hosts: gradient sizes (0.43MB, 4MB, 45MB ...).")
 flags.DEFINE_list("dtypes", ["float32"], "--hosts --allreduce: what the gradients travel in "
                   "(float32, bfloat16: tfdp.train's --allreduce_dtype); --sizes are float32 bytes.")
