@@ -15,7 +15,7 @@ import socket
 import time
 
 from tfdp import paths
-from tfdp.config.settings import GROUP_GOES_ON_ENV
+from tfdp.launcher import regrouping
 from tfdp.util import errors
 from tfdp.util.errors import UserError
 
@@ -235,9 +235,9 @@ def lost_contact(error_name: str, peers: list, error_text: str, kept_steps: list
 
 def _resume(kept_steps: list) -> str:
     kept = f"; the backup of step {kept_steps[-1]} is kept" if kept_steps else ""
-    goes_on = os.environ.get(GROUP_GOES_ON_ENV)
-    if goes_on:
-        return f"{kept}: tfdp.launch {goes_on} re-forms the group"
+    re_forms = regrouping.launcher_re_forms()
+    if re_forms:
+        return f"{kept}: {re_forms}"
     return f"{kept}: {errors.rerun()} to resume once every worker is reachable"
 
 

@@ -6,7 +6,9 @@ client saves its own) and starting it again one larger. The workers' lines must 
 "run the same command again": the launcher does that itself, at once. So before its SIGTERM it
 marks the run folder (``mark``), and a worker that stops for a signal reads the mark
 (``then``) to say what happens next; the launcher removes the mark once the group has stopped
-(``unmark``), and any a killed launcher left when it starts again."""
+(``unmark``), and any a killed launcher left when it starts again. ``launcher_re_forms`` is the
+one wording of what the launcher does next, for a join's line and a loss's
+(``tfdp.cluster.tf_config.lost_contact``)."""
 
 import os
 from typing import Optional
@@ -30,10 +32,17 @@ def unmark(run_dir: str) -> None:
         pass
 
 
-def then(run_dir: Optional[str]) -> Optional[str]:
-    """What follows a stop of the run in ``run_dir`` that a join asked for, for its line (the
-    group's flags: ``GROUP_GOES_ON_ENV``); None for any other stop."""
+def launcher_re_forms() -> Optional[str]:
+    """In a worker of a launched group that goes on (its flags: ``GROUP_GOES_ON_ENV``), what the
+    launcher does after a loss or a join, for the worker's lines; None elsewhere."""
     flags = os.environ.get(GROUP_GOES_ON_ENV)
-    if flags and run_dir and os.path.exists(os.path.join(run_dir, MARK)):
-        return f"a worker joins: tfdp.launch {flags} re-forms the group from it, one larger"
+    return f"tfdp.launch {flags} re-forms the group" if flags else None
+
+
+def then(run_dir: Optional[str]) -> Optional[str]:
+    """What follows a stop of the run in ``run_dir`` that a join asked for, for its line; None
+    for any other stop."""
+    re_forms = launcher_re_forms()
+    if re_forms and run_dir and os.path.exists(os.path.join(run_dir, MARK)):
+        return f"a worker joins: {re_forms} from it, one larger"
     return None
