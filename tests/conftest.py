@@ -3,8 +3,9 @@ once per session from the Fashion-MNIST files (``$TFDP_MANUAL_DIR`` or the share
 the markers. The helpers tests share live beside it, each module one kind: ``processes`` (a
 child's environment, launched clusters, faults from outside), ``same_model`` (runs to compare),
 ``terminal`` (a real pseudo-terminal), ``exports`` (serving clients), ``traces``,
-``slurm_cluster`` (a real Slurm on emulated hosts) and ``shared_runs`` (small runs trained once a
-session for the tests that only read them).
+``slurm_cluster`` (a real Slurm on emulated hosts), ``shared_runs`` (small runs trained once a
+session for the tests that only read them) and ``zygote`` (the ``python -m tfdp.<command>``
+processes started under a test worker, forked from one that has imported TensorFlow).
 
 Set ``TFDP_TEST_DATA_DIR`` to keep the prepared TFDS data between sessions (.ci/run does).
 
@@ -109,6 +110,18 @@ def signals_as_a_shell_gives_them():
     as_the_shell_gave_them()
     yield
     as_the_shell_gave_them()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def commands_forked_from_one_import():
+    """This worker's zygote (tests/zygote.py): the ``python -m tfdp.<command>`` processes
+    started under its tests are forked from one that imported TensorFlow once."""
+    import zygote
+
+    started = zygote.start(_OWN)
+    yield
+    if started:
+        zygote.stop(started)
 
 
 @pytest.fixture(autouse=True)

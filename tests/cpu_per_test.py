@@ -4,7 +4,8 @@
 
 Appends a line per test to ``$TFDP_CPU_TSV`` (default ``cpu.tsv``): its id, wall seconds, then
 CPU-seconds of the test's own process and of the child processes it waited for (each xdist
-worker counts its own, so the figures hold with tests running side by side)."""
+worker counts its own, so the figures hold with tests running side by side; the commands its
+zygote forked, ``tests/zygote.py``, count with the children)."""
 
 import os
 import resource
@@ -12,11 +13,14 @@ import time
 
 import pytest
 
+import zygote
+
 
 def _cpu() -> tuple:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+    return (own.ru_utime + own.ru_stime,
+            children.ru_utime + children.ru_stime + zygote.children_cpu())
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import zygote
 
 from conftest import REPO
 
@@ -158,13 +159,23 @@ def cut_off(launcher: int, host: int) -> tuple:
 
 
 def task_pid(launcher: int, kind: str, index: int) -> int:
-    """The pid of the launcher's child that runs task ``kind`` ``index`` (by its TF_CONFIG)."""
-    launched = children(launcher)
-    for pid in launched:
+    """The pid of the process that runs task ``kind`` ``index`` of a launcher (``tasks``)."""
+    running = tasks(launcher)
+    if (kind, index) not in running:
+        raise AssertionError(f"no {kind} {index} among {children(launcher)}")
+    return running[kind, index]
+
+
+def tasks(launcher: int) -> dict:
+    """(kind, index) -> the pid of the process that runs that task of a launcher: its child of
+    that TF_CONFIG or, where the child stands in for a command the suite forked
+    (tests/zygote.py), the forked process, which a stop must reach."""
+    running = {}
+    for pid in children(launcher):
         config = tf_config_of(pid)
-        if config and config["task"] == {"type": kind, "index": index}:
-            return pid
-    raise AssertionError(f"no {kind} {index} among {launched}")
+        if config:
+            running[config["task"]["type"], config["task"]["index"]] = zygote.running_pid(pid)
+    return running
 
 
 def slow_then_stop(run, folder, kind: str, index: int, epochs: int = 1) -> tuple:

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from processes import backed_up, children, launch, task_pid, tf_config_of, wait_for
+from processes import backed_up, launch, task_pid, tasks, wait_for
 from same_model import served_logits
 from tfdp.config.settings import Config
 from tfdp.launcher import regrouping
@@ -248,8 +248,7 @@ def test_a_group_on_emulated_hosts_goes_on_without_a_host_cut_off(tmp_path, data
 
 def _signal_a_server(run, chosen, how) -> int:
     """Send ``how`` to a random one of the client's two ``tfdp.server`` workers: its index."""
-    servers = {task_of["task"]["index"]: pid for pid in children(run.pid)
-               if (task_of := tf_config_of(pid)) and task_of["task"]["type"] == "worker"}
+    servers = {index: pid for (kind, index), pid in tasks(run.pid).items() if kind == "worker"}
     assert sorted(servers) == [0, 1], servers
     victim = chosen.choice(sorted(servers))
     os.kill(servers[victim], how)
@@ -283,8 +282,7 @@ def _resumed(run, out: list, times: int, reporter: str = "0") -> int:
 
 def _kill_a_worker(run, chosen, size: int, how=signal.SIGKILL) -> int:
     """SIGKILL (or stop: ``how``) a random one of the group's ``size`` workers: its index."""
-    workers = {task_of["task"]["index"]: pid for pid in children(run.pid)
-               if (task_of := tf_config_of(pid))}
+    workers = {index: pid for (_, index), pid in tasks(run.pid).items()}
     assert sorted(workers) == list(range(size)), workers
     victim = chosen.choice(sorted(workers))
     os.kill(workers[victim], how)

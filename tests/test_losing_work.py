@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+import zygote
 
 from conftest import REPO
 from processes import child_env, run_train, train_command, wait_for
@@ -39,9 +40,10 @@ def test_a_run_folder_belongs_to_one_run_at_a_time(tmp_path, data_dir):
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
     assert second.returncode == 1
+    holder = zygote.running_pid(first.pid)  # The process that runs the command (forked or not).
     assert second.stderr.strip().splitlines()[-1] == (
         f"tfdp.train: error: --workdir={tmp_path / 'run'} is in use by another run "
-        f"(pid {first.pid}): wait for it to end, or give this run its own --workdir")
+        f"(pid {holder}): wait for it to end, or give this run its own --workdir")
     with run_folder.claim(str(tmp_path / "run")):  # Free again once the first has gone.
         pass
 
