@@ -85,6 +85,9 @@ def start(folder: str):
                               stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                               preexec_fn=_dies_with_parent)
     log.close()
+    deadline = time.time() + 60  # Listening before TensorFlow imports: a command then waits.
+    while not os.path.exists(path) and zygote.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
     return zygote
 
 
@@ -189,15 +192,20 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         while True:
             for key, _ in self.selector.select():
-                if key.fileobj is self.listener:
-                    module = self._accept()
-                    if module:
-                        return module
-                elif key.fileobj == self.wakeup_r:
-                    os.read(self.wakeup_r, 4096)
-                    self._reap()
-                else:
-                    self._stand_in_gone(key.fileobj)
+                try:
+                    if key.fileobj is self.listener:
+                        module = self._accept()
+                        if module:
+                            return module
+                    elif key.fileobj == self.wakeup_r:
+                        os.read(self.wakeup_r, 4096)
+                        self._reap()
+                    else:
+                        self._stand_in_gone(key.fileobj)
+                except Exception:  # noqa: BLE001  Never the zygote's end: its children die with it.
+                    import traceback
+
+                    _log(f"error, serving on:\n{traceback.format_exc()}")
 
     def _accept(self):
         connection, _ = self.listener.accept()
@@ -218,7 +226,10 @@ class Zygote:
                 why_not = f"its network namespace cannot be opened ({e})"
         if why_not:
             _log(f"refused {request.get('module')} of {pid}: {why_not}")
-            _send(connection, {"exec": why_not})
+            try:
+                _send(connection, {"exec": why_not})
+            except OSError:
+                pass  # Its stand-in has gone already.
             connection.close()
             for fd in fds:
                 os.close(fd)
@@ -227,15 +238,24 @@ class Zygote:
         sys.stderr.flush()
         child = os.fork()
         if child == 0:
-            self._close_in_child(connection)
-            _become(request, fds, netns, self.imported)
+            try:
+                self._close_in_child(connection)
+                _become(request, fds, netns, self.imported)
+            except BaseException:  # Never back into the zygote's loop.
+                import traceback
+
+                traceback.print_exc()
+                os._exit(70)
             return request["module"]
         for fd in [*fds, *([netns] if netns is not None else [])]:
             os.close(fd)
         self.by_pid[child] = (connection, pid)
         self.by_connection[connection] = child
         self.selector.register(connection, selectors.EVENT_READ)
-        _send(connection, {"pid": child})
+        try:
+            _send(connection, {"pid": child})
+        except OSError:  # Its stand-in has gone already (killed while the zygote imported).
+            _kill(child, signal.SIGKILL)
         _log(f"forked {request['module']} of {pid} as {child}")
         return None
 
