@@ -139,3 +139,13 @@ def test_what_the_zygote_cannot_reproduce_starts_as_usual():
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_stand_ins_and_the_zygote_serve_the_same_commands():
+    import ast
+
+    with open(os.path.join(zygote.SITE, "sitecustomize.py")) as f:
+        site = {target.id: ast.literal_eval(node.value) for node in ast.parse(f.read()).body
+                if isinstance(node, ast.Assign) for target in node.targets
+                if isinstance(target, ast.Name) and target.id in ("_SERVED", "_NOT_SERVED")}
+    assert (site["_SERVED"], site["_NOT_SERVED"]) == (zygote.SERVED, zygote.NOT_SERVED)

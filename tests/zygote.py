@@ -41,6 +41,8 @@ import types
 
 SOCKET_ENV = "TFDP_TEST_ZYGOTE"
 OFF_ENV = "TFDP_TEST_FORK"
+# As zygote_site/sitecustomize.py's, which may import nothing of the suite's.
+SERVED = ("tfdp.", "zygote_probe")  # tfdp's commands; tests/test_zygote.py's probe.
 NOT_SERVED = ("tfdp.launch", "tfdp.cluster.watchdog")  # They never import TensorFlow.
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_site")
 # What the commands import before they train or serve, imported once, here. Not the commands'
@@ -111,7 +113,7 @@ def _may_hand_over(pid: int) -> bool:
     """Whether process ``pid`` is a ``python -m tfdp.<command>`` that may yet be forked."""
     argv = _read(f"/proc/{pid}/cmdline").split("\0")
     env = _read(f"/proc/{pid}/environ").split("\0")
-    return (len(argv) > 2 and argv[1] == "-m" and argv[2].startswith(("tfdp.", "zygote_probe"))
+    return (len(argv) > 2 and argv[1] == "-m" and argv[2].startswith(SERVED)
             and argv[2] not in NOT_SERVED and f"{OFF_ENV}=0" not in env
             and any(v.startswith(SOCKET_ENV + "=") for v in env))
 
