@@ -120,6 +120,14 @@ def test_the_child_ends_as_it_ends_and_signals_reach_it():
     probe = start("wait", True)
     probe.stdout.readline()
     child = zygote.running_pid(probe.pid)
+    os.kill(child, signal.SIGSTOP)  # Killed while stopped, the child ends: so does its stand-in.
+    wait_for(lambda: _state(probe.pid) == "T", 10, "the stand-in to show the child's stop")
+    os.kill(child, signal.SIGKILL)
+    assert probe.wait(30) == -signal.SIGKILL
+
+    probe = start("wait", True)
+    probe.stdout.readline()
+    child = zygote.running_pid(probe.pid)
     probe.kill()  # SIGKILL, which no stand-in can pass on: its child goes with it.
     assert probe.wait(30) == -signal.SIGKILL
     wait_for(lambda: not alive(child), 10, "the killed stand-in's child to end")

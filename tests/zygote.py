@@ -332,6 +332,7 @@ class Zygote:
             except OSError:
                 pass  # The stand-in has gone first.
             connection.close()
+            _kill(stand_in, signal.SIGCONT)  # A child ended while stopped: so does its stand-in.
 
     def _stand_in_gone(self, connection) -> None:
         """The stand-in's end of the socket closed while its child runs: it was killed (by
