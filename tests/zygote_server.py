@@ -1,0 +1,386 @@
+"""The zygote of tests/zygote.py, which says what it is for and how a command reaches it: a
+process that imports what the suite's commands import, then forks each command handed to it,
+as that command would have started, and tells its stand-in how it ended.
+
+  python tests/zygote_server.py SOCKET    (started by ``zygote.start``)
+"""
+
+import array
+import ctypes
+import io
+import json
+import os
+import re
+import resource
+import runpy
+import selectors
+import signal
+import socket
+import struct
+import sys
+import types
+
+from zygote import OFF_ENV, SOCKET_ENV, die_with_parent, read_text
+
+# What the commands import before they train or serve, imported once, here. Not the commands'
+# own modules: run as ``__main__``, they define absl's flags, which a second definition (by a
+# module imported here) would refuse.
+PRELOAD = ("tfdp.training.mid_step", "tfdp.config.flags", "tfdp.cluster.managed",
+           "tfdp.cluster.tf_server", "tfdp.training.entry", "tfdp.paths.manual.trainer",
+           "tfdp.paths.keras.trainer", "tfdp.paths.parameter_server.trainer",
+           "tfdp.export.saved_model", "tfdp.export.served", "tfdp.data.image_folder")
+# Read by Python, TensorFlow, Keras or the C libraries while they import: a command whose value
+# differs from the zygote's is not forked. (Those read only once a run starts are not compared.)
+IMPORT_TIME = re.compile(r"PYTHON|TF_|KERAS|LD_|OMP_|OPENBLAS|MKL|XLA|MALLOC|CUDA|NVIDIA|TPU"
+                         r"|HOME$|XDG_|TMPDIR$|LANG|LC_|TZ$")
+RUN_TIME = {"TF_CONFIG", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS",
+            "TF_FORCE_GPU_ALLOW_GROWTH"}
+# Who a process is, in /proc/<pid>/status: the same as the zygote's, or no fork.
+IDENTITY = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+            "NoNewPrivs", "Seccomp")
+SAME_NAMESPACES = ("mnt", "pid", "user", "uts", "ipc", "cgroup")
+_PR_SET_NAME, _CLONE_NEWNET = 15, 0x40000000
+_HIGH_FD = 1000  # Received files wait here while the command's own numbers are freed.
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def main(path: str) -> None:
+    before = dict(os.environ)
+    # Listening first: a command started while TensorFlow imports here waits for it, rather
+    # than import it a second time beside it.
+    zygote = Zygote(path, before)
+    from tfdp.util import logs
+
+    logs.import_tensorflow()  # As a command imports it: its banners dropped, gc frozen after.
+    import importlib
+
+    from absl import flags
+
+    defined = set(flags.FLAGS)
+    for module in PRELOAD:
+        importlib.import_module(module)
+    assert set(flags.FLAGS) == defined, f"PRELOAD defines flags: {set(flags.FLAGS) - defined}"
+    # What importing set in the environment (TensorFlow: TPU_ML_PLATFORM), a command's own
+    # import would have set too.
+    zygote.imported = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    module = zygote.serve()  # Returns only in a child.
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    runpy._run_module_as_main(module)
+
+
+class Zygote:
+    def __init__(self, path: str, env: dict):
+        self.path, self.env, self.imported = path, env, {}
+        os.makedirs(path + ".pids", exist_ok=True)
+        self.cpu = 0.0
+        self.own_status = _status(os.getpid())
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.path.exists(path):
+            os.unlink(path)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.wakeup_r, self.wakeup_w = os.pipe()
+        os.set_blocking(self.wakeup_w, False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.selector.register(self.wakeup_r, selectors.EVENT_READ)
+        self.by_pid, self.by_connection = {}, {}  # child -> (connection, stand-in), and back
+
+    def serve(self) -> str:
+        signal.set_wakeup_fd(self.wakeup_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        while True:
+            for key, _ in self.selector.select():
+                try:
+                    if key.fileobj is self.listener:
+                        module = self._accept()
+                        if module:
+                            return module
+                    elif key.fileobj == self.wakeup_r:
+                        os.read(self.wakeup_r, 4096)
+                        self._reap()
+                    else:
+                        self._stand_in_gone(key.fileobj)
+                except Exception:  # noqa: BLE001  Never the zygote's end: its children die with it.
+                    import traceback
+
+                    _log(f"error, serving on:\n{traceback.format_exc()}")
+
+    def _accept(self):
+        connection, _ = self.listener.accept()
+        try:
+            request, fds = _receive(connection)
+        except (OSError, ValueError) as e:
+            _log(f"refused: unreadable request ({e})")
+            connection.close()
+            return None
+        pid = struct.unpack("3i", connection.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        why_not = self._why_not(request, pid, fds)
+        netns = None
+        if not why_not and _namespace(pid, "net") != _namespace(os.getpid(), "net"):
+            try:
+                netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+            except OSError as e:
+                why_not = f"its network namespace cannot be opened ({e})"
+        if why_not:
+            _log(f"refused {request.get('module')} of {pid}: {why_not}")
+            try:
+                _send(connection, {"exec": why_not})
+            except OSError:
+                pass  # Its stand-in has gone already.
+            connection.close()
+            for fd in fds:
+                os.close(fd)
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        child = os.fork()
+        if child == 0:
+            try:
+                self._close_in_child(connection)
+                _become(request, fds, netns, self.imported)
+            except BaseException:  # Never back into the zygote's loop.
+                import traceback
+
+                traceback.print_exc()
+                os._exit(70)
+            return request["module"]
+        for fd in [*fds, *([netns] if netns is not None else [])]:
+            os.close(fd)
+        self.by_pid[child] = (connection, pid)
+        self.by_connection[connection] = child
+        self.selector.register(connection, selectors.EVENT_READ)
+        try:
+            _send(connection, {"pid": child})
+        except OSError:  # Its stand-in has gone already (killed while the zygote imported).
+            _kill(child, signal.SIGKILL)
+        _log(f"forked {request['module']} of {pid} as {child}")
+        return None
+
+    def _why_not(self, request: dict, pid: int, fds: list):
+        if request.get("executable") != sys.executable:
+            return f"another Python ({request.get('executable')})"
+        if request.get("tfdp") != _origin():
+            return f"another tfdp ({request.get('tfdp')})"
+        if any(arg.startswith("--verbose") and arg != "--verbose=false"
+               for arg in request["argv"][3:]):
+            return "--verbose (it shows what TensorFlow prints while it imports)"
+        env = request["env"]
+        if env.get(OFF_ENV) == "0":
+            return f"{OFF_ENV}=0"
+        differ = sorted(name for name in {*env, *self.env}
+                        if IMPORT_TIME.match(name) and name not in RUN_TIME
+                        and env.get(name) != self.env.get(name) and name != SOCKET_ENV)
+        if differ:
+            return f"its {', '.join(differ)} differ"
+        status = _status(pid)
+        other = [field for field in IDENTITY if status.get(field) != self.own_status.get(field)]
+        if other:
+            return f"its {', '.join(other)} differ"
+        other = [kind for kind in SAME_NAMESPACES
+                 if _namespace(pid, kind) != _namespace(os.getpid(), kind)]
+        if other:
+            return f"its {', '.join(other)} namespaces differ"
+        if read_text(f"/proc/{pid}/cgroup") != read_text(f"/proc/{os.getpid()}/cgroup"):
+            return "another cgroup"
+        if len(fds) != len(request["fds"]):
+            return "its open files did not all arrive"
+        return None
+
+    def _close_in_child(self, connection) -> None:
+        signal.set_wakeup_fd(-1)
+        self.selector.close()
+        self.listener.close()
+        for other in self.by_connection:
+            other.close()
+        connection.close()
+        os.close(self.wakeup_r)
+        os.close(self.wakeup_w)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                child, status, usage = os.wait4(-1, os.WNOHANG | os.WUNTRACED | os.WCONTINUED)
+            except ChildProcessError:
+                return
+            if child == 0:
+                return
+            connection, stand_in = self.by_pid.get(child, (None, None))
+            if os.WIFSTOPPED(status) or os.WIFCONTINUED(status):
+                # Whoever reads the stand-in's state (tfdp.launch asks whether a worker is
+                # stopped) sees the child's.
+                if stand_in:
+                    _kill(stand_in, signal.SIGSTOP if os.WIFSTOPPED(status) else signal.SIGCONT)
+                continue
+            self.cpu += usage.ru_utime + usage.ru_stime
+            with open(self.path + ".cpu.new", "w") as f:
+                f.write(f"{self.cpu:.3f}")
+            os.replace(self.path + ".cpu.new", self.path + ".cpu")
+            if connection is None:
+                continue
+            del self.by_pid[child], self.by_connection[connection]
+            if connection in self.selector.get_map():
+                self.selector.unregister(connection)
+            ended = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
+                     else {"exit": os.WEXITSTATUS(status)})
+            try:
+                _send(connection, ended)
+            except OSError:
+                pass  # The stand-in has gone first.
+            connection.close()
+            _kill(stand_in, signal.SIGCONT)  # A child ended while stopped: so does its stand-in.
+
+    def _stand_in_gone(self, connection) -> None:
+        """The stand-in's end of the socket closed while its child runs: it was killed (by
+        SIGKILL: a signal it could catch it would have passed on). So is its child."""
+        self.selector.unregister(connection)
+        child = self.by_connection.get(connection)
+        if child:
+            _log(f"stand-in of {child} gone: killing it")
+            _kill(child, signal.SIGKILL)
+
+
+def _become(request: dict, fds: list, netns, imported: dict) -> None:
+    """In the forked child: the command's process, as it would have started."""
+    die_with_parent()
+    os.setsid()
+    if netns is not None:
+        if _libc.setns(netns, _CLONE_NEWNET) != 0:
+            os._exit(70)
+        os.close(netns)
+    high = [_dup_high(fd) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for target, fd in zip(request["fds"], high):
+        os.dup2(fd, target, inheritable=True)
+    for fd in high:
+        os.close(fd)
+    for target in (0, 1, 2):
+        if target not in request["fds"]:
+            try:
+                os.close(target)
+            except OSError:
+                pass
+    os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    os.sched_setaffinity(0, request["affinity"])
+    os.setpriority(os.PRIO_PROCESS, 0, request["priority"])
+    for name, (soft, hard) in request["rlimits"].items():
+        limit = getattr(resource, name)
+        if resource.getrlimit(limit) != (soft, hard):
+            resource.setrlimit(limit, (soft, hard))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.environ.update(imported)
+    import tempfile
+
+    tempfile.tempdir = None  # Found again from the command's environment.
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(signum, signal.SIG_IGN if signum in request["ignored"]
+                          else signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # Those Python may not set (32, 33: the C library's own).
+    if signal.SIGINT not in request["ignored"]:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # What Python does at start.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])
+    _stdio(request["fds"], request["env"])
+    sys.argv = ["-m", *request["argv"][3:]]
+    sys.path[0] = request["cwd"]
+    _libc.prctl(_PR_SET_NAME, request["module"].rsplit(".", 1)[-1][:15].encode(), 0, 0, 0)
+    parent, _, name = request["module"].rpartition(".")
+    sys.modules.pop(request["module"], None)
+    if parent in sys.modules and hasattr(sys.modules[parent], name):
+        delattr(sys.modules[parent], name)
+
+
+def _stdio(fds: list, env: dict) -> None:
+    """sys.stdin, sys.stdout and sys.stderr as Python makes them at start for these files."""
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    encoding = sys.stdout.encoding if sys.stdout else "utf-8"
+
+    def stream(fd, mode, errors):
+        if fd not in fds:
+            return None
+        interactive = os.isatty(fd)
+        if mode == "r":
+            return io.open(fd, "r", encoding=encoding, errors=errors, newline="\n",
+                           closefd=False)
+        text = io.open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
+        return io.TextIOWrapper(text, encoding=encoding, errors=errors, newline="\n",
+                                line_buffering=not unbuffered and (interactive or fd == 2),
+                                write_through=unbuffered)
+
+    sys.stdin = sys.__stdin__ = stream(0, "r", "strict")
+    sys.stdout = sys.__stdout__ = stream(1, "w", "strict")
+    sys.stderr = sys.__stderr__ = stream(2, "w", "backslashreplace")
+
+
+def _dup_high(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD, _HIGH_FD)
+
+
+def _receive(connection):
+    """A request: its length and files in one message, then its JSON."""
+    fds = array.array("i")
+    header, ancillary, _, _ = connection.recvmsg(4, socket.CMSG_SPACE(256 * fds.itemsize))
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    if len(header) != 4:
+        raise ValueError("no header")
+    (size,) = struct.unpack("!I", header)
+    body = b""
+    while len(body) < size:
+        chunk = connection.recv(size - len(body))
+        if not chunk:
+            raise ValueError("cut short")
+        body += chunk
+    return json.loads(body), list(fds)
+
+
+def _send(connection, message: dict) -> None:
+    connection.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _status(pid: int) -> dict:
+    fields = {}
+    for line in read_text(f"/proc/{pid}/status").splitlines():
+        name, _, value = line.partition(":")
+        fields[name] = value.strip()
+    return fields
+
+
+def _namespace(pid: int, kind: str):
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return None
+
+
+def _origin() -> str:
+    import tfdp
+
+    return os.path.dirname(os.path.abspath(tfdp.__file__))
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
