@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import zygote
@@ -15,7 +16,6 @@ import zygote
 from processes import alive, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +28,7 @@ def a_zygote():
 def start(what, forked, env=None, **popen):
     env = {**os.environ, "PROBE": "yes", **(env or {}), **({} if forked else {zygote.OFF_ENV: "0"})}
     popen.setdefault("stdout", subprocess.PIPE)
-    return subprocess.Popen([sys.executable, "-m", "zygote_probe", what], cwd=HERE, env=env,
+    return subprocess.Popen([sys.executable, "-m", "zygote_probe", *what.split()], cwd=HERE, env=env,
                             stdin=popen.pop("stdin", subprocess.DEVNULL),
                             stderr=subprocess.PIPE, text=True, **popen)
 
@@ -131,6 +131,45 @@ def test_the_child_ends_as_it_ends_and_signals_reach_it():
     probe.kill()  # SIGKILL, which no stand-in can pass on: its child goes with it.
     assert probe.wait(30) == -signal.SIGKILL
     wait_for(lambda: not alive(child), 10, "the killed stand-in's child to end")
+
+
+def test_a_command_started_after_a_stand_in_was_killed_finds_what_its_child_held_free(tmp_path):
+    """A process killed has closed its files (a run folder's lock released) once its parent
+    sees it end; a killed stand-in's child ends after it, and is gone before the zygote forks
+    the next command, however soon that comes (an elastic group's worker started again found
+    its folder held)."""
+    lock = tmp_path / "lock"
+    holder = start(f"hold {lock} 1024", True)
+    assert json.loads(holder.stdout.readline()) == {"locked": True}
+    holder.stdout.readline()  # Its memory touched: an end that takes a while.
+    server = _parent(zygote.running_pid(holder.pid))
+    os.kill(server, signal.SIGSTOP)  # The stand-in's end and the next command, seen at once.
+    try:
+        holder.kill()
+        assert holder.wait(30) == -signal.SIGKILL
+        again = start(f"hold {lock} 0", True)
+        wait_for(lambda: any(read_link(f"/proc/{again.pid}/fd/{fd}").startswith("socket:")
+                             for fd in os.listdir(f"/proc/{again.pid}/fd")), 30,
+                 "the next command to ask the zygote")
+        time.sleep(0.2)  # Connected.
+    finally:
+        os.kill(server, signal.SIGCONT)
+    line = again.stdout.readline()
+    again.kill()
+    again.wait(30)
+    assert json.loads(line) == {"locked": True}
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def read_link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 def test_what_the_zygote_cannot_reproduce_starts_as_usual():

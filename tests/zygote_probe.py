@@ -1,6 +1,8 @@
 """``python -m zygote_probe WHAT``: what a process sees of itself, as one JSON line on stdout,
 then, as ``WHAT`` says: ``exit`` (with code 7), ``wait`` (until SIGTERM, which it answers by
-exiting 3), ``die`` (by SIGUSR2) or ``read`` (its stdin, before the line). tests/test_zygote.py
+exiting 3), ``die`` (by SIGUSR2), ``read`` (its stdin, before the line) or ``hold FILE``
+(a lock on FILE, taken before the line says whether it was free, and a large memory touched:
+a slow end, as a training process's). tests/test_zygote.py
 runs it forked by the zygote and started as usual, and compares."""
 
 import json
@@ -39,6 +41,19 @@ def _open(fd: int) -> bool:
 
 if __name__ == "__main__":
     what = sys.argv[1]
+    if what == "hold":
+        import fcntl
+
+        held = open(sys.argv[2], "w")
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            print(json.dumps({"locked": True}), flush=True)
+        except BlockingIOError:
+            print(json.dumps({"locked": False}), flush=True)
+            sys.exit(9)
+        memory = bytearray(b"x") * (int(sys.argv[3]) << 20)
+        print(json.dumps({"touched": len(memory)}), flush=True)
+        what = "wait"
     if what == "wait":
         signal.signal(signal.SIGTERM, lambda *_: (print("terminated", flush=True), os._exit(3)))
     print(json.dumps(seen(sys.stdin.read() if what == "read" else None)), flush=True)

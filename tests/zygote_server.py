@@ -90,7 +90,10 @@ class Zygote:
         signal.set_wakeup_fd(self.wakeup_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         while True:
-            for key, _ in self.selector.select():
+            # A command started after a stand-in was killed finds its child gone, as it would
+            # find a killed process gone: the ends first, then the new commands.
+            events = sorted(self.selector.select(), key=lambda e: e[0].fileobj is self.listener)
+            for key, _ in events:
                 try:
                     if key.fileobj is self.listener:
                         module = self._accept()
@@ -198,10 +201,13 @@ class Zygote:
         os.close(self.wakeup_r)
         os.close(self.wakeup_w)
 
-    def _reap(self) -> None:
+    def _reap(self, only: int = -1) -> None:
+        """Every child that has ended, stopped or continued; given ``only``, until that child
+        has ended, its files closed (a lock it held released)."""
+        flags = os.WUNTRACED | os.WCONTINUED | (os.WNOHANG if only == -1 else 0)
         while True:
             try:
-                child, status, usage = os.wait4(-1, os.WNOHANG | os.WUNTRACED | os.WCONTINUED)
+                child, status, usage = os.wait4(only, flags)
             except ChildProcessError:
                 return
             if child == 0:
@@ -230,6 +236,8 @@ class Zygote:
                 pass  # The stand-in has gone first.
             connection.close()
             _kill(stand_in, signal.SIGCONT)  # A child ended while stopped: so does its stand-in.
+            if child == only:
+                return
 
     def _stand_in_gone(self, connection) -> None:
         """The stand-in's end of the socket closed while its child runs: it was killed (by
@@ -239,6 +247,7 @@ class Zygote:
         if child:
             _log(f"stand-in of {child} gone: killing it")
             _kill(child, signal.SIGKILL)
+            self._reap(only=child)  # Gone before the next command, as the stand-in is.
 
 
 def _become(request: dict, fds: list, netns, imported: dict) -> None:
