@@ -13,6 +13,16 @@ from tfdp.launcher import regrouping
 from tfdp.launcher.elastic import Group
 
 
+class Ended:
+    """A process seen by the launcher: ``code`` (None while it runs) at every look."""
+
+    def __init__(self, code):
+        self.code = self.returncode = code
+
+    def poll(self):
+        return self.code
+
+
 def test_a_worker_other_than_the_chief_resuming_after_the_last_step_has_no_final_figures(
         tmp_path):
     """A group re-formed after its last step's backup (a worker lost during the export) resumes
@@ -32,13 +42,6 @@ def test_the_workers_that_lost_contact_with_a_lost_one_are_counted_as_survivors(
     from tfdp.launcher import supervise
     from tfdp.util.errors import LOST_CONTACT_EXIT_CODE as LOST_CONTACT
 
-    class Ended:
-        def __init__(self, code):
-            self.code = code
-
-        def poll(self):
-            return self.code
-
     group = [Ended(LOST_CONTACT), Ended(-9), Ended(LOST_CONTACT)]
     assert supervise.supervise(group, 0.01, 1.0, going_on=1) == supervise.Left([(1, -9)])
     assert supervise.supervise(group, 0.01, 1.0, going_on=3) == 128 + 9
@@ -54,13 +57,6 @@ def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost(monk
     from tfdp.launcher import supervise
     from tfdp.util.errors import LOST_CONTACT_EXIT_CODE as LOST_CONTACT
     from tfdp.util.errors import PREEMPTED_EXIT_CODE as PREEMPTED
-
-    class Ended:
-        def __init__(self, code):
-            self.code = code
-
-        def poll(self):
-            return self.code
 
     roles = [SimpleNamespace(role=r) for r in ("chief", "worker 0", "worker 1")]
     watch = lambda *codes, going_on=1: supervise.supervise_client(  # noqa: E731
@@ -124,6 +120,23 @@ def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost(monk
         "tfdp.launch: the chief left (exited with -9); starting it again (1/2 of "
         "--max_restarts): the group of 2 re-forms from the chief's newest backup")
     assert (restarted.restarts_left, restarted.size) == (1, 2)
+
+
+def test_a_server_ended_just_before_its_client_lost_contact_is_said(capsys):
+    """A client that lost contact can end within one look of the launcher's (every 0.2 s) after
+    the server it lost: that server's end is said still, before the client's; beside a client
+    that ended otherwise, a server's end is not news."""
+    from tfdp.launcher import supervise
+    from tfdp.util.errors import LOST_CONTACT_EXIT_CODE as LOST_CONTACT
+
+    roles = [SimpleNamespace(role=r) for r in ("chief", "worker 0", "worker 1")]
+    assert supervise.supervise_client([Ended(LOST_CONTACT), Ended(None), Ended(-9)], roles,
+                                      0.01) == LOST_CONTACT
+    assert capsys.readouterr().err.splitlines() == [
+        "tfdp.launch: worker 1 exited with -9 while the chief runs",
+        f"tfdp.launch: the chief exited with {LOST_CONTACT}; stopping the workers"]
+    assert supervise.supervise_client([Ended(1), Ended(None), Ended(-9)], roles, 0.01) == 1
+    assert "worker 1" not in capsys.readouterr().err
 
 
 def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_grows():

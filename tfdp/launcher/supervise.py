@@ -179,11 +179,14 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
                         [(None, None)])
                 if len(procs) - 1 - len(hung) >= going_on:
                     return Left(hung)
-        for i, proc in enumerate(procs[1:], 1):  # Before the chief's end: it may be why.
-            if i in reported or proc.poll() is None or code is not None:
+        # Before the chief's end: it may be why. A chief that lost contact ended after the
+        # server it lost, however soon after (within one look here).
+        for i, proc in enumerate(procs[1:], 1):
+            if i in reported or proc.poll() is None or code not in (None, LOST_CONTACT_EXIT_CODE):
                 continue
             role = specs[i].role
-            if restart and role.startswith("worker") and restarts.get(i, 0) < RESTARTS:
+            if (restart and code is None and role.startswith("worker")
+                    and restarts.get(i, 0) < RESTARTS):
                 restarts[i] = restarts.get(i, 0) + 1
                 say(f"tfdp.launch: {role} exited with {proc.returncode} while the chief runs; "
                     f"starting it again ({restarts[i]}/{RESTARTS}): the coordinator retries "
