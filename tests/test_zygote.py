@@ -74,6 +74,30 @@ def test_a_forked_command_sees_what_a_command_started_as_usual_sees(tmp_path):
     assert seen["env"]["TPU_ML_PLATFORM"] is None or usual[1]["env"]["TPU_ML_PLATFORM"]
 
 
+@pytest.mark.root("other supplementary groups and a mount namespace of its own")
+def test_a_command_with_a_slurm_tasks_groups_and_mounts_sees_them_forked(tmp_path):
+    """slurmd gives its tasks root's supplementary groups and, under ``ip netns exec``, a mount
+    namespace of its own (its /etc/hosts, its /sys): a command started so, forked, sees what it
+    sees started as usual."""
+    look = tmp_path / "mounted"
+    look.mkdir()
+    seen = []
+    for forked in (True, False):
+        command = ["setpriv", "--groups=4,27", "unshare", "--mount", "sh", "-c",
+                   f'mount -t tmpfs tmpfs {look} && touch {look}/only-here && exec "$@"', "sh",
+                   sys.executable, "-m", "zygote_probe", "exit"]
+        env = {**os.environ, "PROBE_LOOK": str(look), **({} if forked else {zygote.OFF_ENV: "0"})}
+        probe = subprocess.Popen(command, cwd=HERE, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        out, err = probe.communicate(timeout=60)
+        assert probe.returncode == 7, err
+        seen.append(json.loads(out.splitlines()[0]))
+        with open(os.environ[zygote.SOCKET_ENV] + ".log") as f:  # Each one execs the next.
+            assert (f"forked zygote_probe of {probe.pid} " in f.read()) is forked
+    assert seen[0] == seen[1] and seen[0]["groups"] == [4, 27]
+    assert seen[0]["looked"] == ["only-here"] and not os.listdir(look)
+
+
 def test_a_forked_command_on_a_terminal_is_line_buffered_as_one_started_as_usual():
     seen = []
     for forked in (True, False):

@@ -8,7 +8,8 @@ tfdp.<command>`` started under a test (by the test, by ``tfdp.launch``, by a com
 another) begins as Python always does, and ``zygote_site/sitecustomize.py``, on its
 ``PYTHONPATH``, hands the command to the zygote: it forks a child that takes the command's
 arguments, environment, working folder, open files, umask, limits, priority, CPU affinity,
-signal dispositions and mask and network namespace, then runs the module as ``python -m`` does.
+signal dispositions and mask, supplementary groups, and network and mount namespaces (where the
+zygote may: root), then runs the module as ``python -m`` does.
 The process that was started stays as the command's stand-in, under the pid its parent knows:
 the signals it is sent go on to the child, the child's stops and continues are mirrored onto it,
 and it exits as the child exits (by the same signal where a signal ended the child); killed, it
@@ -16,8 +17,8 @@ takes the child with it.
 
 What the zygote cannot reproduce it refuses, and the command then starts as usual: an
 environment that differs in what is read at import (TensorFlow's log threshold, Python's own
-variables, ``LD_*``, ...), another executable, user or set of capabilities, another cgroup (a
-Slurm step), mount, pid or user namespace, Python options, ``--verbose`` (which shows what
+variables, ``LD_*``, ...), another executable, user or set of capabilities, another cgroup,
+pid, user, UTS or IPC namespace, Python options, ``--verbose`` (which shows what
 TensorFlow prints while it imports). ``TFDP_TEST_FORK=0`` in a command's
 environment (or the suite's) starts it as usual. ``<socket>.log`` says what was forked or why
 not; ``running_pid`` gives the child of a stand-in (a test that stops a task stops the child).

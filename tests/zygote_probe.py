@@ -1,9 +1,9 @@
 """``python -m zygote_probe WHAT``: what a process sees of itself, as one JSON line on stdout,
 then, as ``WHAT`` says: ``exit`` (with code 7), ``wait`` (until SIGTERM, which it answers by
-exiting 3), ``die`` (by SIGUSR2), ``read`` (its stdin, before the line) or ``hold FILE``
-(a lock on FILE, taken before the line says whether it was free, and a large memory touched:
-a slow end, as a training process's). tests/test_zygote.py
-runs it forked by the zygote and started as usual, and compares."""
+exiting 3), ``die`` (by SIGUSR2), ``read`` (its stdin, before the line) or ``hold FILE MB``
+(first a line saying whether a lock on FILE was free, then MB mebibytes of memory touched, for
+a slow end, as a training process's, then ``wait``). tests/test_zygote.py runs it forked by
+the zygote and started as usual, and compares."""
 
 import json
 import os
@@ -28,6 +28,9 @@ def seen(stdin=None) -> dict:
         "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd") if _open(int(fd))),
         "stdin": stdin,
+        "groups": sorted(os.getgroups()),
+        "looked": sorted(os.listdir(os.environ["PROBE_LOOK"])) if "PROBE_LOOK" in os.environ
+        else None,
     }
 
 

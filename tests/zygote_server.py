@@ -35,11 +35,19 @@ IMPORT_TIME = re.compile(r"PYTHON|TF_|KERAS|LD_|OMP_|OPENBLAS|MKL|XLA|MALLOC|CUD
                          r"|HOME$|XDG_|TMPDIR$|LANG|LC_|TZ$")
 RUN_TIME = {"TF_CONFIG", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS",
             "TF_FORCE_GPU_ALLOW_GROWTH"}
-# Who a process is, in /proc/<pid>/status: the same as the zygote's, or no fork.
-IDENTITY = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
-            "NoNewPrivs", "Seccomp")
-SAME_NAMESPACES = ("mnt", "pid", "user", "uts", "ipc", "cgroup")
-_PR_SET_NAME, _CLONE_NEWNET = 15, 0x40000000
+# Who a process is, in /proc/<pid>/status: the same as the zygote's, or no fork. Its
+# supplementary groups (a Slurm task's, set by slurmd) the child takes where the zygote may
+# set them (CAP_SETGID).
+IDENTITY = ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs",
+            "Seccomp")
+# The namespaces a child enters where its stand-in's differ (an emulated host's network; the
+# mounts ``ip netns exec`` makes, a Slurm task's), the capabilities that takes; the others
+# must be the zygote's.
+ENTERED = {"net": (0x40000000, ("CAP_SYS_ADMIN",)),
+           "mnt": (0x00020000, ("CAP_SYS_ADMIN", "CAP_SYS_CHROOT"))}
+SAME_NAMESPACES = ("pid", "user", "uts", "ipc", "cgroup")
+CAPABILITIES = {"CAP_SETGID": 6, "CAP_SYS_CHROOT": 18, "CAP_SYS_ADMIN": 21}
+_PR_SET_NAME = 15
 _HIGH_FD = 1000  # Received files wait here while the command's own numbers are freed.
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -120,12 +128,14 @@ class Zygote:
         pid = struct.unpack("3i", connection.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
         why_not = self._why_not(request, pid, fds)
-        netns = None
-        if not why_not and _namespace(pid, "net") != _namespace(os.getpid(), "net"):
-            try:
-                netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-            except OSError as e:
-                why_not = f"its network namespace cannot be opened ({e})"
+        entered = {}  # kind -> an fd of the stand-in's namespace
+        for kind in ENTERED if not why_not else ():
+            if _namespace(pid, kind) != _namespace(os.getpid(), kind):
+                try:
+                    entered[kind] = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY)
+                except OSError as e:
+                    why_not = f"its {kind} namespace cannot be opened ({e})"
+        groups = [int(group) for group in _status(pid).get("Groups", "").split()]
         if why_not:
             _log(f"refused {request.get('module')} of {pid}: {why_not}")
             try:
@@ -133,7 +143,7 @@ class Zygote:
             except OSError:
                 pass  # Its stand-in has gone already.
             connection.close()
-            for fd in fds:
+            for fd in [*fds, *entered.values()]:
                 os.close(fd)
             return None
         sys.stdout.flush()
@@ -142,14 +152,14 @@ class Zygote:
         if child == 0:
             try:
                 self._close_in_child(connection)
-                _become(request, fds, netns, self.imported)
+                _become(request, fds, entered, groups, self.imported)
             except BaseException:  # Never back into the zygote's loop.
                 import traceback
 
                 traceback.print_exc()
                 os._exit(70)
             return request["module"]
-        for fd in [*fds, *([netns] if netns is not None else [])]:
+        for fd in [*fds, *entered.values()]:
             os.close(fd)
         self.by_pid[child] = (connection, pid)
         self.by_connection[connection] = child
@@ -181,8 +191,13 @@ class Zygote:
         other = [field for field in IDENTITY if status.get(field) != self.own_status.get(field)]
         if other:
             return f"its {', '.join(other)} differ"
+        if status.get("Groups") != self.own_status.get("Groups") and not self._may("CAP_SETGID"):
+            return "its Groups differ"
         other = [kind for kind in SAME_NAMESPACES
                  if _namespace(pid, kind) != _namespace(os.getpid(), kind)]
+        other += [kind for kind, (_, needs) in ENTERED.items()
+                  if _namespace(pid, kind) != _namespace(os.getpid(), kind)
+                  and not all(self._may(cap) for cap in needs)]
         if other:
             return f"its {', '.join(other)} namespaces differ"
         if read_text(f"/proc/{pid}/cgroup") != read_text(f"/proc/{os.getpid()}/cgroup"):
@@ -190,6 +205,9 @@ class Zygote:
         if len(fds) != len(request["fds"]):
             return "its open files did not all arrive"
         return None
+
+    def _may(self, capability: str) -> bool:
+        return bool(int(self.own_status.get("CapEff", "0"), 16) >> CAPABILITIES[capability] & 1)
 
     def _close_in_child(self, connection) -> None:
         signal.set_wakeup_fd(-1)
@@ -250,14 +268,16 @@ class Zygote:
             self._reap(only=child)  # Gone before the next command, as the stand-in is.
 
 
-def _become(request: dict, fds: list, netns, imported: dict) -> None:
+def _become(request: dict, fds: list, entered: dict, groups: list, imported: dict) -> None:
     """In the forked child: the command's process, as it would have started."""
     die_with_parent()
     os.setsid()
-    if netns is not None:
-        if _libc.setns(netns, _CLONE_NEWNET) != 0:
-            os._exit(70)
-        os.close(netns)
+    for kind, fd in entered.items():  # Single-threaded, as a fork's child is: mnt allows it.
+        if _libc.setns(fd, ENTERED[kind][0]) != 0:
+            raise OSError(ctypes.get_errno(), f"setns to the stand-in's {kind} namespace")
+        os.close(fd)
+    if groups != os.getgroups():
+        os.setgroups(groups)
     high = [_dup_high(fd) for fd in fds]
     for fd in fds:
         os.close(fd)
