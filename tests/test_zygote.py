@@ -197,14 +197,33 @@ def read_link(path: str) -> str:
 
 
 def test_what_the_zygote_cannot_reproduce_starts_as_usual():
-    # TensorFlow reads its C++ log threshold once, while it imports: the zygote's is the suite's.
-    for variable in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONHASHSEED"):
-        probe = start("exit", True, env={variable: "1" if os.environ.get(variable) != "1" else "0"})
-        out, err = probe.communicate(timeout=60)
-        assert probe.returncode == 7 and json.loads(out)["name"] == "__main__", err
-        assert zygote.running_pid(probe.pid) == probe.pid
-        with open(os.environ[zygote.SOCKET_ENV] + ".log") as f:
-            assert f"refused zygote_probe of {probe.pid}: its {variable} differ" in f.read()
+    probe = start("exit", True, env={"PYTHONHASHSEED": "1" if os.environ.get(
+        "PYTHONHASHSEED") != "1" else "0"})  # Read by Python as it starts.
+    out, err = probe.communicate(timeout=60)
+    assert probe.returncode == 7 and json.loads(out)["name"] == "__main__", err
+    assert zygote.running_pid(probe.pid) == probe.pid
+    with open(os.environ[zygote.SOCKET_ENV] + ".log") as f:
+        assert f"refused zygote_probe of {probe.pid}: its PYTHONHASHSEED differ" in f.read()
+
+
+def test_a_command_under_another_log_threshold_is_forked_by_a_zygote_imported_under_it():
+    """TensorFlow reads its C++ log threshold once, as it imports: a command under another
+    (tfdp's own, in the tests of what a user's shell shows) goes to a second zygote, started
+    for it, that imported under that one, and the next such command to the same."""
+    other = "1" if os.environ.get("TF_CPP_MIN_LOG_LEVEL") != "1" else "0"
+    servers = []
+    for env in ({}, {"TF_CPP_MIN_LOG_LEVEL": other}, {"TF_CPP_MIN_LOG_LEVEL": other}):
+        probe = start("wait", True, env=env)
+        assert json.loads(probe.stdout.readline())["name"] == "__main__"
+        child = zygote.running_pid(probe.pid)
+        assert child != probe.pid, "forked"
+        servers.append(_parent(child))
+        environ = zygote.read_text(f"/proc/{servers[-1]}/environ").split("\0")
+        imported_under = env.get("TF_CPP_MIN_LOG_LEVEL", os.environ["TF_CPP_MIN_LOG_LEVEL"])
+        assert f"TF_CPP_MIN_LOG_LEVEL={imported_under}" in environ
+        probe.send_signal(signal.SIGTERM)
+        assert probe.wait(30) == 3
+    assert servers[0] != servers[1] == servers[2]
 
 
 def _state(pid: int) -> str:

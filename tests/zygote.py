@@ -15,9 +15,11 @@ the signals it is sent go on to the child, the child's stops and continues are m
 and it exits as the child exits (by the same signal where a signal ended the child); killed, it
 takes the child with it.
 
-What the zygote cannot reproduce it refuses, and the command then starts as usual: an
-environment that differs in what is read at import (TensorFlow's log threshold, Python's own
-variables, ``LD_*``, ...), another executable, user or set of capabilities, another cgroup,
+A command under another TensorFlow log threshold (read once, as TensorFlow imports: tfdp's
+own, in the tests of what a user's shell shows) goes to a second zygote that imported under
+it, started the first time one is asked for (``<socket>-<key>``). What the zygote cannot
+reproduce it refuses, and the command then starts as usual: an environment that differs in
+anything else read at import (Python's own variables, ``LD_*``, ...), another executable, user or set of capabilities, another cgroup,
 pid, user, UTS or IPC namespace, Python options, ``--verbose`` (which shows what
 TensorFlow prints while it imports). ``TFDP_TEST_FORK=0`` in a command's
 environment (or the suite's) starts it as usual. ``<socket>.log`` says what was forked or why
@@ -25,6 +27,7 @@ not; ``running_pid`` gives the child of a stand-in (a test that stops a task sto
 """
 
 import ctypes
+import glob
 import os
 import signal
 import subprocess
@@ -50,7 +53,7 @@ def start(folder: str):
     if os.environ.get(OFF_ENV) == "0":
         return None
     path = os.path.join(folder, "zygote")
-    if len(path) > 100:  # A Unix socket's address holds 108 bytes.
+    if len(path) > 90:  # A Unix socket's address holds 108 bytes; a variant's adds 9.
         return None
     python_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([SITE, *([python_path] if python_path else [])])
@@ -104,15 +107,18 @@ _stopped = False
 
 
 def children_cpu() -> float:
-    """CPU-seconds of the zygote's children that have ended, until the zygote has ended: then
-    they count among this process's own children's (``resource.RUSAGE_CHILDREN``)."""
-    if _stopped:
+    """CPU-seconds of the zygotes' children that have ended (a variant's too), until the zygote
+    has ended: then they count among this process's own children's (``RUSAGE_CHILDREN``)."""
+    if _stopped or SOCKET_ENV not in os.environ:
         return 0.0
-    try:
-        with open(os.environ[SOCKET_ENV] + ".cpu") as f:
-            return float(f.read())
-    except (KeyError, OSError, ValueError):
-        return 0.0
+    total = 0.0
+    for name in glob.glob(glob.escape(os.environ[SOCKET_ENV]) + "*.cpu"):  # Variants' too.
+        try:
+            with open(name) as f:
+                total += float(f.read())
+        except (OSError, ValueError):
+            pass
+    return total
 
 
 def die_with_parent() -> None:

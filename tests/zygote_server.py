@@ -7,6 +7,7 @@ as that command would have started, and tells its stand-in how it ended.
 
 import array
 import ctypes
+import hashlib
 import io
 import json
 import os
@@ -17,7 +18,9 @@ import selectors
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import time
 import types
 
 from zygote import OFF_ENV, SOCKET_ENV, die_with_parent, read_text
@@ -35,6 +38,10 @@ IMPORT_TIME = re.compile(r"PYTHON|TF_|KERAS|LD_|OMP_|OPENBLAS|MKL|XLA|MALLOC|CUD
                          r"|HOME$|XDG_|TMPDIR$|LANG|LC_|TZ$")
 RUN_TIME = {"TF_CONFIG", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS",
             "TF_FORCE_GPU_ALLOW_GROWTH"}
+# Those whose other values many commands take (tfdp's own log threshold, for the tests of
+# what a user's shell shows): a command with another value goes to a zygote of its own that
+# imported with that value, started the first time one is asked for.
+VARIANTS = {"TF_CPP_MIN_LOG_LEVEL"}
 # Who a process is, in /proc/<pid>/status: the same as the zygote's, or no fork. Its
 # supplementary groups (a Slurm task's, set by slurmd) the child takes where the zygote may
 # set them (CAP_SETGID).
@@ -59,7 +66,11 @@ def main(path: str) -> None:
     zygote = Zygote(path, before)
     from tfdp.util import logs
 
-    logs.import_tensorflow()  # As a command imports it: its banners dropped, gc frozen after.
+    # As a command starts: its logging set up first (tfdp's own C++ log threshold where none
+    # is given, which a variant's "" is), then TensorFlow imported, its banners dropped and
+    # the cyclic collector paused while it imports.
+    logs.configure(False)
+    logs.import_tensorflow()
     import importlib
 
     from absl import flags
@@ -79,6 +90,7 @@ def main(path: str) -> None:
 class Zygote:
     def __init__(self, path: str, env: dict):
         self.path, self.env, self.imported = path, env, {}
+        self.variants = {}  # socket -> the Popen of a zygote with other VARIANTS
         os.makedirs(path + ".pids", exist_ok=True)
         self.cpu = 0.0
         self.own_status = _status(os.getpid())
@@ -136,10 +148,20 @@ class Zygote:
                 except OSError as e:
                     why_not = f"its {kind} namespace cannot be opened ({e})"
         groups = [int(group) for group in _status(pid).get("Groups", "").split()]
-        if why_not:
-            _log(f"refused {request.get('module')} of {pid}: {why_not}")
+        variant = {name: request["env"].get(name) for name in VARIANTS
+                   if request["env"].get(name) != self.env.get(name)}
+        if why_not or variant:
+            answer = {"exec": why_not}
+            if not why_not:
+                try:
+                    answer = {"redirect": self._variant(variant)}
+                    _log(f"sent {request['module']} of {pid} to the zygote of {variant}")
+                except OSError as e:
+                    answer = {"exec": f"no zygote of {variant} ({e})"}
+            if "exec" in answer:
+                _log(f"refused {request.get('module')} of {pid}: {answer['exec']}")
             try:
-                _send(connection, {"exec": why_not})
+                _send(connection, answer)
             except OSError:
                 pass  # Its stand-in has gone already.
             connection.close()
@@ -183,7 +205,7 @@ class Zygote:
         if env.get(OFF_ENV) == "0":
             return f"{OFF_ENV}=0"
         differ = sorted(name for name in {*env, *self.env}
-                        if IMPORT_TIME.match(name) and name not in RUN_TIME
+                        if IMPORT_TIME.match(name) and name not in RUN_TIME | VARIANTS
                         and env.get(name) != self.env.get(name) and name != SOCKET_ENV)
         if differ:
             return f"its {', '.join(differ)} differ"
@@ -206,10 +228,35 @@ class Zygote:
             return "its open files did not all arrive"
         return None
 
+    def _variant(self, values: dict) -> str:
+        """The socket of the zygote that imported with ``values`` (None: unset) of VARIANTS,
+        started now if it is not running; a zygote listens before it imports, and a command
+        sent to it waits for that."""
+        key = hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
+        path = f"{self.path}-{key}"
+        if path in self.variants and self.variants[path].poll() is None:
+            return path
+        env = {k: v for k, v in {**self.env, **values}.items() if v is not None}
+        if os.path.exists(path):  # An earlier one's, ended.
+            os.unlink(path)
+        with open(path + ".log", "a") as log:
+            self.variants[path] = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), path], env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent)
+        deadline = time.time() + 60
+        while not os.path.exists(path):
+            if self.variants[path].poll() is not None or time.time() > deadline:
+                raise OSError(f"it did not start: {path}.log")
+            time.sleep(0.01)
+        return path
+
     def _may(self, capability: str) -> bool:
         return bool(int(self.own_status.get("CapEff", "0"), 16) >> CAPABILITIES[capability] & 1)
 
     def _close_in_child(self, connection) -> None:
+        for variant in self.variants.values():
+            variant.returncode = 0  # Not this child's children: never waited for here.
+        self.variants.clear()
         signal.set_wakeup_fd(-1)
         self.selector.close()
         self.listener.close()

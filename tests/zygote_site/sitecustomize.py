@@ -51,16 +51,22 @@ def _hand_over() -> None:
     forwarded = {getattr(signal, name) for name in _FORWARDED}
     forwarded = {signum for signum in forwarded if not _ignored(signal, signum)}
     signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        connection.connect(path)
-        connection.sendmsg([struct.pack("!I", len(body))],
-                           [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-        connection.sendall(body)
-        replies = connection.makefile("rb")
-        answer = json.loads(replies.readline() or b'{"exec": "no answer"}')
-    except (OSError, ValueError):
-        answer = {"exec": "no zygote"}  # Gone, or this worker's session over.
+    served_by = path
+    for _ in range(2):  # Sent on once at most: to the zygote that imported under its variables.
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(served_by)
+            connection.sendmsg([struct.pack("!I", len(body))],
+                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            connection.sendall(body)
+            replies = connection.makefile("rb")
+            answer = json.loads(replies.readline() or b'{"exec": "no answer"}')
+        except (OSError, ValueError):
+            answer = {"exec": "no zygote"}  # Gone, or this worker's session over.
+        if "redirect" not in answer:
+            break
+        connection.close()
+        served_by = answer["redirect"]
     _runs_in(path, answer.get("pid", os.getpid()))
     if "pid" not in answer:
         connection.close()
