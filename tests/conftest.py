@@ -112,6 +112,21 @@ def signals_as_a_shell_gives_them():
     as_the_shell_gave_them()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test that fails leaves none of the processes it started running (a launched cluster
+    whose test failed before it waited for it trained on beside the tests after it, on their
+    cores): those started in its body and still alive are killed, their tasks with them."""
+    from processes import children
+
+    before = set(children(os.getpid()))
+    outcome = yield
+    if outcome.excinfo is not None:
+        for pid in set(children(os.getpid())) - before:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def commands_forked_from_one_import():
     """This worker's zygote (tests/zygote.py): the ``python -m tfdp.<command>`` processes

@@ -2,12 +2,15 @@
 worker, which is what lets a real Slurm and the shared runs start once. pytest 9.2 broke that
 silently (https://github.com/pytest-dev/pytest-xdist/issues/1386; setup.cfg bounds pytest
 below it): this runs the installed pytest and pytest-xdist on two groups and asks where each
-test ran."""
+test ran. And a test that fails leaves no process of its own running on the worker."""
 
 import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
+
+import pytest
 
 GROUPED = '''
 import pytest
@@ -37,3 +40,22 @@ def test_each_xdist_group_runs_on_one_worker(tmp_path):
     assert len(ran) == 8, result.stdout[-3000:]
     workers = {group: {worker for worker, g in ran if g == group} for group in ("first", "second")}
     assert all(len(w) == 1 for w in workers.values()), (workers, result.stdout[-3000:])
+
+
+def test_a_failing_test_leaves_none_of_the_processes_it_started_running():
+    """conftest's ``pytest_runtest_call`` wrapper, driven as pytest drives it: a process started
+    in a test's body is killed where the test fails, and left alone where it passes."""
+    import conftest
+
+    for failed in (False, True):
+        wrapper = conftest.pytest_runtest_call(None)
+        next(wrapper)
+        started = subprocess.Popen(["sleep", "60"])
+        with pytest.raises(StopIteration):
+            wrapper.send(SimpleNamespace(excinfo=(AssertionError, AssertionError(), None)
+                                         if failed else None))
+        try:
+            assert started.wait(10) == -9 if failed else started.poll() is None
+        finally:
+            started.kill()
+            started.wait()

@@ -64,6 +64,7 @@ def main(path: str) -> None:
     # Listening first: a command started while TensorFlow imports here waits for it, rather
     # than import it a second time beside it.
     zygote = Zygote(path, before)
+    _log(f"zygote {os.getpid()} listening, importing")
     from tfdp.util import logs
 
     # As a command starts: its logging set up first (tfdp's own C++ log threshold where none
