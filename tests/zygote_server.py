@@ -110,6 +110,7 @@ class Zygote:
     def serve(self) -> str:
         signal.set_wakeup_fd(self.wakeup_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._end)
         while True:
             # A command started after a stand-in was killed finds its child gone, as it would
             # find a killed process gone: the ends first, then the new commands.
@@ -228,6 +229,21 @@ class Zygote:
         if len(fds) != len(request["fds"]):
             return "its open files did not all arrive"
         return None
+
+    def _end(self, *_) -> None:
+        """Asked to end (``zygote.stop``): the children still running (which would die with
+        it) and the variants first, waited for, so that what they took counts among this one's
+        children, where the test worker counts it."""
+        for child in self.by_pid:
+            _kill(child, signal.SIGKILL)
+        for variant in self.variants.values():
+            variant.terminate()
+        for pid in [*self.by_pid, *(variant.pid for variant in self.variants.values())]:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass  # Waited for already.
+        os._exit(0)
 
     def _variant(self, values: dict) -> str:
         """The socket of the zygote that imported with ``values`` (None: unset) of VARIANTS,
