@@ -222,7 +222,7 @@ def test_a_command_under_another_log_threshold_is_forked_by_a_zygote_imported_un
         imported_under = env.get("TF_CPP_MIN_LOG_LEVEL", os.environ["TF_CPP_MIN_LOG_LEVEL"])
         assert f"TF_CPP_MIN_LOG_LEVEL={imported_under}" in environ
         probe.send_signal(signal.SIGTERM)
-        assert probe.wait(30) == 3
+        assert probe.wait(30) == 3, probe.stderr.read()
     assert servers[0] != servers[1] == servers[2]
 
 

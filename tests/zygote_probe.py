@@ -58,7 +58,9 @@ if __name__ == "__main__":
         print(json.dumps({"touched": len(memory)}), flush=True)
         what = "wait"
     if what == "wait":
-        signal.signal(signal.SIGTERM, lambda *_: (print("terminated", flush=True), os._exit(3)))
+        # Not print: a SIGTERM sent as soon as the line is read can come while print still
+        # holds stdout's lock, and a second print inside it raises (a reentrant call).
+        signal.signal(signal.SIGTERM, lambda *_: (os.write(1, b"terminated\n"), os._exit(3)))
     print(json.dumps(seen(sys.stdin.read() if what == "read" else None)), flush=True)
     if what == "exit":
         sys.exit(7)
