@@ -185,8 +185,7 @@ def test_a_command_started_after_a_stand_in_was_killed_finds_what_its_child_held
 
 
 def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return int(_stat(pid)[1])
 
 
 def read_link(path: str) -> str:
@@ -227,8 +226,13 @@ def test_a_command_under_another_log_threshold_is_forked_by_a_zygote_imported_un
 
 
 def _state(pid: int) -> str:
+    return _stat(pid)[0]
+
+
+def _stat(pid: int) -> list:
+    """/proc/<pid>/stat's fields after the command's name: its state, its parent, ..."""
     with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+        return f.read().rsplit(")", 1)[1].split()
 
 
 def test_the_stand_ins_and_the_zygote_serve_the_same_commands():

@@ -2,7 +2,8 @@
 
 A short ``python -m tfdp.train`` spends most of its CPU importing TensorFlow and Keras, and a
 whole run of the suite starts some 300 of them (docs/design.md#tests). Each test worker starts
-one zygote (``start``; its program is ``tests/zygote_server.py``): a process that has imported
+one zygote (``start``; its program is ``tests/zygote_server.py``, its children's set-up
+``tests/zygote_child.py``): a process that has imported
 what those commands import, then waits on a Unix socket (``$TFDP_TEST_ZYGOTE``). Any ``python -m
 tfdp.<command>`` started under a test (by the test, by ``tfdp.launch``, by a command that starts
 another) begins as Python always does, and ``zygote_site/sitecustomize.py``, on its

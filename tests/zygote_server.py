@@ -6,13 +6,10 @@ as that command would have started, and tells its stand-in how it ended.
 """
 
 import array
-import ctypes
 import hashlib
-import io
 import json
 import os
 import re
-import resource
 import runpy
 import selectors
 import signal
@@ -24,6 +21,7 @@ import time
 import types
 
 from zygote import OFF_ENV, SOCKET_ENV, die_with_parent, read_text
+from zygote_child import become
 
 # What the commands import before they train or serve, imported once, here. Not the commands'
 # own modules: run as ``__main__``, they define absl's flags, which a second definition (by a
@@ -50,13 +48,9 @@ IDENTITY = ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoN
 # The namespaces a child enters where its stand-in's differ (an emulated host's network; the
 # mounts ``ip netns exec`` makes, a Slurm task's), the capabilities that takes; the others
 # must be the zygote's.
-ENTERED = {"net": (0x40000000, ("CAP_SYS_ADMIN",)),
-           "mnt": (0x00020000, ("CAP_SYS_ADMIN", "CAP_SYS_CHROOT"))}
+ENTERED = {"net": ("CAP_SYS_ADMIN",), "mnt": ("CAP_SYS_ADMIN", "CAP_SYS_CHROOT")}
 SAME_NAMESPACES = ("pid", "user", "uts", "ipc", "cgroup")
 CAPABILITIES = {"CAP_SETGID": 6, "CAP_SYS_CHROOT": 18, "CAP_SYS_ADMIN": 21}
-_PR_SET_NAME = 15
-_HIGH_FD = 1000  # Received files wait here while the command's own numbers are freed.
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def main(path: str) -> None:
@@ -176,7 +170,7 @@ class Zygote:
         if child == 0:
             try:
                 self._close_in_child(connection)
-                _become(request, fds, entered, groups, self.imported)
+                become(request, fds, entered, groups, self.imported)
             except BaseException:  # Never back into the zygote's loop.
                 import traceback
 
@@ -219,7 +213,7 @@ class Zygote:
             return "its Groups differ"
         other = [kind for kind in SAME_NAMESPACES
                  if _namespace(pid, kind) != _namespace(os.getpid(), kind)]
-        other += [kind for kind, (_, needs) in ENTERED.items()
+        other += [kind for kind, needs in ENTERED.items()
                   if _namespace(pid, kind) != _namespace(os.getpid(), kind)
                   and not all(self._may(cap) for cap in needs)]
         if other:
@@ -330,94 +324,6 @@ class Zygote:
             _log(f"stand-in of {child} gone: killing it")
             _kill(child, signal.SIGKILL)
             self._reap(only=child)  # Gone before the next command, as the stand-in is.
-
-
-def _become(request: dict, fds: list, entered: dict, groups: list, imported: dict) -> None:
-    """In the forked child: the command's process, as it would have started."""
-    die_with_parent()
-    os.setsid()
-    for kind, fd in entered.items():  # Single-threaded, as a fork's child is: mnt allows it.
-        if _libc.setns(fd, ENTERED[kind][0]) != 0:
-            raise OSError(ctypes.get_errno(), f"setns to the stand-in's {kind} namespace")
-        os.close(fd)
-    if groups != os.getgroups():
-        os.setgroups(groups)
-    high = [_dup_high(fd) for fd in fds]
-    for fd in fds:
-        os.close(fd)
-    for target, fd in zip(request["fds"], high):
-        os.dup2(fd, target, inheritable=True)
-    for fd in high:
-        os.close(fd)
-    for target in (0, 1, 2):
-        if target not in request["fds"]:
-            try:
-                os.close(target)
-            except OSError:
-                pass
-    os.chdir(request["cwd"])
-    os.umask(request["umask"])
-    os.sched_setaffinity(0, request["affinity"])
-    os.setpriority(os.PRIO_PROCESS, 0, request["priority"])
-    for name, (soft, hard) in request["rlimits"].items():
-        limit = getattr(resource, name)
-        if resource.getrlimit(limit) != (soft, hard):
-            resource.setrlimit(limit, (soft, hard))
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.environ.update(imported)
-    import tempfile
-
-    tempfile.tempdir = None  # Found again from the command's environment.
-    for signum in signal.valid_signals():
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        try:
-            signal.signal(signum, signal.SIG_IGN if signum in request["ignored"]
-                          else signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass  # Those Python may not set (32, 33: the C library's own).
-    if signal.SIGINT not in request["ignored"]:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # What Python does at start.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])
-    _stdio(request["fds"], request["env"])
-    sys.argv = ["-m", *request["argv"][3:]]
-    sys.path[0] = request["cwd"]
-    _libc.prctl(_PR_SET_NAME, request["module"].rsplit(".", 1)[-1][:15].encode(), 0, 0, 0)
-    parent, _, name = request["module"].rpartition(".")
-    sys.modules.pop(request["module"], None)
-    if parent in sys.modules and hasattr(sys.modules[parent], name):
-        delattr(sys.modules[parent], name)
-
-
-def _stdio(fds: list, env: dict) -> None:
-    """sys.stdin, sys.stdout and sys.stderr as Python makes them at start for these files."""
-    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-    encoding = sys.stdout.encoding if sys.stdout else "utf-8"
-
-    def stream(fd, mode, errors):
-        if fd not in fds:
-            return None
-        interactive = os.isatty(fd)
-        if mode == "r":
-            return io.open(fd, "r", encoding=encoding, errors=errors, newline="\n",
-                           closefd=False)
-        text = io.open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
-        return io.TextIOWrapper(text, encoding=encoding, errors=errors, newline="\n",
-                                line_buffering=not unbuffered and (interactive or fd == 2),
-                                write_through=unbuffered)
-
-    sys.stdin = sys.__stdin__ = stream(0, "r", "strict")
-    sys.stdout = sys.__stdout__ = stream(1, "w", "strict")
-    sys.stderr = sys.__stderr__ = stream(2, "w", "backslashreplace")
-
-
-def _dup_high(fd: int) -> int:
-    import fcntl
-
-    return fcntl.fcntl(fd, fcntl.F_DUPFD, _HIGH_FD)
 
 
 def _receive(connection):
