@@ -6,7 +6,10 @@ over the processes named in ``TF_CONFIG``; it must be created before TensorFlow 
 else, so this is the first thing the Keras path does.
 """
 
+import contextlib
 import dataclasses
+import signal
+import threading
 
 import tensorflow as tf
 
@@ -76,6 +79,30 @@ def _mirrored_strategy(names: list):
 KEYS_PER_STRATEGY = 100000
 
 
+@contextlib.contextmanager
+def sigterm_kept():
+    """Around the creation of a ``MultiWorkerMirroredStrategy``: this process's SIGTERM handler
+    kept. Creating it starts TensorFlow's coordination service, whose preemption notifier puts
+    a SIGTERM handler of its own in the process's place (``sigaction``, behind Python's back:
+    ``signal.getsignal`` still names ours), so a SIGTERM from then on (Slurm's preemption, a
+    launcher stopping its group for a worker to join) was swallowed, and the run trained on to
+    its end (seen with TensorFlow 2.21; no upstream issue found). SIGTERM is held in this
+    thread meanwhile (the runtime's threads started inside inherit that), then the handler
+    Python has is set again and SIGTERM let through. tests/test_keras_path.py notices when
+    TensorFlow no longer replaces it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+    try:
+        yield
+    finally:
+        ours = signal.getsignal(signal.SIGTERM)
+        if ours is not None:  # None: not set from Python; nothing of ours to put back.
+            signal.signal(signal.SIGTERM, ours)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
     task = tf_config.task()
     if not devices.use_gpus(num_gpus) and num_gpus != 1:
@@ -84,21 +111,23 @@ def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
                         "worker; use --num_gpus=1 and more workers")
     if ":" in task.address:  # Named in TF_CONFIG (one worker too): TensorFlow binds its port.
         tf_config.check_addresses(task, collective_timeout)
-    # Creating the strategy waits for every worker to register, and the first collective for
-    # every worker to join: without a deadline a missing peer means waiting forever.
-    deadline = watchdog.start(collective_timeout, task.peers) if task.peers else None
-    # MWMS configures collectives and must come before the runtime starts: set the thread
-    # pools (that does not start it), create the strategy, then ask it for its devices.
-    devices.share_cores(num_gpus)
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
-    try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    except RuntimeError as e:  # "Collective ops must be configured at program startup".
-        if deadline:
-            deadline.cancel()
-        raise UserError("--strategy=multi_worker must be the first thing TensorFlow does in a "
-                        f"process ({e}): run it in a new process, e.g. python -m tfdp.launch, "
-                        "or restart the kernel") from e
+    with sigterm_kept():
+        # Creating the strategy waits for every worker to register, and the first collective
+        # for every worker to join: without a deadline a missing peer means waiting forever.
+        deadline = watchdog.start(collective_timeout, task.peers) if task.peers else None
+        # MWMS configures collectives and must come before the runtime starts: set the thread
+        # pools (that does not start it), create the strategy, then ask it for its devices.
+        devices.share_cores(num_gpus)
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=collective_timeout)
+        try:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        except RuntimeError as e:  # "Collective ops must be configured at program startup".
+            if deadline:
+                deadline.cancel()
+            raise UserError("--strategy=multi_worker must be the first thing TensorFlow does in "
+                            f"a process ({e}): run it in a new process, e.g. python -m "
+                            "tfdp.launch, or restart the kernel") from e
     names = list(strategy.extended.worker_devices)
     logger.info("multi_worker: task %s/%d of %d workers, chief: %s", task.type, task.index,
                 len(task.workers), task.is_chief)
