@@ -166,8 +166,14 @@ class Zygote:
             return None
         sys.stdout.flush()
         sys.stderr.flush()
+        # Held across the fork: a signal the stand-in passes on at once must not run this
+        # zygote's handlers in the child (its SIGTERM's would end the zygote's children, and
+        # the signal be lost); the child takes it once its own dispositions are set.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         child = os.fork()
-        if child == 0:
+        if child:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        else:
             try:
                 self._close_in_child(connection)
                 become(request, fds, entered, groups, self.imported)
