@@ -78,3 +78,21 @@ def serve_alike(version, other, images, tolerance: float = 1e-5) -> float:
     apart = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
     assert apart < tolerance, apart
     return apart
+
+
+def serves_like_two_devices_never_interrupted(version, folder, data_dir, images, strategy: str,
+                                              settings: dict, what: str) -> None:
+    """The export in ``version`` serves, within 1e-9 in float64, the logits on ``images`` of
+    ``strategy`` trained with ``settings`` on two local devices never interrupted (here, in the
+    test process, in ``folder``): an elastic group's model is the one an uninterrupted run
+    trains."""
+    from tfdp.config.settings import Config
+    from tfdp.training import entry
+
+    reference = entry.train(Config(strategy=strategy, num_gpus=2, data_dir=data_dir,
+                                   workdir=str(folder / "whole"),
+                                   export_dir=str(folder / "whole-export"), **settings))
+    away = np.abs(served_logits(version, images) - served_logits(reference.export_path,
+                                                                 images)).max()
+    assert away <= 1e-9, (f"{what}: {away:.3g} away in the logits from two devices never "
+                          "interrupted")

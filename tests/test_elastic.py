@@ -12,13 +12,10 @@ import subprocess
 import threading
 import time
 
-import numpy as np
 import pytest
 from processes import backed_up, launch, task_pid, tasks, wait_for
-from same_model import served_logits
-from tfdp.config.settings import Config
+from same_model import serves_like_two_devices_never_interrupted
 from tfdp.launcher import regrouping
-from tfdp.training import entry
 
 STEPS = 24  # Steps per epoch, two epochs; backups every 4 steps.
 SETTINGS = dict(precision="float64", epochs=2, steps_per_epoch=STEPS, batch_size=48, lr=0.1,
@@ -256,16 +253,8 @@ def _signal_a_server(run, chosen, how) -> int:
 
 
 def _serves_like_two_devices_never_interrupted(tmp_path, data_dir, test_split, strategy, what):
-    """The group's export serves, within 1e-9 in float64, the logits of ``strategy`` on two
-    local devices never interrupted (trained here, in the test process)."""
-    reference = entry.train(Config(strategy=strategy, num_gpus=2, data_dir=data_dir,
-                                   workdir=str(tmp_path / "whole"),
-                                   export_dir=str(tmp_path / "whole-export"), **SETTINGS))
-    ours = served_logits(tmp_path / "export" / "1", test_split.images[:256])
-    theirs = served_logits(reference.export_path, test_split.images[:256])
-    assert np.abs(ours - theirs).max() <= 1e-9, (
-        f"{what}: {np.abs(ours - theirs).max():.3g} away in the logits from two devices never "
-        "interrupted")
+    serves_like_two_devices_never_interrupted(tmp_path / "export" / "1", tmp_path, data_dir,
+                                              test_split.images[:256], strategy, SETTINGS, what)
 
 
 def _resumed(run, out: list, times: int, reporter: str = "0") -> int:

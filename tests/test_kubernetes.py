@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -237,3 +238,122 @@ def test_the_jobsets_pods_restart_as_a_group_after_a_crash_and_a_preemption_and_
     finally:
         hosts.remove()
         unname_hosts(hosts)
+
+
+def _elastic_job() -> tuple:
+    """tfdp-elastic-job.yaml's Job, its pod's spec and environment, and its tfdp.launch flags
+    (the launcher's own, the workers')."""
+    job = _objects("tfdp-elastic-job.yaml")["Job"]
+    pod = job["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    split = args.index("--")
+    return job, pod, _pod_env(pod), args[:split], args[split + 1:]
+
+
+def test_the_elastic_job_is_a_kubernetes_job_whose_group_the_launcher_accepts():
+    """tfdp-elastic-job.yaml: Kubernetes objects; MAX pods (completions, parallelism,
+    TFDP_NUM_TASKS, --num_workers' MAX agree), each replaced when lost (backoffLimitPerIndex)
+    and, stopped after saving (75) or disrupted, replaced uncounted; the pods' flags are ones
+    tfdp.launch runs in such a pod, without a one-line refusal."""
+    from tfdp.launcher import elastic, managed_group
+    from tfdp.launcher.local_cluster import workers_config
+
+    for obj in _objects("tfdp-elastic-job.yaml").values():
+        assert _round_trip(obj) == obj, obj["kind"]
+    job, pod, env, own, workers = _elastic_job()
+    assert pod["containers"][0]["command"] == ["python", "-m", "tfdp.launch"]
+    [asked] = [a.split("=", 1)[1] for a in own if a.startswith("--num_workers=")]
+    (low, high), problem = elastic.sizes(asked)
+    assert not problem and low < high
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == high == int(
+        env["TFDP_NUM_TASKS"])
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["backoffLimitPerIndex"] >= 1
+    assert pod["restartPolicy"] == "Never" and pod["subdomain"] == env["TFDP_SERVICE"]
+    codes = [r["onExitCodes"]["values"] for r in job["spec"]["podFailurePolicy"]["rules"]
+             if "onExitCodes" in r]
+    assert codes == [[PREEMPTED_EXIT_CODE]]
+    config, problem = workers_config(workers)
+    assert not problem, problem
+    found = ("Kubernetes", {"worker": [f"p-{i}.s:2222" for i in range(high)]}, "worker", 0, "p")
+    assert managed_group.refusal(found, (low, high), config, False, 0) == ""
+    assert elastic.refusal(low, high, config, False) == ""
+
+
+@pytest.mark.cluster
+@pytest.mark.root("network namespaces: a pod's address and hostnames")
+def test_an_elastic_indexed_job_goes_on_without_a_deleted_pod_and_takes_its_replacement_in(
+        tmp_path, data_dir, test_split):
+    """tfdp-elastic-job.yaml's pods, emulated (each on a host of its own, with its environment
+    and hostnames), their flags for a short float64 run: a random pod deleted (SIGTERM) once
+    every worker has backed up a random step: it saves its step with the others and exits 75,
+    and the other two go on from it; the Job's replacement pod, of the same index, joins at once
+    (every worker saves one common step, and the group of 3 resumes from it); the run finishes,
+    exports once, and serves, in float64, within 1e-9 the logits of two devices never
+    interrupted."""
+    import random
+
+    from processes import backed_up
+    from same_model import serves_like_two_devices_never_interrupted
+    from tfdp.launcher import emulated_hosts
+
+    job, pod, env, own, _ = _elastic_job()
+    count, service, name = (int(env["TFDP_NUM_TASKS"]), env["TFDP_SERVICE"],
+                            job["metadata"]["name"])
+    settings = dict(precision="float64", epochs=2, steps_per_epoch=24, batch_size=48, lr=0.1,
+                    eval_steps=1, seed=4)
+    args = [*own, "--", "--strategy=multi_worker", f"--data_dir={data_dir}", "--backup_every=4",
+            f"--workdir={tmp_path / 'runs'}", f"--export_dir={tmp_path / 'saved'}",
+            *[f"--{k}={v}" for k, v in settings.items()]]
+    chosen = random.Random()
+    step, deleted = chosen.randrange(4, 16, 4), chosen.randrange(count)
+    hosts = emulated_hosts.Hosts(count)
+    hosts.create()
+    pods, said = [], []  # said: every pod's lines, as they come.
+    try:
+        name_hosts(hosts, "".join(f"{hosts.address(i)} {name}-{i}.{service} {name}-{i}\n"
+                                  for i in range(count)))
+
+        def start(i):
+            pods.append(subprocess.Popen(
+                ["ip", "netns", "exec", hosts.names[i], sys.executable, "-m", "tfdp.launch",
+                 *args], env=child_env(JOB_COMPLETION_INDEX=str(i), HOSTNAME=f"{name}-{i}",
+                                       **env), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, cwd=tmp_path))
+            threading.Thread(target=lambda out=pods[-1].stdout: said.extend(out),
+                             daemon=True).start()
+
+        def wait_for(check, what):
+            deadline = time.time() + 240
+            while not check() and time.time() < deadline:
+                time.sleep(0.05)
+            assert check(), f"no {what} within 240 s: " + "".join(said)[-3000:]
+
+        for i in range(count):
+            start(i)
+        wait_for(lambda: backed_up(tmp_path / "runs", count) >= step or any(
+            p.poll() is not None for p in pods), f"backup of step {step} by every worker")
+        pods[deleted].send_signal(signal.SIGTERM)  # Deleted: the grace period begins.
+        pods[deleted].wait(timeout=pod["terminationGracePeriodSeconds"])
+        wait_for(lambda: "tfdp.launch: group 1: 2 of" in "".join(said), "group of two")
+        start(deleted)  # The Job's replacement, of the same index.
+        for p in pods:
+            p.wait(timeout=300)
+    finally:
+        for p in pods:
+            if p.poll() is None:
+                p.kill()
+        hosts.remove()
+        unname_hosts(hosts)
+    said = "".join(said)
+    codes = [0] * (count + 1)  # The replacement last.
+    codes[deleted] = PREEMPTED_EXIT_CODE
+    assert [p.returncode for p in pods] == codes, said[-4000:]
+    assert re.findall(r"tfdp\.launch: worker (\d) left \(its task was stopped, after every "
+                      r"worker saved its step\); going on with 2 of --num_workers=2:3", said) == [
+        str(deleted)], said[-4000:]
+    assert "tfdp.launch: a worker joins (a task came)" in said, said[-4000:]
+    assert re.search(r"tfdp\.launch: group 2: 3 of --num_workers=2:3", said), said[-4000:]
+    assert os.listdir(tmp_path / "saved") == ["1"] and "Traceback" not in said
+    serves_like_two_devices_never_interrupted(
+        tmp_path / "saved" / "1", tmp_path, data_dir, test_split.images[:256], "mirrored",
+        settings, f"pod {deleted} of {count} deleted after step {step}, then replaced")

@@ -7,10 +7,12 @@ node lists expand as ``scontrol`` writes them; ``tfdp.run`` in a script joins th
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -259,6 +261,61 @@ def test_the_batch_script_requeues_at_most_max_requeues_times(slurm, tmp_path):
         ended, text)
     assert text.count("tfdp job: preempted after 1 requeue(s), max_requeues=1: not requeued; "
                       "its state is saved: sbatch this script again to go on") == 1, text
+
+
+def test_an_elastic_group_under_srun_no_kill_loses_a_task_and_trains_the_same_model(
+        slurm, tmp_path, data_dir, test_split):
+    """``srun --no-kill -N2 -n3 python -m tfdp.launch --num_workers=2:3``: every task's agent
+    agrees on the group through the run folder; one task (chosen at random) SIGKILLed from
+    outside once every worker has backed up a random step; the two left go on without the
+    user, from the newest backup every worker has, at the same global batch: the run finishes,
+    exports once, says who left in one line, and serves, in float64, within 1e-9 the logits of
+    two devices never interrupted."""
+    from processes import backed_up
+    from same_model import serves_like_two_devices_never_interrupted
+
+    settings = dict(precision="float64", epochs=2, steps_per_epoch=24, batch_size=48, lr=0.1,
+                    eval_steps=1, seed=4)
+    run_dir, chosen = tmp_path / "run", random.Random()
+    step, victim = chosen.randrange(4, 20, 4), chosen.randrange(3)
+    run = slurm.popen("srun", "-N2", "-n3", "--no-kill", "--label", sys.executable, "-m",
+                      "tfdp.launch", "--num_workers=2:3", "--", "--strategy=multi_worker",
+                      f"--data_dir={data_dir}", "--backup_every=4", f"--workdir={run_dir}",
+                      f"--export_dir={tmp_path / 'export'}",
+                      *[f"--{k}={v}" for k, v in settings.items()], env=_env(), cwd=tmp_path)
+    lines = []  # (when, line) of the step's output, as srun passes it on.
+    readers = [threading.Thread(target=lambda s=stream: lines.extend(
+        (time.monotonic(), line) for line in s), daemon=True) for stream in (run.stdout,
+                                                                              run.stderr)]
+    for reader in readers:
+        reader.start()
+    try:
+        slurm.wait_for(lambda: backed_up(run_dir, 3) >= step or run.poll() is not None, 240,
+                       f"every worker's backup of step {step}")
+        assert run.poll() is None, "".join(line for _, line in lines)[-3000:]
+        record, = (run_dir / ".tfdp-group").glob(f"*/member-{victim}.json")
+        os.kill(json.loads(record.read_text())["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        run.wait(timeout=300)
+        for reader in readers:
+            reader.join(10)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    err = "".join(line for _, line in lines)
+    resumed = [when for when, line in lines if re.search(r": resuming at epoch", line)]
+    assert resumed, err[-4000:]
+    print(f"task {victim} killed after step {step}: the group of 2 resumed "
+          f"{resumed[0] - killed:.1f} s later")
+    left = re.findall(r"tfdp\.launch: worker (\d) left \(nothing heard from its task for \d s\); "
+                      r"going on with 2 of --num_workers=2:3", err)
+    assert left == [str(victim)], err[-4000:]
+    assert re.search(r"tfdp\.launch: group 1: 2 of --num_workers=2:3", err), err[-4000:]
+    assert os.listdir(tmp_path / "export") == ["1"], err[-4000:]
+    assert not re.search(r"^\d+: Traceback", err, re.M), err[-4000:]
+    serves_like_two_devices_never_interrupted(
+        tmp_path / "export" / "1", tmp_path, data_dir, test_split.images[:256], "mirrored",
+        settings, f"task {victim} of 3 killed after step {step}")
 
 
 def test_a_node_lost_with_its_task_ends_the_job_in_one_line(slurm, tmp_path, data_dir):

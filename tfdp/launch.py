@@ -29,6 +29,11 @@ it (``PR_SET_PDEATHSIG``).
 With ``--hosts`` (Linux, root) every worker runs on an emulated host of its own instead,
 with ``--link`` the rate of every host's link (``tfdp.launcher.emulated_hosts``).
 
+In every task of a Slurm step (``srun --no-kill``) or every pod of a Kubernetes Indexed Job,
+``tfdp.launch --num_workers=MIN:MAX`` is that task's agent instead: it runs the task's own
+``multi_worker`` worker, and the agents keep the group going together, through the run folder,
+when tasks are lost or come (``tfdp.launcher.managed_group``).
+
   python -m tfdp.launch --num_workers=2 -- --strategy=multi_worker --epochs=3
   python -m tfdp.launch --num_workers=2:3 -- --strategy=multi_worker --backup_every=100
   python -m tfdp.launch --num_workers=2 --max_restarts=3 -- --strategy=multi_worker
@@ -36,6 +41,8 @@ with ``--link`` the rate of every host's link (``tfdp.launcher.emulated_hosts``)
   python -m tfdp.launch --num_workers=3 --hosts --link=100mbit -- --strategy=multi_worker
   python -m tfdp.launch --num_workers=2 --hosts --link=1gbit -- --strategy=manual --allreduce=ring
   python -m tfdp.launch --num_workers=2 --num_ps=2 -- --strategy=parameter_server --ps_shards=2
+  srun --no-kill -n3 python -m tfdp.launch --num_workers=2:3 -- --strategy=multi_worker \
+      --backup_every=100 --workdir=/shared/run1
 """
 
 import dataclasses
@@ -43,6 +50,7 @@ import sys
 
 from absl import app, flags
 
+from tfdp.cluster import managed
 from tfdp.config.flags import help_parser
 from tfdp.config.settings import Config
 from tfdp.launcher.local_cluster import launch
@@ -52,7 +60,10 @@ flags.DEFINE_string("num_workers", "2", "Workers to start on this machine: tfdp.
                     "parameter_server). multi_worker and manual also take MIN:MAX: MAX start, "
                     "and when one is lost (killed, crashed) the group re-forms with the others "
                     "from the newest backup, at the same global batch, while at least MIN are "
-                    "left; SIGUSR1 to the launcher takes one back in, up to MAX.")
+                    "left; SIGUSR1 to the launcher takes one back in, up to MAX. In every task "
+                    "of a Slurm step or pod of an Indexed Job: the group's size, each task one "
+                    "worker, going on with at least MIN and taking tasks that come in, up to "
+                    "MAX.")
 flags.DEFINE_integer("max_restarts", 0, "multi_worker and manual: lost workers (and manual's "
                      "client, killed) to start again, in all, as the group re-forms from the "
                      "newest backup (a fixed --num_workers=N keeps N so); without restarts "
@@ -73,7 +84,8 @@ TRAIN_FLAGS = {field.name for field in dataclasses.fields(Config)}
 
 def main(argv):
     sys.exit(launch(FLAGS.num_workers, argv[1:], isolate=FLAGS.isolate, hosts=FLAGS.hosts,
-                    link=FLAGS.link, num_ps=FLAGS.num_ps, max_restarts=FLAGS.max_restarts))
+                    link=FLAGS.link, num_ps=FLAGS.num_ps, max_restarts=FLAGS.max_restarts,
+                    managed_task=managed.described))
 
 
 def run():

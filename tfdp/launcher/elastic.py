@@ -33,7 +33,13 @@ from typing import Optional, Tuple
 from tfdp import paths
 from tfdp.config.checks import parse_interval
 from tfdp.config.settings import GROUP_GOES_ON_ENV, Config
+from tfdp.launcher.rendezvous import LOST_AFTER
 from tfdp.launcher.supervise import CUT_OFF
+
+# A member of a Slurm step's or an Indexed Job's group whose agent has gone silent
+# (``tfdp.launcher.managed_group``).
+UNHEARD = "unheard"
+STOPPED = "stopped"  # ... whose agent was stopped by a signal, after its step was saved.
 
 # How each lost worker is said, and what the group does next; ``{kept}``: whose backup.
 LEFT = ("tfdp.launch: {who} left ({why}); going on with {size} of "
@@ -157,7 +163,10 @@ def left_line(index: int, code: int, size: int, asked: str, again: int = 0,
     kept = "the chief's newest backup" if client else "the newest backup every worker has"
     peers = "the chief" if client else "its peers"
     why = (f"hung: {peers} lost contact with it" if code is None else
-           "its host's link is down" if code == CUT_OFF else f"exited with {code}")
+           "its host's link is down" if code == CUT_OFF else
+           f"nothing heard from its task for {LOST_AFTER:.0f} s" if code == UNHEARD else
+           "its task was stopped, after every worker saved its step" if code == STOPPED else
+           f"exited with {code}")
     who = "a worker" if index is None else f"worker {index}"
     if again:
         return (f"tfdp.launch: {who} left ({why}); starting it again "
@@ -169,11 +178,15 @@ def left_line(index: int, code: int, size: int, asked: str, again: int = 0,
 def seed_the_joiner(run_dir: str, index: int) -> None:
     """Worker ``index`` joins: its backups are worker 0's newest (every replica holds the same
     state), in place of any it left behind when it departed, so that the newest backup every
-    worker has is the common step the group has just saved."""
+    worker has is the common step the group has just saved. Nothing to copy before worker 0's
+    first backup: the group then starts from the beginning."""
     folder = os.path.join(run_dir, "backup")
     source = os.path.join(folder, "worker-0")
-    steps = sorted((int(m[1]), name) for name in os.listdir(source)
+    names = os.listdir(source) if os.path.isdir(source) else []
+    steps = sorted((int(m[1]), name) for name in names
                    if (m := re.match(r"^step-(\d+)\.npz$", name)))
+    if not steps:
+        return
     joiner = os.path.join(folder, f"worker-{index}")
     shutil.rmtree(joiner, ignore_errors=True)
     os.makedirs(joiner)

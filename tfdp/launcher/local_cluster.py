@@ -14,7 +14,8 @@ import time
 from tfdp import paths
 from tfdp.config import flags
 from tfdp.config.settings import RUN_STAMP_ENV
-from tfdp.launcher import elastic, emulated_hosts, isolation, regrouping, supervise
+from tfdp.launcher import (elastic, emulated_hosts, isolation, managed_group, regrouping,
+                           supervise)
 from tfdp.launcher.children import prepare_child
 from tfdp.launcher.processes import HOST_PORT, free_ports, processes
 from tfdp.launcher.output import pump, roles_of, say, summary
@@ -27,7 +28,8 @@ POLL_SECONDS = 0.2  # How often the launcher looks at its processes.
 
 
 def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = False,
-           link: str = None, num_ps: int = None, max_restarts: int = 0) -> int:
+           link: str = None, num_ps: int = None, max_restarts: int = 0,
+           managed_task=lambda strategy, num_ps: None) -> int:
     """Run the workers to the end; return 0 if all succeeded, else an exit code: the first
     failure's; ``PREEMPTED_EXIT_CODE`` when SIGTERM or Ctrl-C preempted them and every one saved;
     ``INTERRUPTED_EXIT_CODE`` after a second Ctrl-C, which stops them at once.
@@ -37,7 +39,9 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
     host of its own, its link shaped to ``link`` (``tfdp.launcher.emulated_hosts``).
     ``num_workers``: a number, or ``"MIN:MAX"``, a group that goes on when workers are lost;
     ``max_restarts``: lost workers started again as the group re-forms
-    (``tfdp.launcher.elastic``)."""
+    (``tfdp.launcher.elastic``). ``managed_task(strategy, num_ps)``: this process's task where
+    a cluster manager started it (``tfdp.cluster.managed.described``), whose agent it then is
+    (``tfdp.launcher.managed_group``); None elsewhere."""
     config, problem = workers_config(train_args)
     asked, (size_range, size_problem) = str(num_workers), elastic.sizes(num_workers)
     problem = problem or size_problem or _check(size_range, hosts, link, config,
@@ -45,6 +49,10 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
     if problem:
         say(f"tfdp.launch: error: {problem}")
         return 2
+    as_a_task = managed_group.as_a_task(managed_task, size_range, asked, config, train_args,
+                                        hosts, max_restarts)
+    if as_a_task is not None:  # A task of a Slurm step or an Indexed Job: its agent.
+        return as_a_task
     path = paths.get(config.strategy)
     client = path.cluster == paths.CLIENT
     num_ps = (num_ps or 1) if path.parameter_servers else 0
