@@ -165,16 +165,25 @@ def handler():  # The process's SIGTERM handler, as the kernel has it.
     return action.handler
 
 
+from tfdp.training import preemption
+
+preemption.hold_until_main()  # As tfdp's command lines start: before TensorFlow's import.
+import time
 import tensorflow as tf
 from tfdp.paths.keras.strategy import sigterm_kept
 
 caught = []
-signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
-python = handler()
-with sigterm_kept():
-    tf.distribute.MultiWorkerMirroredStrategy()
-    replaced = handler() != python
-    os.kill(os.getpid(), signal.SIGTERM)  # Held until the handler is Python's again.
+with preemption.preempt_outside_runs():
+    signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
+    python = handler()
+    with sigterm_kept():
+        tf.distribute.MultiWorkerMirroredStrategy()
+        replaced = handler() != python
+        os.kill(os.getpid(), signal.SIGTERM)  # Held until the handler is Python's again.
+    for _ in range(100):  # Python runs the handler between two bytecodes of this thread.
+        if caught:
+            break
+        time.sleep(0.01)
 print(json.dumps({"replaced": replaced, "kept": handler() == python, "caught": caught}))
 """
 

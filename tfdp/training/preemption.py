@@ -29,8 +29,8 @@ and, ``STOP_WITHIN`` s after a stop signal, ends a run with peers that is still 
 not saving, in one line naming its newest backup (``Watch.stuck``), exit 75.
 
 Creating a MultiWorkerMirroredStrategy installs TensorFlow's C++ SIGTERM handler (its
-preemption notifier), which ignores the signal unless that handler is used; ``Watch`` replaces
-it, so SIGTERM always means something.
+preemption notifier), which ignores the signal; ``Watch`` replaces it, and before the Watch,
+``tfdp.paths.keras.strategy.sigterm_kept`` and ``hold_until_main``.
 """
 
 import contextlib
@@ -101,8 +101,7 @@ class Watch:
         return self
 
     def install(self) -> None:
-        """Take SIGTERM and SIGINT (again: creating a MultiWorkerMirroredStrategy installs
-        TensorFlow's own C++ SIGTERM handler over Python's)."""
+        """Take SIGTERM and SIGINT (again: see the module's last paragraph)."""
         if threading.current_thread() is threading.main_thread():  # Only it may set handlers.
             for signum in filter(_taken, SIGNALS):
                 previous = signal.signal(signum, self._on_signal)
@@ -149,10 +148,9 @@ class Watch:
 
     def check(self) -> None:
         """Between two stages of a run (no TensorFlow code under way): raise ``Preempted`` if a
-        signal has come (nothing new to save since the step reached). Not across several
-        ``workers``: one stopping alone would leave the others waiting in a collective for it,
-        so the flag waits for the checks they agree on (the Keras callback's, from the start
-        of training), and after training the run completes."""
+        signal has come (nothing new to save). Not with several ``workers``: one stopping alone
+        would leave the others waiting in a collective, so the flag waits for the checks they
+        agree on (the Keras callback's), and after training the run completes."""
         if self._requested and not self._finished and self.workers == 1:
             raise self.preempted(self.step)
 
@@ -171,8 +169,7 @@ class Watch:
         raise self.preempted(step, backups.save(step, state()) if new else None)
 
     def stuck(self) -> str:
-        """If this run still trains (no step reached to save at, not saving): the one line
-        that ends it naming its newest backup; else ''."""
+        """If this run still trains, not saving: the line that ends it naming its newest backup."""
         if not self._training or self._saving or _FINISHED.is_set():
             return ""
         kept = self.backups.steps() if self.backups is not None else []
@@ -200,13 +197,12 @@ def exported() -> bool:
 
 
 def stopped() -> bool:
-    """Whether a run of this process has stopped for a signal and kept its state
-    (``Watch.preempted``): it is on its way out, with its one line and exit 75."""
+    """Whether a run of this process has stopped for a signal and kept its state: on its way
+    out, with its one line and exit 75."""
     return _STOPPED.is_set()
 
 
-# Held by whichever acts on a second Ctrl-C first (``interrupting``).
-_INTERRUPTING = threading.Lock()
+_INTERRUPTING = threading.Lock()  # Held by whichever acts on a second Ctrl-C first.
 
 
 def interrupting() -> bool:
@@ -224,19 +220,23 @@ def stop_signal(signum: int):
 
 
 _HELD = []  # Signals that came while a command line imported its modules (``hold_until_main``).
+_BLOCKED = []  # SIGTERM, blocked meanwhile.
 
 
 def hold_until_main() -> None:
     """A command line's first call: a SIGTERM or Ctrl-C while its modules import is held (raised
     there, it came out of the import machinery as a traceback) until ``preempt_outside_runs``
-    takes the signals and ends the command at once, in its one line."""
+    ends the command in its one line; SIGTERM blocked until then, never taken by the thread
+    TensorFlow's import starts (there, TensorFlow's handler lost it: ``sigterm_kept``)."""
     for signum in filter(_taken, SIGNALS):
         signal.signal(signum, lambda signum, frame: _HELD.append(signum))
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+        _BLOCKED.append(signal.SIGTERM)
 
 
 _FINISHED = threading.Event()  # A run of this process has exported (``Watch.finished``).
-# A run of this process has stopped for a signal, its state saved (``Watch.preempted``).
-_STOPPED = threading.Event()
+_STOPPED = threading.Event()  # ... has stopped for a signal, its state saved (``preempted``).
 
 
 @contextlib.contextmanager
@@ -250,9 +250,9 @@ def preempt_outside_runs():
     teardown turned the exit status that asks for a requeue (75) into a death by SIGTERM (seen
     under load: the batch script did not requeue); a second Ctrl-C then has nothing left to cut
     short (it once ended such a run with 130, "the steps since the newest backup are lost").
-    A KeyboardInterrupt raised inside code that a C extension
-    runs (TensorFlow's import does) makes CPython kill itself with SIGINT at exit, whatever the
-    program exits with (seen: exit status -2 after tfdp's own one line)."""
+    A KeyboardInterrupt raised inside code that a C extension runs (TensorFlow's import does)
+    makes CPython kill itself with SIGINT at exit, whatever the program exits with (seen: exit
+    status -2 after tfdp's own one line)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -267,6 +267,8 @@ def preempt_outside_runs():
     _STOPPED.clear()
     previous = {signum: signal.signal(signum, outside_runs) for signum in filter(_taken, SIGNALS)}
     try:
+        if _BLOCKED:  # One held since start-up comes now, to outside_runs.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [_BLOCKED.pop()])
         if _HELD:
             if HANGUP in _HELD:
                 files.away_from_a_closed_terminal()
