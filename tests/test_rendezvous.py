@@ -97,6 +97,23 @@ def test_the_members_present_form_the_group_all_at_once_or_at_least_min_after_se
     assert made == {me: expected for me in range(present)}
 
 
+def test_the_next_group_waits_for_the_members_of_the_last_still_saving(tmp_path):
+    """After group 0 of three stops, the next waits for a member whose worker still saves (alive,
+    not yet come on), not for one lost, one leaving, or one come on already."""
+    clock = Clock()
+    tables = [rendezvous.Table(str(tmp_path), me, clock) for me in range(4)]
+    for table in tables[:3]:
+        table.announce(0)
+    tables[0].make(0, [0, 1, 2])
+    tables[0].announce(1)
+    assert managed_group._still_coming(tables[0], [0, 1, 2], 0) == [1, 2]
+    tables[2].leave_group(0)  # Stopped by a signal: it leaves once saved.
+    assert managed_group._still_coming(tables[0], [0, 1, 2], 0) == [1]
+    clock.now += rendezvous.LOST_AFTER + 1  # Silent since: lost.
+    tables[0].announce(1)
+    assert managed_group._still_coming(tables[0], [0, 1, 2], 0) == []
+
+
 def test_what_a_managed_group_cannot_do_is_one_line():
     """Another path than multi_worker, the one-machine launcher's flags, or MAX beyond the
     manager's tasks: refused in one line naming what to change."""

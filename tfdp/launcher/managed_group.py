@@ -147,10 +147,11 @@ def _form(table, generation: int, group, signals, run_dir: str):
         waiting = sorted(m for m, r in table.members().items() if r["wants"] == generation)
         if waiting != counted:
             counted, steady_since = waiting, time.monotonic()
-        enough = len(waiting) >= group.most or (
-            len(waiting) >= group.fewest and time.monotonic() - steady_since >= SETTLE)
+        before = table.group(generation - 1) or []
+        enough = (len(waiting) >= group.most or (
+            len(waiting) >= group.fewest and time.monotonic() - steady_since >= SETTLE)) and (
+            not _still_coming(table, before, generation - 1))
         if enough and waiting[0] == table.me:
-            before = table.group(generation - 1) or []
             members = table.make(generation, waiting[:group.most])
             if members[0] == table.me and generation:
                 for position in range(len(before), len(members)):
@@ -164,6 +165,17 @@ def _form(table, generation: int, group, signals, run_dir: str):
         table.beat()
         time.sleep(POLL)
     return None
+
+
+def _still_coming(table, before: list, generation: int) -> list:
+    """The members of group ``generation`` (``before``) not lost and not leaving that have not
+    yet come to the next: their workers still save the common step, or end."""
+    if not before:
+        return []
+    lost, leaving = table.departures(before, generation)
+    live = table.members()
+    return [m for m in before if m not in lost and m not in leaving
+            and live[m]["wants"] == generation]
 
 
 def _wait_to_join(table, generation: int, group, signals):
@@ -211,6 +223,10 @@ def _train(table, generation, members, task: Task, group, signals):
                 stopping = True
                 table.leave_group(generation)
                 worker.send_signal(signal.SIGTERM)
+            # The others went on without this task (its agent stopped meanwhile, say): it
+            # waits to join the group they formed.
+            if table.newest() > generation and not stopping:
+                return "regroup"
             lost, leaving = table.departures(others, generation)
             if lost and not stopping:
                 return _depart(table, members, [(m, elastic.UNHEARD) for m in lost], worker,
@@ -235,6 +251,8 @@ def _train(table, generation, members, task: Task, group, signals):
         # within LOST_AFTER.
         deadline = time.monotonic() + (0 if joining else rendezvous.LOST_AFTER + 1)
         while True:
+            if table.newest() > generation:
+                return "regroup"
             lost, leaving = table.departures(others, generation)
             if lost or leaving:
                 return _depart(table, members, [(m, elastic.UNHEARD) for m in lost] +
