@@ -147,7 +147,9 @@ def test_a_worker_paused_for_seconds_is_named_with_its_step(tmp_path, data_dir):
                        r"allreduce|did not answer for) (\d+\.\d) s (?:after the others )?"
                        r"at step (\d+)$", out, re.M)
     assert paused, out[-3000:]
-    assert 3.0 <= float(paused[1]) <= 6.0 and 60 < int(paused[2]) <= 120
+    # The 4 s stop, and the step it fell in finishing after it: 6.3 s in a whole run here, on
+    # a loaded machine; twice the stop would be a straggler's pace, not one pause.
+    assert 3.0 <= float(paused[1]) <= 8.0 and 60 < int(paused[2]) <= 120
 
 
 def test_a_peer_reported_lost_is_named_once_its_exit_closes_its_port():
