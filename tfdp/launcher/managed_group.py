@@ -173,9 +173,9 @@ def _still_coming(table, before: list, generation: int) -> list:
     if not before:
         return []
     lost, leaving = table.departures(before, generation)
-    live = table.members()
+    live = table.members()  # Read again: one gone since is no longer coming.
     return [m for m in before if m not in lost and m not in leaving
-            and live[m]["wants"] == generation]
+            and live.get(m, {}).get("wants") == generation]
 
 
 def _wait_to_join(table, generation: int, group, signals):

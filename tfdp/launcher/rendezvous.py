@@ -33,6 +33,7 @@ class Table:
     def __init__(self, folder: str, me: int, clock=time.monotonic):
         self.folder, self.me, self.clock = folder, me, clock
         self.seen = {}  # member -> (its record's stamp, my clock when the stamp last changed)
+        self._agents = {}  # generation -> its members' agents (``agents``)
         self.last_beat = None
         os.makedirs(folder, exist_ok=True)
 
@@ -91,9 +92,12 @@ class Table:
         self._write(f"left-{self.me}-{generation}", {}, replace=False)
 
     def agents(self, generation: int) -> dict:
-        """The agent of each member of group ``generation`` as it was made: id -> [host, pid]."""
-        with open(self._path(f"group-{generation}.json")) as f:
-            return json.load(f)["agents"]
+        """The agent of each member of group ``generation`` as it was made: id -> [host, pid]
+        (read once: a group is written once)."""
+        if generation not in self._agents:
+            with open(self._path(f"group-{generation}.json")) as f:
+                self._agents[generation] = json.load(f)["agents"]
+        return self._agents[generation]
 
     def group(self, generation: int) -> Optional[list]:
         """Group ``generation``'s members in order, once one member has made it; else None."""
