@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from conftest import ROOT, SHELL_SIGNALS
-from processes import alive, child_env, children, launch, tf_config_of, wait_for
+from conftest import REPO, ROOT, SHELL_SIGNALS
+from processes import (alive, child_env, children, launch, tf_config_of, train_command,
+                       wait_for)
 from terminal import Terminal
 from tfdp.training import preemption
 from tfdp.training.backups import Backups
@@ -274,6 +275,46 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(tm
     digests = dict(re.findall(r"^\[\d\] final weights sha256 (\w+) \(worker (\d)\)", err, re.M))
     assert len(digests) == 1, err[-2000:]  # Both workers ended with the same weights.
     assert os.listdir(tmp_path / "export") == ["1"]
+
+
+@pytest.mark.cluster
+def test_a_sigterm_while_a_worker_waits_for_its_peer_stops_both_at_step_0(tmp_path, data_dir):
+    """A ``multi_worker`` worker whose peer is late waits inside the strategy's creation, while
+    TensorFlow's own SIGTERM handler is in place: a SIGTERM then waits for tfdp's handler (any
+    thread but the main one took it, and it was lost: the run trained to its end, exit 0), and
+    both workers stop at step 0 once the peer comes."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+
+    def worker(index):
+        env = child_env(TF_CONFIG=json.dumps({"cluster": cluster,
+                                              "task": {"type": "worker", "index": index}}))
+        return subprocess.Popen(
+            train_command(data_dir, tmp_path, "--strategy=multi_worker", "--num_gpus=1",
+                          "--epochs=1", "--steps_per_epoch=40", "--batch_size=32",
+                          "--eval_steps=1", "--collective_timeout=120"),
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+
+    def serving(port):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    first = worker(0)
+    wait_for(lambda: serving(ports[0]) or first.poll() is not None, 120, "worker 0's server")
+    first.send_signal(signal.SIGTERM)  # Worker 0 waits for worker 1 to register.
+    time.sleep(1)
+    second = worker(1)
+    for process in (first, second):
+        err = process.communicate(timeout=180)[1]
+        assert process.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
+        assert "tfdp.train: preempted (SIGTERM) at step 0: nothing new to save" in err, err[-3000:]
 
 
 @pytest.mark.cluster

@@ -44,6 +44,8 @@ def mid_step_signals(program: str):
 
 
 def _watch_signals(read_end: int, program: str) -> None:
+    # Only the main thread takes SIGTERM (``preemption.main_thread_only``): this one reads it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
     seen, deadline, by = 0, None, None
     while True:
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -2,10 +2,9 @@
 boundary, save, exit non-zero, resume later.
 
 ``Watch`` turns SIGTERM and SIGINT into a flag, and never raises from the signal handler while
-a run is in progress: a handler runs wherever Python is, and that is often TensorFlow's own
-Python code called back from its C++ (tracing a step, flattening a structure, writing a
-SavedModel), where an exception raised was seen to come out as another error (an
-``AttributeError`` from ``nest.flatten`` while a step was being made) or a segmentation fault.
+a run is in progress: a handler runs wherever Python is, often TensorFlow's Python called back
+from its C++ (tracing a step, writing a SavedModel), where an exception raised came out as
+another error (``nest.flatten``'s ``AttributeError``) or a segmentation fault.
 The training loop reads the flag between steps (a step is never cut in half, and the state
 saved is a step's); the run's set-up reads it between its stages and the run before its export
 (``check``: nothing new to save). A signal during the export lets it finish: the run is then
@@ -18,9 +17,8 @@ Interrupting a notebook's kernel is a Ctrl-C: ``tfdp.run`` saves and raises ``Pr
 Under MultiWorkerMirroredStrategy every worker must stop after the same step: the workers
 exchange their flags with one small all-reduce every ``check_every`` steps (``agree`` in
 ``tfdp.paths.keras.callback``), so a SIGTERM to any one worker stops all of them at the same step.
-TensorFlow's ``PreemptionCheckpointHandler`` was not used: it probes the GCP metadata server
-over the network when it is created, and on GCP CPU machines it does nothing at all
-(``failure_handling.py``, ``detect_platform``/``save_checkpoint_if_preempted``).
+TensorFlow's ``PreemptionCheckpointHandler`` was not used: it probes GCP's metadata server when
+created, and on GCP CPU machines does nothing (``failure_handling.py``, ``detect_platform``).
 
 A stop must also be prompt where no step can finish: a cluster's process whose collective waits
 for a lost peer would wait ``--collective_timeout`` (300 s), past any cluster manager's grace
@@ -30,7 +28,8 @@ not saving, in one line naming its newest backup (``Watch.stuck``), exit 75.
 
 Creating a MultiWorkerMirroredStrategy installs TensorFlow's C++ SIGTERM handler (its
 preemption notifier), which ignores the signal; ``Watch`` replaces it, and before the Watch,
-``tfdp.paths.keras.strategy.sigterm_kept`` and ``hold_until_main``.
+``tfdp.paths.keras.strategy.sigterm_kept``. Meanwhile only the main thread may take SIGTERM
+(``hold_until_main``, ``main_thread_only``).
 """
 
 import contextlib
@@ -66,13 +65,10 @@ class Watch:
         self.step = 0  # The last step reached, for the message when a signal comes outside.
         self._training = False
         self._first = None  # The step training started from: a stop there has nothing new.
-        # Training processes of one model: more than one stop only where they agree to.
-        self.workers = 1
-        self._finished = False
-        self._previous = {}
+        self.workers = 1  # Training processes of one model: several stop where they agree.
+        self._finished, self._previous = False, {}
         self._elsewhere, self._every, self._asked = None, 0.0, 0.0
-        # A run with peers (a cluster's) that may be lost: after a stop signal it has
-        # ``STOP_WITHIN`` s to save (``_end_if_stuck``), naming its ``backups``' newest if not.
+        # A run with peers that may be lost has STOP_WITHIN s to save after a stop signal.
         self.peers, self.backups, self._saving = False, None, False
 
     @property
@@ -206,11 +202,9 @@ _INTERRUPTING = threading.Lock()  # Held by whichever acts on a second Ctrl-C fi
 
 
 def interrupting() -> bool:
-    """Whether the caller is the first to act on a second Ctrl-C, and so the one to end the
-    run: the run's handler in the main thread and, on the command line, the mid-step watch both
-    see it. Without this the second to act could end the process after the first had raised
-    out of the run, with a line that no longer named the run folder to resume (seen in a
-    whole run: \"run the same command again\" for a run in a folder a default chose)."""
+    """Whether the caller is the first to act on a second Ctrl-C (the run's handler and, on the
+    command line, the mid-step watch both see it): else the second could end the process after
+    the first had raised out of the run, in a line no longer naming the run folder to resume."""
     return _INTERRUPTING.acquire(blocking=False)
 
 
@@ -225,14 +219,26 @@ _BLOCKED = []  # SIGTERM, blocked meanwhile.
 
 def hold_until_main() -> None:
     """A command line's first call: a SIGTERM or Ctrl-C while its modules import is held (raised
-    there, it came out of the import machinery as a traceback) until ``preempt_outside_runs``
-    ends the command in its one line; SIGTERM blocked until then, never taken by the thread
-    TensorFlow's import starts (there, TensorFlow's handler lost it: ``sigterm_kept``)."""
+    there, it came out of the import machinery as a traceback), SIGTERM blocked, until
+    ``preempt_outside_runs`` ends the command in its one line."""
     for signum in filter(_taken, SIGNALS):
         signal.signal(signum, lambda signum, frame: _HELD.append(signum))
     if threading.current_thread() is threading.main_thread():
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
         _BLOCKED.append(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def main_thread_only():
+    """Around code that starts threads (TensorFlow's import): SIGTERM blocked here, so in every
+    thread started inside; one that comes meanwhile reaches this thread's handler as the block
+    ends. While TensorFlow's handler is in place (``sigterm_kept``) a SIGTERM another thread
+    took was lost: a stop for a worker to join that the group trained past."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 _FINISHED = threading.Event()  # A run of this process has exported (``Watch.finished``).
@@ -242,17 +248,12 @@ _STOPPED = threading.Event()  # ... has stopped for a signal, its state saved (`
 @contextlib.contextmanager
 def preempt_outside_runs():
     """For a command line's whole life: a SIGTERM or Ctrl-C before a run's ``Watch`` takes them
-    over raises ``Preempted`` (nothing to save) rather than ending the process silently or
-    with ``KeyboardInterrupt``; once a run has exported, they are ignored until the process
-    exits (TensorFlow's teardown takes seconds: a signal then must not turn a finished run into
-    one a supervisor runs again), and so is any once a run has stopped for one and kept its
-    state (``stopped``): Slurm repeats SIGTERM as it ends the step, and a repeat during the
-    teardown turned the exit status that asks for a requeue (75) into a death by SIGTERM (seen
-    under load: the batch script did not requeue); a second Ctrl-C then has nothing left to cut
-    short (it once ended such a run with 130, "the steps since the newest backup are lost").
-    A KeyboardInterrupt raised inside code that a C extension runs (TensorFlow's import does)
-    makes CPython kill itself with SIGINT at exit, whatever the program exits with (seen: exit
-    status -2 after tfdp's own one line)."""
+    over raises ``Preempted`` (nothing to save), not a silent end or ``KeyboardInterrupt``
+    (raised inside a C extension's code, as TensorFlow's import is, CPython then kills itself
+    with SIGINT at exit: status -2 after tfdp's line). Once a run has exported, or stopped for
+    a signal and kept its state (``stopped``), they are ignored until the process exits: in
+    TensorFlow's seconds of teardown a repeat (Slurm repeats SIGTERM as it ends a step) turned
+    a finished run into one to run again, and a requeue's exit 75 into a death by SIGTERM."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -275,10 +276,9 @@ def preempt_outside_runs():
             raise Preempted(0, by=NAMES[_HELD[0]])
         yield
     except Exception as e:
-        # A signal while modules import (TensorFlow's): the handler's exception comes out as
-        # what the import made of it, pybind11's "ImportError: initialization failed" or the
-        # import lock's SystemError and then a half-initialized module's AttributeError. Seen
-        # from a real terminal's Ctrl-C at start-up (tests/test_terminal_signals.py).
+        # A signal while modules import (TensorFlow's) comes out as what the import made of it:
+        # pybind11's "ImportError: initialization failed", the import lock's SystemError, a
+        # half-initialized module's AttributeError (a terminal's Ctrl-C at start-up).
         preempted = _preemption_behind(e)
         if preempted:
             raise preempted from None
