@@ -17,6 +17,7 @@ from conftest import REPO, ROOT, SHELL_SIGNALS
 from processes import (alive, child_env, children, launch, tf_config_of, train_command,
                        wait_for)
 from terminal import Terminal
+from tfdp.launcher.processes import free_ports
 from tfdp.training import preemption
 from tfdp.training.backups import Backups
 from tfdp.util.errors import PREEMPTED_EXIT_CODE, Preempted
@@ -283,11 +284,7 @@ def test_a_sigterm_while_a_worker_waits_for_its_peer_stops_both_at_step_0(tmp_pa
     TensorFlow's own SIGTERM handler is in place: a SIGTERM then waits for tfdp's handler (any
     thread but the main one took it, and it was lost: the run trained to its end, exit 0), and
     both workers stop at step 0 once the peer comes."""
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
 
     def worker(index):

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tfdp import paths
 from tfdp.cluster import watchdog
 from tfdp.cluster import tf_config
+from tfdp.training import preemption
 from tfdp.util import devices
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
@@ -93,14 +94,13 @@ def sigterm_kept():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
-    try:
-        yield
-    finally:
-        ours = signal.getsignal(signal.SIGTERM)
-        if ours is not None:  # None: not set from Python; nothing of ours to put back.
-            signal.signal(signal.SIGTERM, ours)
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    with preemption.main_thread_only():
+        try:
+            yield
+        finally:  # Before the block ends: a SIGTERM held meanwhile comes to Python's handler.
+            ours = signal.getsignal(signal.SIGTERM)
+            if ours is not None:  # None: not set from Python; nothing of ours to put back.
+                signal.signal(signal.SIGTERM, ours)
 
 
 def _multi_worker(num_gpus: int, collective_timeout: int) -> Distribution:
