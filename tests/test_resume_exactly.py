@@ -55,9 +55,13 @@ PATHS = {
     # The same, stopped hard: its chief (the coordinator, which keeps the backups) killed.
     "parameter_server-killed": ("launch", ["--num_workers=1", "--num_ps=1"], []),
     # Your model from scratch, its state its variables: batch normalization's statistics and
-    # Dropout's seed states, with Adam's moments and step count and the averages.
+    # Dropout's seed states, with Adam's moments and step count and the averages. It asks for a
+    # stop every 4 steps, not the path's 16: a progress line comes as a call's steps are read,
+    # after the loop has issued the next call, so at 16 a line two calls from the epoch's end
+    # left no check before it on a machine that trains an epoch in 0.4 s (the stop then came at
+    # the epoch's end: global step 192, asked at epoch 2, step 38).
     "manual-yours": ("train", ["--num_gpus=2", EMA, f"--model={SUBCLASSED}",
-                               "--optimizer=adam", "--lr=0.002"]),
+                               "--optimizer=adam", "--lr=0.002", "--sync_every=4"]),
     # Dropout and every other seeded layer (their seed states), with AdamW's moments, under fit.
     "mirrored-dropout-adamw": ("train", ["--num_gpus=2", f"--model={DROPOUT}",
                                          "--optimizer=adamw", "--lr=0.002"]),
