@@ -378,3 +378,25 @@ def test_ctrl_c_in_a_terminal_reaches_the_launcher_which_has_every_worker_save(t
     assert len(re.findall(r"\[\d\] tfdp\.train: preempted \(SIGTERM\) at step", text)) == 2
     assert "\r[0] epoch 1/3 " in text  # The chief's live progress line, in a terminal.
     assert "Traceback" not in text
+
+
+# Each thread but the main one, after tfdp has imported TensorFlow: whether SIGTERM is open.
+OPEN_TO_SIGTERM = """
+import glob, os, threading
+from tfdp.util import logs
+logs.import_tensorflow()
+for status in glob.glob("/proc/self/task/*/status"):
+    fields = dict(line.split(":", 1) for line in open(status) if ":" in line)
+    if int(fields["Pid"]) != threading.main_thread().native_id:
+        print(fields["Name"].strip(), bool(int(fields["SigBlk"], 16) & 1 << signal_bit))
+""".replace("signal_bit", str(signal.SIGTERM - 1))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+def test_the_threads_tensorflow_starts_never_take_sigterm():
+    """TensorFlow's own threads start with SIGTERM blocked (``tfdp.util.main_thread``)."""
+    done = subprocess.run([sys.executable, "-c", OPEN_TO_SIGTERM], capture_output=True,
+                          text=True, env=child_env(), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    threads = [line.rsplit(" ", 1) for line in done.stdout.splitlines()]
+    assert threads and all(blocked == "True" for _, blocked in threads), done.stdout

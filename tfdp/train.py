@@ -38,8 +38,7 @@ def train_from_flags(flag_values) -> None:
             # Under Slurm or Kubernetes: TF_CONFIG from the manager; a server task leaves here.
             managed.join(config)
             managed.check_task(config.strategy)  # Before TensorFlow, which takes seconds.
-            with preemption.main_thread_only():  # TensorFlow's threads never take SIGTERM.
-                logs.import_tensorflow()
+            logs.import_tensorflow()
             with mid_step.mid_step_signals("tfdp.train"):
                 from tfdp.training import entry  # TensorFlow, after logs hid its start-up.
 

@@ -44,7 +44,7 @@ def mid_step_signals(program: str):
 
 
 def _watch_signals(read_end: int, program: str) -> None:
-    # Only the main thread takes SIGTERM (``preemption.main_thread_only``): this one reads it.
+    # Only the main thread takes SIGTERM (``tfdp.util.main_thread``): this one reads it.
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
     seen, deadline, by = 0, None, None
     while True:

@@ -29,7 +29,7 @@ not saving, in one line naming its newest backup (``Watch.stuck``), exit 75.
 Creating a MultiWorkerMirroredStrategy installs TensorFlow's C++ SIGTERM handler (its
 preemption notifier), which ignores the signal; ``Watch`` replaces it, and before the Watch,
 ``tfdp.paths.keras.strategy.sigterm_kept``. Meanwhile only the main thread may take SIGTERM
-(``hold_until_main``, ``main_thread_only``).
+(``hold_until_main``, ``tfdp.util.main_thread``).
 """
 
 import contextlib
@@ -226,19 +226,6 @@ def hold_until_main() -> None:
     if threading.current_thread() is threading.main_thread():
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
         _BLOCKED.append(signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def main_thread_only():
-    """Around code that starts threads (TensorFlow's import): SIGTERM blocked here, so in every
-    thread started inside; one that comes meanwhile reaches this thread's handler as the block
-    ends. While TensorFlow's handler is in place (``sigterm_kept``) a SIGTERM another thread
-    took was lost: a stop for a worker to join that the group trained past."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 _FINISHED = threading.Event()  # A run of this process has exported (``Watch.finished``).

@@ -122,12 +122,14 @@ def import_tensorflow():
     raised. With ``--verbose`` nothing is captured. Keras' matplotlib is imported at its first
     use (``tfdp.util.matplotlib_deferred``), and Python's cyclic garbage collector waits for the
     first import to end (``tfdp.util.start_cost``; later calls, a notebook's second run, freeze
-    nothing more).
+    nothing more). The threads the import starts never take SIGTERM (``tfdp.util.main_thread``).
     """
-    from tfdp.util import matplotlib_deferred, start_cost
+    from tfdp.util import main_thread, matplotlib_deferred, start_cost
 
     started = "tensorflow" in sys.modules
-    with contextlib.nullcontext() if verbose() or started else _stderr_filtered(STARTUP_BANNERS):
+    with main_thread.main_thread_only(), (
+            contextlib.nullcontext() if verbose() or started
+            else _stderr_filtered(STARTUP_BANNERS)):
         with matplotlib_deferred.deferred():
             with contextlib.nullcontext() if started else start_cost.collector_paused():
                 import tensorflow as tf

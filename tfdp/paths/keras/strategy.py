@@ -16,8 +16,7 @@ import tensorflow as tf
 from tfdp import paths
 from tfdp.cluster import watchdog
 from tfdp.cluster import tf_config
-from tfdp.training import preemption
-from tfdp.util import devices
+from tfdp.util import devices, main_thread
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
 
@@ -94,7 +93,7 @@ def sigterm_kept():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    with preemption.main_thread_only():
+    with main_thread.main_thread_only():
         try:
             yield
         finally:  # Before the block ends: a SIGTERM held meanwhile comes to Python's handler.
