@@ -176,6 +176,9 @@ def test_a_stop_for_a_join_says_the_launcher_re_forms_the_group_and_any_other_to
     assert str(watch.preempted(12, "saved-here")) == (
         "preempted (SIGTERM) at step 12: state of step 12 saved in saved-here; a worker joins: "
         "tfdp.launch --num_workers=1:3 re-forms the group from it, one larger")
+    regrouping.mark(run_dir, regrouping.LEAVES)  # A managed group's member, its task stopped.
+    assert str(watch.preempted(12, "saved-here")).endswith(
+        "; a worker leaves: tfdp.launch --num_workers=1:3 re-forms the group from it, one smaller")
     monkeypatch.delenv("TFDP_GROUP_GOES_ON")
     assert str(watch.preempted(12, "saved-here")).endswith(again)
     regrouping.unmark(run_dir)

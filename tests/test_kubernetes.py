@@ -352,6 +352,10 @@ def test_an_elastic_indexed_job_goes_on_without_a_deleted_pod_and_takes_its_repl
                       r"worker saved its step\); going on with 2 of --num_workers=2:3", said) == [
         str(deleted)], said[-4000:]
     assert "tfdp.launch: a worker joins (a task came)" in said, said[-4000:]
+    # The group goes on by itself: no worker's line sends the user to start it again.
+    assert "run the same command again" not in said and re.search(
+        r"preempted \(SIGTERM\) at step \d+: .*; a worker leaves: tfdp\.launch "
+        r"--num_workers=2:3 re-forms the group from it, one smaller", said), said[-4000:]
     assert re.search(r"tfdp\.launch: group 2: 3 of --num_workers=2:3", said), said[-4000:]
     assert os.listdir(tmp_path / "saved") == ["1"] and "Traceback" not in said
     serves_like_two_devices_never_interrupted(

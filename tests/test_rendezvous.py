@@ -1,8 +1,8 @@
 """How the agents of a Slurm step's or an Indexed Job's elastic group agree on it through the run
-folder (``tfdp.launcher.rendezvous``, ``tfdp.launcher.managed_group``), without processes: who is
-lost (on each member's own clock), that a group is made once whoever makes it, that the members
-present form it, and the one-line refusals. The group under a real Slurm, a task killed:
-tests/test_slurm.py."""
+folder (``tfdp.launcher.rendezvous``, ``managed_forming``, ``managed_group``), without
+processes: who is lost (on each member's own clock), that a group is made once whoever makes it,
+that the members present form it, and the one-line refusals. The group under a real Slurm, a task
+killed: tests/test_slurm.py."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from tfdp.config.settings import Config
-from tfdp.launcher import managed_group, rendezvous
+from tfdp.launcher import managed_forming, managed_group, rendezvous
 from tfdp.launcher.elastic import Group
 
 
@@ -87,7 +87,7 @@ def test_the_members_present_form_the_group_all_at_once_or_at_least_min_after_se
 
     def agent(me):
         table = rendezvous.Table(str(tmp_path), me)
-        made[me] = managed_group._form(table, 0, Group((2, 3), 0, "2:3"), [], str(tmp_path))
+        made[me] = managed_forming.form(table, 0, Group((2, 3), 0, "2:3"), [], str(tmp_path))
 
     threads = [threading.Thread(target=agent, args=(me,)) for me in range(present)]
     for thread in threads:
@@ -106,12 +106,12 @@ def test_the_next_group_waits_for_the_members_of_the_last_still_saving(tmp_path)
         table.announce(0)
     tables[0].make(0, [0, 1, 2])
     tables[0].announce(1)
-    assert managed_group._still_coming(tables[0], [0, 1, 2], 0) == [1, 2]
+    assert managed_forming.still_coming(tables[0], [0, 1, 2], 0) == [1, 2]
     tables[2].leave_group(0)  # Stopped by a signal: it leaves once saved.
-    assert managed_group._still_coming(tables[0], [0, 1, 2], 0) == [1]
+    assert managed_forming.still_coming(tables[0], [0, 1, 2], 0) == [1]
     clock.now += rendezvous.LOST_AFTER + 1  # Silent since: lost.
     tables[0].announce(1)
-    assert managed_group._still_coming(tables[0], [0, 1, 2], 0) == []
+    assert managed_forming.still_coming(tables[0], [0, 1, 2], 0) == []
 
 
 def test_what_a_managed_group_cannot_do_is_one_line():
@@ -125,3 +125,20 @@ def test_what_a_managed_group_cannot_do_is_one_line():
     assert "Slurm started 3 task(s); MAX can be at most that" in say(
         found, (2, 4), Config(strategy="multi_worker"), False, 0)
     assert say(found, (2, 3), Config(strategy="multi_worker"), False, 0) == ""
+
+
+def test_a_stopped_member_tells_the_others_go_on_only_when_it_leaves_alone(tmp_path, monkeypatch):
+    """Member 2 of three (``--num_workers=2:3``), its task stopped: the others go on without it,
+    unless another leaves too within ``ALONE`` seconds (a whole job stopped) or fewer than MIN
+    would be left."""
+    monkeypatch.setattr(managed_forming, "ALONE", 0.3)
+    tables = [rendezvous.Table(str(tmp_path), me) for me in range(3)]
+    for table in tables:
+        table.announce(0)
+    tables[0].make(0, [0, 1, 2])
+    go_on = lambda group: managed_forming.others_go_on(tables[2], [0, 1], 0, group)  # noqa
+    tables[2].leave_group(0)
+    assert go_on(Group((2, 3), 0, "2:3"))
+    assert not go_on(Group((3, 3), 0, "3:3"))
+    tables[1].leave_group(0)
+    assert not go_on(Group((2, 3), 0, "2:3"))

@@ -1,19 +1,22 @@
-"""``tfdp.launch --num_workers=MIN:MAX`` run by every task of a Slurm step (``srun --no-kill``)
-or every pod of a Kubernetes Indexed Job: this task's agent in an elastic ``multi_worker`` group.
+"""``tfdp.launch --num_workers=MIN:MAX`` run by every task of a Slurm step (``srun --no-kill``) or
+every pod of a Kubernetes Indexed Job: this task's agent in an elastic ``multi_worker`` group.
 
 No process of tfdp's own sees the whole group there, so every agent takes part in agreeing on it
 (``tfdp.launcher.rendezvous``, through the run folder): the members present form group 0 (all
-MAX, or at least MIN after ``SETTLE`` seconds); each agent starts its task's ``tfdp.train``
-worker with that group's ``TF_CONFIG`` (its own address, the manager's, kept whatever the group)
-and watches it and the others. When a member is lost (its task killed, its node gone: nothing
-heard from its agent for ``rendezvous.LOST_AFTER`` seconds), the survivors stop their workers at
-once (TensorFlow cannot take a worker out of a ``MultiWorkerMirroredStrategy`` group in place)
-and form the next group without it, which resumes from the newest backup every worker has, as
-``tfdp.launch``'s own groups do (``tfdp.launcher.elastic``), while at least MIN are left. A
-member that comes (a replaced pod, a task started again) waits; the group's chief asks the group
-to save one common step and stop, as for a preemption, and the next group takes it in, up to
-MAX, starting it from a copy of worker 0's backup. The global batch stays the one given, and so
-does the data order: the model is the one an uninterrupted run trains."""
+MAX, or at least MIN after ``managed_forming.SETTLE`` seconds); each agent starts its task's
+``tfdp.train`` worker with that group's ``TF_CONFIG`` (its own address, the manager's, kept
+whatever the group) and watches it and the others. When a member is lost (its task killed, its
+node gone: nothing heard from its agent for ``rendezvous.LOST_AFTER`` seconds), the survivors
+stop their workers at once (TensorFlow cannot take a worker out of a
+``MultiWorkerMirroredStrategy`` group in place) and form the next group without it, which
+resumes from the newest backup every worker has, as ``tfdp.launch``'s own groups do
+(``tfdp.launcher.elastic``), while at least MIN are left; a member whose task is stopped
+(SIGTERM) saves its step with the others first (``managed_forming.others_go_on`` tells the
+workers' lines whether the others go on). A member that comes (a replaced pod, a task started
+again) waits; the group's chief asks the group to save one common step and stop, as for a
+preemption, and the next group takes it in, up to MAX, starting it from a copy of worker 0's
+backup. The global batch stays the one given, and so does the data order: the model is the one
+an uninterrupted run trains."""
 
 import functools
 import json
@@ -26,15 +29,12 @@ from typing import NamedTuple
 
 from tfdp import paths
 from tfdp.config.settings import GROUP_GOES_ON_ENV, RUN_STAMP_ENV
-from tfdp.launcher import elastic, regrouping, rendezvous
+from tfdp.launcher import elastic, managed_forming as forming, regrouping, rendezvous
 from tfdp.launcher.children import prepare_child
 from tfdp.launcher.output import say
 from tfdp.util.errors import LOST_CONTACT_EXIT_CODE, PREEMPTED_EXIT_CODE, UserError
 
 FOLDER = ".tfdp-group"  # In the run folder: the group's table, one folder per job.
-SETTLE = 3.0  # Seconds a group of at least MIN, but fewer than MAX, waits for more to come.
-GATHER = 120.0  # Seconds to wait for MIN members before the run stops.
-POLL = 0.2
 TF_CONFIG = "TF_CONFIG"
 
 
@@ -104,12 +104,12 @@ def run(found, size_range: tuple, asked: str, config, train_args: list) -> int:
     generation = table.newest() + 1
     try:
         while True:
-            members = _form(table, generation, group, signals, run_dir)
+            members = forming.form(table, generation, group, signals, run_dir)
             if members is None:
                 return (0 if table.finished() else PREEMPTED_EXIT_CODE if signals else
                         LOST_CONTACT_EXIT_CODE)
             if me not in members:  # Late: wait to be taken in.
-                generation = _wait_to_join(table, generation, group, signals)
+                generation = forming.wait_to_join(table, generation, group, signals)
                 if generation is None:
                     return 0 if table.finished() else PREEMPTED_EXIT_CODE
                 continue
@@ -135,72 +135,6 @@ def run(found, size_range: tuple, asked: str, config, train_args: list) -> int:
             signal.signal(s, handler)
 
 
-def _form(table, generation: int, group, signals, run_dir: str):
-    """Group ``generation``'s members (ids, in order), made with the others; None where fewer
-    than MIN came within ``GATHER`` seconds, a signal came, or the run has finished."""
-    table.announce(generation)
-    started, counted, steady_since = time.monotonic(), None, time.monotonic()
-    while not signals and not table.finished():
-        made = table.group(generation)
-        if made is not None:
-            return made
-        waiting = sorted(m for m, r in table.members().items() if r["wants"] == generation)
-        if waiting != counted:
-            counted, steady_since = waiting, time.monotonic()
-        before = table.group(generation - 1) or []
-        enough = (len(waiting) >= group.most or (
-            len(waiting) >= group.fewest and time.monotonic() - steady_since >= SETTLE)) and (
-            not _still_coming(table, before, generation - 1))
-        if enough and waiting[0] == table.me:
-            members = table.make(generation, waiting[:group.most])
-            if members[0] == table.me and generation:
-                for position in range(len(before), len(members)):
-                    elastic.seed_the_joiner(run_dir, position)
-            return members
-        if time.monotonic() - started > GATHER:
-            say(f"tfdp.launch: {len(waiting)} of --num_workers={group.asked} came within "
-                f"{GATHER:.0f} s, fewer than {group.fewest}: the run stops; the same command "
-                "resumes it from the newest backup")
-            return None
-        table.beat()
-        time.sleep(POLL)
-    return None
-
-
-def _still_coming(table, before: list, generation: int) -> list:
-    """The members of group ``generation`` (``before``) not lost and not leaving that have not
-    yet come to the next: their workers still save the common step, or end."""
-    if not before:
-        return []
-    lost, leaving = table.departures(before, generation)
-    live = table.members()  # Read again: one gone since is no longer coming.
-    return [m for m in before if m not in lost and m not in leaving
-            and live.get(m, {}).get("wants") == generation]
-
-
-def _wait_to_join(table, generation: int, group, signals):
-    """A member too late for group ``generation``: the generation that takes it in (made with
-    it, or about to be, the group having stopped for it); None once the run has finished, or a
-    signal came."""
-    said = False
-    while not signals and not table.finished():
-        current = table.newest()
-        if table.me in (table.group(current) or []):
-            return current
-        if current >= generation:
-            generation = current + 1
-            table.announce(generation)
-        if table.regrouping(current):
-            return generation
-        if not said and len(table.group(current) or []) >= group.most:
-            say(f"tfdp.launch: task {table.me} waits to join: the group has --num_workers="
-                f"{group.asked}'s {group.most} already")
-            said = True
-        table.beat()
-        time.sleep(POLL)
-    return None
-
-
 def _train(table, generation, members, task: Task, group, signals):
     """Run this member's worker in group ``generation``: "finished", "regroup" (a member lost,
     leaving or joining), or an exit code to end with."""
@@ -222,6 +156,8 @@ def _train(table, generation, members, task: Task, group, signals):
             if signals and not stopping:  # Its worker saves its step with the others' first.
                 stopping = True
                 table.leave_group(generation)
+                if forming.others_go_on(table, others, generation, group):  # Their lines say so.
+                    regrouping.mark(task.run_dir, regrouping.LEAVES)
                 worker.send_signal(signal.SIGTERM)
             # The others went on without this task (its agent stopped meanwhile, say): it
             # waits to join the group they formed.
@@ -239,7 +175,7 @@ def _train(table, generation, members, task: Task, group, signals):
                     table.ask_regroup(generation)
                     say(group.joining()[1].replace("(SIGUSR1)", "(a task came)"))
                 worker.send_signal(signal.SIGTERM)
-            time.sleep(POLL)
+            time.sleep(forming.POLL)
         code = worker.returncode
         if code == 0:
             return "finished"
@@ -260,7 +196,7 @@ def _train(table, generation, members, task: Task, group, signals):
             if time.monotonic() >= deadline:
                 break
             table.beat()
-            time.sleep(POLL)
+            time.sleep(forming.POLL)
         if joining:
             return "regroup"
         return code if code >= 0 else 128 - code
@@ -272,9 +208,7 @@ def _train(table, generation, members, task: Task, group, signals):
 
 def _asks_to_join(table, members, group) -> bool:
     """Whether a live task not in the group waits to come in, and the group has room."""
-    if len(members) >= group.most:
-        return False
-    return any(m not in members for m in table.members())
+    return len(members) < group.most and any(m not in members for m in table.members())
 
 
 def _depart(table, members, departed: list, worker, group):

@@ -4,7 +4,8 @@ A launcher whose group goes on (``tfdp.launcher.elastic``) takes a worker in by 
 group as a preemption does (SIGTERM: every worker saves one common step, or the from-scratch
 client saves its own) and starting it again one larger. The workers' lines must not then say
 "run the same command again": the launcher does that itself, at once. So before its SIGTERM it
-marks the run folder (``mark``), and a worker that stops for a signal reads the mark
+marks the run folder (``mark``; a managed group's agent whose task is stopped marks it too, where
+the others go on without it), and a worker that stops for a signal reads the mark
 (``then``) to say what happens next; the launcher removes the mark once the group has stopped
 (``unmark``), and any a killed launcher left when it starts again. ``launcher_re_forms`` is the
 one wording of what the launcher does next, for a join's line and a loss's
@@ -18,11 +19,15 @@ from tfdp.config.settings import GROUP_GOES_ON_ENV
 MARK = ".tfdp-regrouping"
 
 
-def mark(run_dir: str) -> None:
-    """The group in ``run_dir`` stops for a worker to join."""
+JOINS, LEAVES = "joins", "leaves"
+
+
+def mark(run_dir: str, why: str = JOINS) -> None:
+    """The group in ``run_dir`` stops for a worker that ``why`` (``JOINS``, ``LEAVES``: an agent
+    of a managed group stopped, its task or pod going, the others going on)."""
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, MARK), "w") as f:
-        f.write("a worker joins: the launcher re-forms the group from the step saved\n")
+        f.write(f"{why}\n")
 
 
 def unmark(run_dir: str) -> None:
@@ -40,9 +45,14 @@ def launcher_re_forms() -> Optional[str]:
 
 
 def then(run_dir: Optional[str]) -> Optional[str]:
-    """What follows a stop of the run in ``run_dir`` that a join asked for, for its line; None
-    for any other stop."""
+    """What follows a stop of the run in ``run_dir`` that a join or a leaving asked for, for its
+    line; None for any other stop."""
     re_forms = launcher_re_forms()
-    if re_forms and run_dir and os.path.exists(os.path.join(run_dir, MARK)):
-        return f"a worker joins: {re_forms} from it, one larger"
-    return None
+    if not (re_forms and run_dir):
+        return None
+    try:
+        with open(os.path.join(run_dir, MARK)) as f:
+            why = f.read().strip()
+    except FileNotFoundError:
+        return None
+    return f"a worker {why}: {re_forms} from it, one {'smaller' if why == LEAVES else 'larger'}"
