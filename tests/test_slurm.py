@@ -263,14 +263,25 @@ def test_the_batch_script_requeues_at_most_max_requeues_times(slurm, tmp_path):
                       "its state is saved: sbatch this script again to go on") == 1, text
 
 
-def test_an_elastic_group_under_srun_no_kill_loses_a_task_and_trains_the_same_model(
+def test_an_elastic_group_under_srun_no_kill_loses_a_task_or_its_node_and_trains_on(
         slurm, tmp_path, data_dir, test_split):
     """``srun --no-kill -N2 -n3 python -m tfdp.launch --num_workers=2:3``: every task's agent
-    agrees on the group through the run folder; one task (chosen at random) SIGKILLed from
-    outside once every worker has backed up a random step; the two left go on without the
-    user, from the newest backup every worker has, at the same global batch: the run finishes,
-    exports once, says who left in one line, and serves, in float64, within 1e-9 the logits of
-    two devices never interrupted."""
+    agrees on the group through the run folder; once every worker has backed up a random step,
+    one task (chosen at random) SIGKILLed from outside, or node2 lost with its task (its
+    slurmd, the step's slurmstepd and the task killed, as a node that dies); the two left go on
+    without the user, from the newest backup every worker has, at the same global batch: the
+    run finishes, exports once, says who left in one line, and serves, in float64, within 1e-9
+    the logits of two devices never interrupted. (The cluster is started afresh after a lost
+    node, as Slurm keeps its job allocated for a while.)"""
+    lost_node = random.Random().random() < 0.5
+    try:
+        _an_elastic_group_loses(slurm, tmp_path, data_dir, test_split, lost_node)
+    finally:
+        if lost_node:
+            slurm.restart()
+
+
+def _an_elastic_group_loses(slurm, tmp_path, data_dir, test_split, lost_node: bool):
     from processes import backed_up
     from same_model import serves_like_two_devices_never_interrupted
 
@@ -293,8 +304,17 @@ def test_an_elastic_group_under_srun_no_kill_loses_a_task_and_trains_the_same_mo
         slurm.wait_for(lambda: backed_up(run_dir, 3) >= step or run.poll() is not None, 240,
                        f"every worker's backup of step {step}")
         assert run.poll() is None, "".join(line for _, line in lines)[-3000:]
-        record, = (run_dir / ".tfdp-group").glob(f"*/member-{victim}.json")
-        os.kill(json.loads(record.read_text())["pid"], signal.SIGKILL)
+        agents = {int(r.stem.split("-")[1]): json.loads(r.read_text())["pid"]
+                  for r in (run_dir / ".tfdp-group").glob("*/member-*.json")}
+        if lost_node:  # Every process in node2's namespace: slurmd, slurmstepd, its task.
+            on_node2 = [int(pid) for pid in subprocess.run(
+                ["ip", "netns", "pids", slurm.hosts.names[2]], capture_output=True,
+                text=True).stdout.split()]
+            victim, = [m for m, pid in agents.items() if pid in on_node2]
+            for pid in on_node2:
+                os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(agents[victim], signal.SIGKILL)
         killed = time.monotonic()
         run.wait(timeout=300)
         for reader in readers:
@@ -305,8 +325,8 @@ def test_an_elastic_group_under_srun_no_kill_loses_a_task_and_trains_the_same_mo
     err = "".join(line for _, line in lines)
     resumed = [when for when, line in lines if re.search(r": resuming at epoch", line)]
     assert resumed, err[-4000:]
-    print(f"task {victim} killed after step {step}: the group of 2 resumed "
-          f"{resumed[0] - killed:.1f} s later")
+    print(f"{'node2 lost with task' if lost_node else 'task'} {victim} killed after step {step}: "
+          f"the group of 2 resumed {resumed[0] - killed:.1f} s later")
     left = re.findall(r"tfdp\.launch: worker (\d) left \(nothing heard from its task for \d s\); "
                       r"going on with 2 of --num_workers=2:3", err)
     assert left == [str(victim)], err[-4000:]
@@ -315,7 +335,8 @@ def test_an_elastic_group_under_srun_no_kill_loses_a_task_and_trains_the_same_mo
     assert not re.search(r"^\d+: Traceback", err, re.M), err[-4000:]
     serves_like_two_devices_never_interrupted(
         tmp_path / "export" / "1", tmp_path, data_dir, test_split.images[:256], "mirrored",
-        settings, f"task {victim} of 3 killed after step {step}")
+        settings, f"task {victim} of 3 {'lost with its node' if lost_node else 'killed'} after "
+        f"step {step}")
 
 
 def test_a_node_lost_with_its_task_ends_the_job_in_one_line(slurm, tmp_path, data_dir):
