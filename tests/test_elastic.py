@@ -29,11 +29,12 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
     from outside: a SIGKILL to a random worker once every worker has backed up a random step of
     the first epoch (it is started again: the group stays three); a SIGSTOP to another at a
     later step (hung: the others' watchdog, --collective_timeout=10, gives up on it, and the
-    group goes on with two, 24 examples each); SIGUSR1 to the launcher as they train (a worker joins: every
-    worker saves one common step and the group of three resumes from it, nothing lost); a last
-    SIGKILL at a moment chosen at random, a later step or as the last epoch's line is said (its
-    final backup, the export; on with two). Each time the launcher says who left or joined and
-    what the group does (the survivors' own lines say the launcher re-forms it); the run
+    group goes on with two, 24 examples each); SIGUSR1 to the launcher as they train (a worker
+    joins: every worker saves one common step and the group of three resumes from it, nothing
+    lost); a last SIGKILL at a moment chosen at random, a later step or as the last epoch's line
+    is said (its final backup, the export; on with two). Each time the launcher says who left or
+    joined and what the group does (the survivors' own lines say the launcher re-forms it, and
+    worker 0 how soon the group trains again); the run
     finishes, exports once and leaves no backup, and the model is the one two devices train
     never interrupted, within 1e-9 in float64."""
     run = launch(tmp_path, "multi_worker", f"--data_dir={data_dir}", "--backup_every=4",
@@ -86,6 +87,9 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
                            r"step \1 saved in \S+; a worker joins: tfdp\.launch --num_workers=1:3 "
                            r"--max_restarts=1 re-forms the group from it, one larger$", text, re.M))
     assert saved == {str(joined)}, (saved, joined, text[-3000:])  # Nothing lost by the join.
+    # Worker 0 says how soon each group re-formed trains (the last may have had nothing left).
+    for after in (f"worker {lost[0]} left", f"worker {lost[1]} left", "a worker asked to join"):
+        _trained_again(text, "0", after)
     assert "run the same command again" not in text, text[-3000:]  # The launcher does.
     assert not (tmp_path / "run" / regrouping.MARK).exists()
     assert "global batch 48 = 24 + 24 per replica" in text, text[-3000:]
@@ -159,6 +163,8 @@ def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_m
                        r"step \1 saved in \S+; a worker joins: tfdp\.launch --num_workers=1:2 "
                        r"re-forms the group from it, one larger$", text, re.M)
     assert saved == [str(joined)], (saved, joined, text[-3000:])  # Nothing lost by the join.
+    # The group of two may be stopped before its first step: the first loss's line only.
+    _trained_again(text, "chief", f"worker {lost[0]} left")
     assert "run the same command again" not in text, text[-3000:]
     # Stopped at once, the survivor says nothing of a save it could not make.
     assert "asking the chief" not in text, text[-3000:]
@@ -199,6 +205,7 @@ def test_a_killed_client_is_started_again_and_its_group_trains_on_from_its_backu
     assert re.search(r"^tfdp\.launch: the chief left \(exited with -9\); starting it again \(1/1 "
                      r"of --max_restarts\): the group of 2 re-forms from the chief's newest "
                      r"backup$", text, re.M), text[-3000:]
+    _trained_again(text, "chief", "the chief left")
     assert "Traceback" not in text and "[chief] epoch 2/2: loss" in text, text[-3000:]
     assert os.listdir(tmp_path / "export") == ["1"]
     assert not (tmp_path / "run" / "backup").exists()
@@ -267,6 +274,15 @@ def _resumed(run, out: list, times: int, reporter: str = "0") -> int:
     found = re.findall(pattern, "".join(out), re.M)
     assert len(found) >= times, "".join(out)[-3000:]
     return int(found[times - 1])
+
+
+def _trained_again(text: str, reporter: str, after: str) -> float:
+    """The seconds from what the launcher saw (``after``: "worker 1 left") to the re-formed
+    group's first steps, as its ``reporter`` says them."""
+    found = re.findall(rf"^\[{reporter}\] epoch \d/2, step \d+/24: training again "
+                       rf"(\d+\.\d) s after {after}$", text, re.M)
+    assert found and 0 < float(found[0]) < 300, (after, text[-3000:])
+    return float(found[0])
 
 
 def _kill_a_worker(run, chosen, size: int, how=signal.SIGKILL) -> int:

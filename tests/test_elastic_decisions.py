@@ -5,6 +5,8 @@ the one-line refusals of what a group cannot do. The groups themselves, real pro
 signals: tests/test_elastic.py."""
 
 import os
+import re
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -156,6 +158,36 @@ def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_g
                                       "has --num_workers=2:3's 3 already")
     assert Group((3, 3), 2, "3").survivors_needed() == 1  # A fixed group that restarts.
     assert not Group((3, 3), 0, "3").goes_on
+
+
+def test_a_group_re_formed_after_a_loss_or_a_join_says_how_soon_it_trains_again(
+        monkeypatch, capsys):
+    """The launcher hands each group it re-forms what it follows and when it saw it; the chief
+    says so at its first steps, once; the first group, and the others' progress, say nothing."""
+    from tfdp.config.settings import REGROUPED_ENV
+    from tfdp.training.progress_line import Progress
+
+    group, specs = Group((1, 3), 0, "1:3"), [SimpleNamespace(env={}) for _ in range(2)]
+    group.tell_the_workers(specs)
+    assert all(REGROUPED_ENV not in spec.env for spec in specs)  # The first group.
+    group.lose([(1, -9), (2, -9)])
+    group.tell_the_workers(specs)
+    monkeypatch.setenv(REGROUPED_ENV, specs[1].env[REGROUPED_ENV])
+    since, what = regrouping.after()
+    assert what == "workers 1 and 2 left" and 0 <= time.time() - since < 60
+    progress = Progress("epoch 2/3", 40, live=False, regrouped=(time.time() - 4.2, what))
+    assert progress.wanted  # The Keras path reads the step's figures for it.
+    progress.update(11, [("loss", 0.5)])
+    progress.update(12, [("loss", 0.5)])
+    said = re.fullmatch(r"epoch 2/3, step 11/40: training again (\d\.\d) s after workers 1 "
+                        r"and 2 left\n", capsys.readouterr().out)
+    assert said and 4.2 <= float(said[1]) < 5, said
+    assert not progress.wanted
+    assert group.joining()[0]
+    group.tell_the_workers(specs := [SimpleNamespace(env={})])
+    assert specs[0].env[REGROUPED_ENV].endswith(" a worker asked to join")
+    monkeypatch.setenv(REGROUPED_ENV, "")
+    assert regrouping.after() is None
 
 
 def test_a_stop_for_a_join_says_the_launcher_re_forms_the_group_and_any_other_to_run_again(

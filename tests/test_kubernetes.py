@@ -357,6 +357,9 @@ def test_an_elastic_indexed_job_goes_on_without_a_deleted_pod_and_takes_its_repl
         r"preempted \(SIGTERM\) at step \d+: .*; a worker leaves: tfdp\.launch "
         r"--num_workers=2:3 re-forms the group from it, one smaller", said), said[-4000:]
     assert re.search(r"tfdp\.launch: group 2: 3 of --num_workers=2:3", said), said[-4000:]
+    # The chief of a re-formed group that trains says how soon after the loss or the join.
+    assert re.search(rf"^epoch \d/2, step \d+/24: training again \d+\.\d s after (worker "
+                     rf"{deleted} left|a worker asked to join)$", said, re.M), said[-4000:]
     assert os.listdir(tmp_path / "saved") == ["1"] and "Traceback" not in said
     serves_like_two_devices_never_interrupted(
         tmp_path / "saved" / "1", tmp_path, data_dir, test_split.images[:256], "mirrored",

@@ -25,6 +25,9 @@ LIVE_PROGRESS_ENV = "TFDP_LIVE_PROGRESS"
 # In the workers' environment of a launcher whose group goes on when a worker is lost (its
 # flags, ``--num_workers=MIN:MAX`` or ``--max_restarts``): the launcher re-forms the group.
 GROUP_GOES_ON_ENV = "TFDP_GROUP_GOES_ON"
+# In the workers' environment of a group the launcher re-formed after a loss or a join: when it
+# saw it (Unix seconds) and what it was, so that the chief says how soon the group trains again.
+REGROUPED_ENV = "TFDP_REGROUPED"
 # The default of --plots for every run started where it is set: a sweep's or a CI job's.
 PLOTS_ENV = "TFDP_PLOTS"
 

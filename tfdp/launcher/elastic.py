@@ -28,11 +28,12 @@ fixed global batch (tests/test_resume_exactly.py, tests/test_elastic.py)."""
 import os
 import re
 import shutil
+import time
 from typing import Optional, Tuple
 
 from tfdp import paths
 from tfdp.config.checks import parse_interval
-from tfdp.config.settings import GROUP_GOES_ON_ENV, Config
+from tfdp.config.settings import GROUP_GOES_ON_ENV, REGROUPED_ENV, Config
 from tfdp.launcher.rendezvous import LOST_AFTER
 from tfdp.launcher.supervise import CUT_OFF
 
@@ -99,6 +100,9 @@ class Group:
         (self.fewest, self.most), self.size = size_range, size_range[1]
         self.restarts, self.restarts_left, self.asked = restarts, restarts, asked
         self.client = client
+        # What the next group re-forms after ((Unix seconds, what) the launcher saw), for its
+        # chief's line on training again (``REGROUPED_ENV``).
+        self.after = None
 
     @property
     def goes_on(self) -> bool:
@@ -120,6 +124,9 @@ class Group:
         used, back = self.restarts - self.restarts_left, min(len(failed), self.restarts_left)
         self.restarts_left -= back
         self.size += back - len(failed)
+        indices = [str(index) for index, _ in failed]
+        self.after = (time.time(), f"worker{'s' if len(indices) > 1 else ''} "
+                                   f"{' and '.join(indices)} left")
         return [left_line(index, code, self.size, self.asked, used + n + 1 if n < back else 0,
                           self.restarts, self.client) for n, (index, code) in enumerate(failed)]
 
@@ -129,6 +136,7 @@ class Group:
         if self.size >= self.most:
             return False, (f"tfdp.launch: a worker asked to join (SIGUSR1); the group has "
                            f"--num_workers={self.asked}'s {self.most} already")
+        self.after = (time.time(), "a worker asked to join")
         saves = "the chief saves its step" if self.client else "every worker saves one common step"
         return True, (f"tfdp.launch: a worker joins (SIGUSR1): {saves}, and the group re-forms "
                       f"from it with {self.size + 1} of --num_workers={self.asked}")
@@ -140,18 +148,28 @@ class Group:
         """The from-scratch client was killed (``code``): started again, one of
         ``--max_restarts``, the group at its size; the launcher's line."""
         self.restarts_left -= 1
+        self.after = (time.time(), "the chief left")
         return (f"tfdp.launch: the chief left (exited with {code}); starting it again "
                 f"({self.restarts - self.restarts_left}/{self.restarts} of --max_restarts): "
                 f"the group of {self.size} re-forms from the chief's newest backup")
 
     def tell_the_workers(self, specs: list) -> None:
         """Where the group goes on, each worker's line on losing a peer says the launcher
-        re-forms it (``GROUP_GOES_ON_ENV``), not that the run waits for the same command."""
+        re-forms it (``GROUP_GOES_ON_ENV``), not that the run waits for the same command; a
+        group re-formed after a loss or a join is told what it follows (``REGROUPED_ENV``)."""
         if self.goes_on:
             flags = f"--num_workers={self.asked}" + (
                 f" --max_restarts={self.restarts}" if self.restarts else "")
+            regrouped = self.regrouped_env()
             for spec in specs:
-                spec.env[GROUP_GOES_ON_ENV] = flags
+                spec.env.update({GROUP_GOES_ON_ENV: flags, **regrouped})
+        self.after = None
+
+    def regrouped_env(self) -> dict:
+        """For the workers of the group re-formed next: what it follows, and when the launcher
+        (or a managed group's agent) saw it (``REGROUPED_ENV``); {} for a first group."""
+        after, self.after = self.after, None
+        return {REGROUPED_ENV: f"{after[0]:.3f} {after[1]}"} if after else {}
 
 
 def left_line(index: int, code: int, size: int, asked: str, again: int = 0,

@@ -143,8 +143,8 @@ def _train(table, generation, members, task: Task, group, signals):
     cluster = {"worker": [task.addresses[m] for m in members]}
     worker = subprocess.Popen(
         [sys.executable, "-m", "tfdp.train", *task.train_args],
-        env=dict(task.env, **{TF_CONFIG: json.dumps({"cluster": cluster, "task": {
-            "type": "worker", "index": position}})}),
+        env=dict(task.env, **group.regrouped_env(), **{TF_CONFIG: json.dumps({
+            "cluster": cluster, "task": {"type": "worker", "index": position}})}),
         preexec_fn=functools.partial(prepare_child, None, os.getpid(), None, 0))
     if position == 0:
         say(f"tfdp.launch: group {generation}: {len(members)} of --num_workers={group.asked} "

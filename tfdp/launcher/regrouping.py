@@ -9,12 +9,13 @@ the others go on without it), and a worker that stops for a signal reads the mar
 (``then``) to say what happens next; the launcher removes the mark once the group has stopped
 (``unmark``), and any a killed launcher left when it starts again. ``launcher_re_forms`` is the
 one wording of what the launcher does next, for a join's line and a loss's
-(``tfdp.cluster.tf_config.lost_contact``)."""
+(``tfdp.cluster.tf_config.lost_contact``). A group re-formed after a loss or a join has its
+chief say how soon it trains again (``after``)."""
 
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
-from tfdp.config.settings import GROUP_GOES_ON_ENV
+from tfdp.config.settings import GROUP_GOES_ON_ENV, REGROUPED_ENV
 
 MARK = ".tfdp-regrouping"
 
@@ -56,3 +57,13 @@ def then(run_dir: Optional[str]) -> Optional[str]:
     except FileNotFoundError:
         return None
     return f"a worker {why}: {re_forms} from it, one {'smaller' if why == LEAVES else 'larger'}"
+
+
+def after() -> Optional[Tuple[float, str]]:
+    """In a worker of a group the launcher re-formed (``REGROUPED_ENV``): when the launcher saw
+    the loss or join it follows (Unix seconds) and what it was (``worker 1 left``); else None."""
+    since, _, what = os.environ.get(REGROUPED_ENV, "").partition(" ")
+    try:
+        return float(since), what
+    except ValueError:
+        return None

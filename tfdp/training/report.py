@@ -10,13 +10,14 @@ import json
 import os
 import statistics
 import sys
-import time
 from typing import NamedTuple
 
 import tensorflow as tf
 
 from tfdp.config.settings import LIVE_PROGRESS_ENV
+from tfdp.launcher import regrouping
 from tfdp.training import history_chart
+from tfdp.training.progress_line import Progress
 from tfdp.util import files
 from tfdp.util.logs import logger
 
@@ -60,6 +61,8 @@ class Reporter:
         self.label = "val" if evaluated == "validation" else "test"
         self.test_note = ""
         self._progress = None
+        # The chief of a group re-formed after a loss or a join says when it trains again.
+        self._regrouped = regrouping.after() if is_chief else None
         self._writers = {}
         self._chart = None  # None off the chief, and with --plots=false.
         self.plots = self.config.get("plots") is not False
@@ -73,13 +76,15 @@ class Reporter:
             self._writers = {part: tf.summary.create_file_writer(
                 os.path.join(workdir, TENSORBOARD_DIR, part)) for part in ("train", "test")}
 
-    def progress(self, epoch: int, steps: int) -> "Progress":
+    def progress(self, epoch: int, steps: int) -> Progress:
         """The live line of one epoch: shown by the chief in a terminal, in a notebook, or when
         the launcher asks for its chief's (``TFDP_LIVE_PROGRESS``); into a log or a pipe a
         line redrawn in place is noise, so elsewhere it is silent."""
         live = self.is_chief and (sys.stdout.isatty() or "ipykernel" in sys.modules
                                   or os.environ.get(LIVE_PROGRESS_ENV) == "1")
-        self._progress = Progress(f"epoch {epoch + 1}/{self.config['epochs']}", steps, live)
+        self._progress = Progress(f"epoch {epoch + 1}/{self.config['epochs']}", steps, live,
+                                  self._regrouped)
+        self._regrouped = None
         return self._progress
 
     def close_progress(self) -> None:
@@ -223,41 +228,6 @@ class Reporter:
         payload = dict(self.facts, devices=self.devices, epochs=self.records)
         files.write_atomic(os.path.join(self.workdir, METRICS_FILE),
                              lambda f: json.dump(payload, f, indent=1))
-
-
-class Progress:
-    """One line per epoch redrawn in place with a carriage return only (no backspaces or
-    escape codes, which a notebook would print raw), at most ten times a second; the epoch line
-    follows on a line of its own."""
-
-    def __init__(self, title: str, steps: int, live: bool):
-        self.title, self.steps, self.live = title, steps, live
-        self._start = time.perf_counter()
-        self._shown = 0.0
-        self._width = 0
-
-    def update(self, step: int, values: list) -> None:
-        if not self.live:
-            return
-        now = time.perf_counter()
-        if step < self.steps and now - self._shown < 0.1:
-            return
-        self._shown = now
-        done = int(30 * step / self.steps)
-        bar = "=" * done + (">" if done < 30 else "") + "." * (29 - done)
-        text = (f"{self.title} {step}/{self.steps} [{bar}] "
-                + " ".join(f"{name} {value:.4f}" for name, value in values)
-                + f" {now - self._start:.0f} s")
-        sys.stdout.write("\r" + text.ljust(self._width))
-        sys.stdout.flush()
-        self._width = len(text)
-
-    def close(self) -> None:
-        """Leave the finished line in place and start a new one (the epoch line's)."""
-        if self.live and self._width:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            self._width = 0
 
 
 def exported(workdir: str):

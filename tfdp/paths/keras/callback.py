@@ -110,7 +110,7 @@ class FitCallback(keras.callbacks.Callback):
         checked = self._step % self.check_every == 0
         if checked and self.arrivals is not None and ARRIVALS in logs:
             self.arrivals.add(self._step, unfold(logs[ARRIVALS], time.time()))
-        if self._progress.live:  # Otherwise reading the logs would wait for the step: skip.
+        if self._progress.wanted:  # Otherwise reading the logs would wait for the step: skip.
             self._progress.update(self.resumed_at + batch + 1,
                                   [("loss", float(logs["loss"])),
                                    ("train_acc", float(logs["accuracy"]))])
