@@ -331,6 +331,8 @@ def _an_elastic_group_loses(slurm, tmp_path, data_dir, test_split, lost_node: bo
                       r"going on with 2 of --num_workers=2:3", err)
     assert left == [str(victim)], err[-4000:]
     assert re.search(r"tfdp\.launch: group 1: 2 of --num_workers=2:3", err), err[-4000:]
+    assert re.search(rf"^\d+: epoch \d+/\d+, step \d+/\d+: training again \d+\.\d s after "
+                     rf"worker {victim} left$", err, re.M), err[-4000:]
     assert os.listdir(tmp_path / "export") == ["1"], err[-4000:]
     assert not re.search(r"^\d+: Traceback", err, re.M), err[-4000:]
     serves_like_two_devices_never_interrupted(
