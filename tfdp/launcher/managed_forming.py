@@ -59,17 +59,20 @@ def still_coming(table, before: list, generation: int) -> list:
 def wait_to_join(table, generation: int, group, signals):
     """A member too late for group ``generation``: the generation that takes it in (made with
     it, or about to be, the group having stopped for it); None once the run has finished, or a
-    signal came."""
-    said = False
+    signal came. Taken in without waiting for room, it may be the new group's chief: the group
+    it joins follows its asking (``group.after``)."""
+    said, asked = False, time.time()
     while not signals and not table.finished():
         current = table.newest()
-        if table.me in (table.group(current) or []):
-            return current
-        if current >= generation:
-            generation = current + 1
-            table.announce(generation)
-        if table.regrouping(current):
-            return generation
+        taken = current if table.me in (table.group(current) or []) else None
+        if taken is None:
+            if current >= generation:
+                generation = current + 1
+                table.announce(generation)
+            taken = generation if table.regrouping(current) else None
+        if taken is not None:
+            group.after = None if said else group.after or (asked, "a worker asked to join")
+            return taken
         if not said and len(table.group(current) or []) >= group.most:
             say(f"tfdp.launch: task {table.me} waits to join: the group has --num_workers="
                 f"{group.asked}'s {group.most} already")

@@ -102,6 +102,8 @@ def run(found, size_range: tuple, asked: str, config, train_args: list) -> int:
     env = dict(os.environ, **{RUN_STAMP_ENV: os.environ.get(RUN_STAMP_ENV, stamp),
                               GROUP_GOES_ON_ENV: f"--num_workers={asked}"})
     generation = table.newest() + 1
+    if generation:  # A group trains already: this task joins it, and may become its chief.
+        group.after = (time.time(), "a worker asked to join")
     try:
         while True:
             members = forming.form(table, generation, group, signals, run_dir)
