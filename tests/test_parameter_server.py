@@ -141,6 +141,30 @@ def test_killed_workers_are_started_again_and_the_run_finishes_whatever_the_chie
     assert "lost contact" not in err and "Traceback" not in err, err[-3000:]
     assert sum(line.startswith("[chief] epoch ") for line in out.splitlines()) == 5
     assert os.listdir(tmp_path / "export") == ["1"]
+    # Steps the killed workers had pushed and were run again counted once.
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["updates_applied"] == 30
+
+
+def test_a_step_run_again_pushes_only_what_had_not_landed():
+    """The training step on a cluster in one process (a worker, two servers), driven step by
+    step: run twice with the same number (its worker lost after pushing), the second moves no
+    variable and the counter counts it once, never stale; run after its push had reached only
+    half the variables, it moves the other half; the next step, and a step one mark window
+    later (its slot reused), move them all. Each variable's marks live on its own server."""
+    child = subprocess.run([sys.executable, os.path.join(REPO, "tests", "ps_step_once.py")],
+                           capture_output=True, text=True, timeout=300, env=child_env())
+    assert child.returncode == 0, child.stderr[-3000:]
+    found = json.loads(child.stdout.strip().splitlines()[-1])
+    assert len(found["servers"]) == 2 and all(found["marks beside"]), found
+    count = len(found["first"]["moved"])
+    assert found["first"] == {"moved": [True] * count, "updates": 1, "staleness": 0}
+    assert found["again"] == {"moved": [False] * count, "updates": 1, "staleness": 0}
+    assert found["partly pushed"] == {"moved": [i % 2 == 1 for i in range(count)],
+                                      "updates": 2, "staleness": 0}
+    assert found["next"] == {"moved": [True] * count, "updates": 3, "staleness": 0}
+    assert found["a step MARKS later"] == {"moved": [True] * count, "updates": 4,
+                                           "staleness": 0}
 
 
 def test_a_workers_pace_names_a_straggler_only_when_it_is_clearly_slower(tmp_path):

@@ -120,7 +120,9 @@ class Optimizer:
         dtype = var.dtype
         lr, grad = tf.cast(lr, dtype), tf.cast(grad, dtype)
         if self.weight_decay:
-            var.assign(var - var * _cast(self.weight_decay, dtype) * lr)
+            # assign_sub, not assign(var - ...): on a parameter server another worker's update
+            # landing in between stays (the decay is read a moment early, never overwritten).
+            var.assign_sub(var * _cast(self.weight_decay, dtype) * lr)
         return getattr(self, f"_{self.name}")(var, grad, lr, slots, step)
 
     def _sgd(self, var, grad, lr, slots, step):

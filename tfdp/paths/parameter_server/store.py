@@ -5,7 +5,9 @@ strategy's own round robin puts every one of LeNet's weight matrices, or every R
 on server 0 and every bias on server 1: ``balanced`` spreads them by size instead, or
 ``--ps_shards=n`` splits each large one into up to n shards (``MinSizePartitioner``). A step
 pulls by reading them and pushes ``v -= lr * grad`` to each (``Store.trainable``), on the
-server, in one operation.
+server, in one operation, and once per step however often the step runs (its worker lost after
+pushing, the step run again on another): beside each variable the server keeps the numbers of
+the steps whose push reached it (``Store.marks``).
 """
 
 import collections
@@ -23,6 +25,9 @@ from tfdp.models.stateless import state_variables
 # A parameter smaller than this stays whole under --ps_shards: only W2 and W3 of LeNet are
 # worth splitting (100 KB and 410 KB; the rest are 5 KB or less).
 MIN_SHARD_BYTES = 32 << 10
+# Steps a push's mark is remembered for: far more than can be in flight (two per worker) or be
+# retried, so a step that runs again finds its own mark, never a later step's.
+MARKS = 1024
 
 
 def make_store(config, strategy, servers: int, dataset, state=None):
@@ -58,9 +63,21 @@ def make_store(config, strategy, servers: int, dataset, state=None):
                 model.set_weights(weights)
                 for variable, value in zip(state_variables(model), state.states):
                     variable.assign(value)
-            return KerasStore(model, config.precision, updates, build)
-        with placing:
-            return LenetStore(params, config.precision, updates, dataset.image_shape)
+            store = KerasStore(model, config.precision, updates, build)
+        else:
+            with placing:
+                store = LenetStore(params, config.precision, updates, dataset.image_shape)
+        store.marks = [_marks_beside(strategy, v) for v in (*store.trainable, updates)]
+    return store
+
+
+def _marks_beside(strategy, variable) -> tf.Variable:
+    """``variable``'s applied marks, on its server: slot ``n % MARKS`` holds the last step
+    number ``n`` whose push reached it (``step.once``). Step numbers start at 1, so a new
+    run's zeros mark nothing."""
+    with strategy.extended.colocate_vars_with(variable):
+        return tf.Variable(tf.zeros([MARKS], tf.int64), trainable=False,
+                           name=f"{variable.name.split(':')[0].replace('/', '_')}_marks")
 
 
 def _creation_sizes(build) -> list:
@@ -124,6 +141,9 @@ class Store:
     def __init__(self, precision: str, updates: tf.Variable):
         self.compute = tf.as_dtype(precision)
         self.updates = updates  # The update counter (``make_store``).
+        # Beside each of ``trainable`` and ``updates``, in that order: the steps that reached
+        # it (``_marks_beside``).
+        self.marks = []
 
     def own_loss(self, dtype):
         """The model's own losses of its last ``logits`` (regularizers, ``add_loss``), summed

@@ -27,8 +27,10 @@ Faults: a worker's death never ends the run. The coordinator retries a failed wo
 another, and a worker that comes back (the launcher restarts it) rejoins; but when the failure
 reaches the chief itself (a step's result, an evaluation), the coordinator cancels every step
 in flight and raises. ``ScheduledSteps`` then schedules again the steps whose results were lost
-(at least once: an update that reached the servers before its worker died lands twice) and
-evaluates again. A failure is a worker's by TensorFlow's own rule (``_is_worker_failure``); a
+and evaluates again. A step runs at least once, and its update lands once: beside each variable
+its server keeps the numbers of the steps that pushed to it (``step.once``), so a step run again
+after its worker pushed some or all of its update pushes only what did not land, and the
+update counter counts it once (``updates_applied`` in metrics.json). A failure is a worker's by TensorFlow's own rule (``_is_worker_failure``); a
 parameter server that fails ends the run in one line naming it.
 """
 
@@ -120,6 +122,8 @@ class ParameterServerPath(TrainingPath):
                                self.sizes)
         loop.train(run, steps)
         self.weights = steps.state().weights
+        # One per step this run trained, however often a step ran (``step.once``).
+        run.reporter.add_facts(updates_applied=int(self.store.updates.numpy()))
         return self.weights
 
     def serving_model(self, precision: str):
@@ -190,7 +194,8 @@ class ScheduledSteps(loop.Steps):
 
     def _schedule(self, step: _Step) -> None:
         step.remote = self._surviving(lambda: self.coordinator.schedule(
-            self.train_step, args=(self.arrays["train"], step.batch, step.lr)))
+            self.train_step, args=(self.arrays["train"], step.batch, step.lr,
+                                   tf.constant(step.number, tf.int64))))
 
     def collect(self, step):
         while step.result is None:
