@@ -59,11 +59,14 @@ def serve(task: tf_config.Task, num_gpus: int, data: dict = None, wait: float = 
     print(f"tfdp.server: {task.type} {task.index} at {task.address} serves {', '.join(names)}; "
           f"{data}; until the chief at {chief} finishes", flush=True)
     stop = _Stop(tf, chief)
-    previous = signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         how = _wait_for_client(chief, stop)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # The server is ending: a SIGTERM now is the launcher stopping what is left of the
+        # group, and one that came during the interpreter's exit raised in an atexit callback
+        # (a traceback after the server's last line). The launcher's SIGKILL follows its grace.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     del server
     if stop.preempted:
         raise stop.ended(how == tf_config.REFUSES)
@@ -82,13 +85,30 @@ class Stopped(Exception):
 
 
 class _Stop:
-    """The server's SIGTERM handler: a preemption the chief saves for, when it listens."""
+    """The server's SIGTERM handler: a preemption the chief saves for, when it listens.
+
+    The handler only counts; the wait loop acts (``check``) between its polls. Raised from the
+    handler, ``Stopped`` came out of whatever the signal interrupted: TensorFlow's file calls
+    (pybind11's "MISMATCH of original and normalized active exception types"), or the handler
+    itself, taken again by the next SIGTERM of a burst."""
 
     def __init__(self, tf, chief: str):
-        self.tf, self.chief, self.preempted, self.since = tf, chief, False, None
+        self.tf, self.chief, self.preempted, self.since, self.taken = tf, chief, False, None, 0
 
     def __call__(self, signum, frame):
+        self.taken += 1
+
+    def check(self):
+        """Act on the SIGTERMs taken since the last check, in order: raise ``Stopped`` when the
+        server is to stop now."""
+        taken, self.taken = self.taken, 0
+        if not taken:
+            return
         chief_gone = tf_config.answer(self.chief, timeout=0.5) != tf_config.ACCEPTS
+        for _ in range(taken):
+            self._one(chief_gone)
+
+    def _one(self, chief_gone: bool):
         if self.preempted:  # Again: from a launcher whose chief has stopped, or to hurry.
             raise self.ended(chief_gone, "stopped at once (a second SIGTERM)")
         if not self.tf.io.gfile.exists(LISTENING):
@@ -154,6 +174,7 @@ def _wait_for_client(chief: str, stop: _Stop) -> str:
     and the chief still there)."""
     last_answer = None
     while True:
+        stop.check()
         found = tf_config.answer(chief)
         now = time.monotonic()
         if found == tf_config.ACCEPTS:
