@@ -120,9 +120,10 @@ def import_tensorflow():
     While TensorFlow starts, fd 2 goes to a temporary file; afterwards every line that is not one
     of ``STARTUP_BANNERS`` is written back to stderr, in order, whether the import succeeded or
     raised. With ``--verbose`` nothing is captured. Keras' matplotlib is imported at its first
-    use (``tfdp.util.matplotlib_deferred``), and Python's cyclic garbage collector waits for the
+    use (``tfdp.util.matplotlib_deferred``); Python's cyclic garbage collector waits for the
     first import to end (``tfdp.util.start_cost``; later calls, a notebook's second run, freeze
-    nothing more). The threads the import starts never take SIGTERM (``tfdp.util.main_thread``).
+    nothing more), and autograph leaves tfdp's own functions as written (the same module). The
+    threads the import starts never take SIGTERM (``tfdp.util.main_thread``).
     """
     from tfdp.util import main_thread, matplotlib_deferred, start_cost
 
@@ -135,6 +136,7 @@ def import_tensorflow():
                 import tensorflow as tf
 
         tf.config.list_physical_devices()  # The CUDA probe logs here, on first use.
+    start_cost.tfdp_code_as_written()
     return tf
 
 
