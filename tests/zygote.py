@@ -6,7 +6,7 @@ one zygote (``start``; its program is ``tests/zygote_server.py``, its children's
 ``tests/zygote_child.py``): a process that has imported
 what those commands import, then waits on a Unix socket (``$TFDP_TEST_ZYGOTE``). Any ``python -m
 tfdp.<command>`` started under a test (by the test, by ``tfdp.launch``, by a command that starts
-another) begins as Python always does, and ``zygote_site/sitecustomize.py``, on its
+another), and the ``python -m tf2onnx.convert`` an ONNX export starts, begins as Python always does, and ``zygote_site/sitecustomize.py``, on its
 ``PYTHONPATH``, hands the command to the zygote: it forks a child that takes the command's
 arguments, environment, working folder, open files, umask, limits, priority, CPU affinity,
 signal dispositions and mask, supplementary groups, and network and mount namespaces (where the
@@ -38,7 +38,8 @@ import time
 SOCKET_ENV = "TFDP_TEST_ZYGOTE"
 OFF_ENV = "TFDP_TEST_FORK"
 # As zygote_site/sitecustomize.py's, which may import nothing of the suite's.
-SERVED = ("tfdp.", "zygote_probe")  # tfdp's commands; tests/test_zygote.py's probe.
+# tfdp's commands; tf2onnx's converter (an ONNX export starts it); tests/test_zygote.py's probe.
+SERVED = ("tfdp.", "tf2onnx.convert", "zygote_probe")
 NOT_SERVED = ("tfdp.launch", "tfdp.cluster.watchdog")  # They never import TensorFlow.
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_site")
 _PR_SET_PDEATHSIG = 1

@@ -1,12 +1,13 @@
-"""A ``python -m tfdp.<command>`` started under the suite hands its command to its test
-worker's zygote (tests/zygote.py says what and why) and stays as the command's stand-in; any
-other Python, and a command the zygote refuses, goes on as usual. Then the site customization
+"""A ``python -m tfdp.<command>`` (or tf2onnx's converter) started under the suite hands its
+command to its test worker's zygote (tests/zygote.py says what and why) and stays as the
+command's stand-in; any other Python, and a command the zygote refuses, goes on as usual. Then the site customization
 that this one shadows on ``sys.path`` (Debian's, for one) runs as it would have."""
 
 import os
 import sys
 
-_SERVED = ("tfdp.", "zygote_probe")  # tfdp's commands; tests/test_zygote.py's probe.
+# tfdp's commands; tf2onnx's converter (an ONNX export starts it); tests/test_zygote.py's probe.
+_SERVED = ("tfdp.", "tf2onnx.convert", "zygote_probe")
 _NOT_SERVED = ("tfdp.launch", "tfdp.cluster.watchdog")  # They never import TensorFlow.
 _FORWARDED = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM",
               "SIGCONT", "SIGWINCH", "SIGTSTP")
