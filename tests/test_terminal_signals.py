@@ -1,7 +1,8 @@
 """Signals from a real terminal: Ctrl-C typed into a pseudo-terminal at every moment of a run
 (while the command imports its modules, at its start, mid-epoch, twice), and the terminal
 closed under a run (tmux: SIGHUP). Each is a preemption; a second Ctrl-C stops at once. The
-signals of schedulers and of the launcher: tests/test_preemption.py."""
+signals of schedulers and of the launcher: tests/test_preemption.py and
+tests/test_launcher_preemption.py."""
 
 import os
 import re
