@@ -6,8 +6,8 @@ one zygote (``start``; its program is ``tests/zygote_server.py``, its children's
 ``tests/zygote_child.py``): a process that has imported
 what those commands import, then waits on a Unix socket (``$TFDP_TEST_ZYGOTE``). Any ``python -m
 tfdp.<command>`` started under a test (by the test, by ``tfdp.launch``, by a command that starts
-another), and the ``python -m tf2onnx.convert`` an ONNX export starts, begins as Python always does, and ``zygote_site/sitecustomize.py``, on its
-``PYTHONPATH``, hands the command to the zygote: it forks a child that takes the command's
+another), and the ``python -m tf2onnx.convert`` an ONNX export starts, begins as Python always
+does, and ``zygote_site/sitecustomize.py``, on its ``PYTHONPATH``, hands the command to the zygote: it forks a child that takes the command's
 arguments, environment, working folder, open files, umask, limits, priority, CPU affinity,
 signal dispositions and mask, supplementary groups, and network and mount namespaces (where the
 zygote may: root), then runs the module as ``python -m`` does.

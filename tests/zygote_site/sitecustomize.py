@@ -1,7 +1,8 @@
 """A ``python -m tfdp.<command>`` (or tf2onnx's converter) started under the suite hands its
 command to its test worker's zygote (tests/zygote.py says what and why) and stays as the
-command's stand-in; any other Python, and a command the zygote refuses, goes on as usual. Then the site customization
-that this one shadows on ``sys.path`` (Debian's, for one) runs as it would have."""
+command's stand-in; any other Python, and a command the zygote refuses, goes on as usual. Then
+the site customization that this one shadows on ``sys.path`` (Debian's, for one) runs as it
+would have."""
 
 import os
 import sys

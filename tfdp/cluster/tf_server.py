@@ -93,15 +93,19 @@ class _Stop:
     itself, taken again by the next SIGTERM of a burst."""
 
     def __init__(self, tf, chief: str):
-        self.tf, self.chief, self.preempted, self.since, self.taken = tf, chief, False, None, 0
+        self.tf, self.chief, self.preempted, self.since = tf, chief, False, None
+        self.taken = []  # Appended by the handler, popped by check: each a single step.
 
     def __call__(self, signum, frame):
-        self.taken += 1
+        self.taken.append(signum)
 
     def check(self):
         """Act on the SIGTERMs taken since the last check, in order: raise ``Stopped`` when the
         server is to stop now."""
-        taken, self.taken = self.taken, 0
+        taken = 0
+        while self.taken:  # A SIGTERM between two pops is counted, not lost.
+            self.taken.pop()
+            taken += 1
         if not taken:
             return
         chief_gone = tf_config.answer(self.chief, timeout=0.5) != tf_config.ACCEPTS

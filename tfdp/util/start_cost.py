@@ -43,7 +43,8 @@ def collector_paused():
 
 
 def tfdp_code_as_written():
-    """Autograph leaves tfdp's modules as written (above); once per process, TensorFlow imported."""
+    """Autograph leaves tfdp's modules as written (above), TensorFlow imported; a second call
+    changes nothing."""
     try:
         from tensorflow.python.autograph.core import config
     except ImportError:

@@ -30,8 +30,9 @@ in flight and raises. ``ScheduledSteps`` then schedules again the steps whose re
 and evaluates again. A step runs at least once, and its update lands once: beside each variable
 its server keeps the numbers of the steps that pushed to it (``step.once``), so a step run again
 after its worker pushed some or all of its update pushes only what did not land, and the
-update counter counts it once (``updates_applied`` in metrics.json). A failure is a worker's by TensorFlow's own rule (``_is_worker_failure``); a
-parameter server that fails ends the run in one line naming it.
+update counter counts it once (``updates_applied`` in metrics.json). A failure is a worker's
+by TensorFlow's own rule (``_is_worker_failure``); a parameter server that fails ends the run
+in one line naming it.
 """
 
 import os
