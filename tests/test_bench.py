@@ -34,9 +34,8 @@ def test_bench_writes_table_json_and_chart(tmp_path, data_dir):
     ceilings, flops = report["matmul_gflops_by_dtype"], report["training_flops_per_example"]
     for row in rows.values():
         assert row["examples_per_sec"] > 0 and row["min"] <= row["examples_per_sec"] <= row["max"]
-        # Each share is the row's training FLOP/s over that dtype's ceiling, not bounded by 1:
-        # a float32 row runs above the bfloat16 ceiling where bfloat16 has no units (0.19x here
-        # on a Xeon without avx512_bf16), a bfloat16 row above the float32 one where it has AMX.
+        # Not bounded by 1: an fp32 row passes the bf16 ceiling where bf16 has no units (0.19x
+        # fp32 on a Xeon without avx512_bf16), a bf16 row the fp32 one where it has AMX.
         for dtype, gflops in ceilings.items():
             assert row[f"of_{dtype}_ceiling"] == pytest.approx(
                 flops * row["examples_per_sec"] / (gflops * 1e9))
