@@ -6,6 +6,7 @@ signals: tests/test_elastic.py."""
 
 import os
 import re
+import subprocess
 import time
 from types import SimpleNamespace
 
@@ -22,6 +23,11 @@ class Ended:
         self.code = self.returncode = code
 
     def poll(self):
+        return self.code
+
+    def wait(self, timeout=None):
+        if self.code is None:
+            raise subprocess.TimeoutExpired("a process that still runs", timeout)
         return self.code
 
 
@@ -61,9 +67,22 @@ def test_a_client_whose_server_ended_goes_on_only_where_the_server_was_lost(monk
     from tfdp.util.errors import PREEMPTED_EXIT_CODE as PREEMPTED
 
     roles = [SimpleNamespace(role=r) for r in ("chief", "worker 0", "worker 1")]
+    monkeypatch.setattr(supervise, "CLIENT_SAVES_WITHIN", 0.01)
     watch = lambda *codes, going_on=1: supervise.supervise_client(  # noqa: E731
         [Ended(c) for c in codes], roles, 0.01, going_on=going_on)
     assert watch(None, None, -9) == supervise.Left([(1, -9)])
+    # A client still stepping is given its time to save what the surviving replicas hold.
+    waited = []
+
+    class Saving(Ended):
+        def wait(self, timeout=None):
+            waited.append(timeout)
+            self.code = LOST_CONTACT
+            return self.code
+
+    assert supervise.supervise_client([Saving(None), Ended(None), Ended(-9)], roles, 0.01,
+                                      going_on=1) == supervise.Left([(1, -9)])
+    assert waited == [supervise.CLIENT_SAVES_WITHIN]
     assert watch(LOST_CONTACT, -9, None) == supervise.Left([(0, -9)])
     assert watch(0, 0, 0) == 0
     assert watch(PREEMPTED, PREEMPTED, None) == PREEMPTED

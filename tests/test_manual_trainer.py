@@ -31,14 +31,22 @@ def train_params(tmp_path, split, k, allreduce="add_n", batch_size=96, dtype=np.
 def test_replicas_stay_identical(train_split, allreduce):
     replicas = Replicas.place(start_params(), DEVICES[:4])
     step = make_train_step(replicas, StepSettings(allreduce=allreduce))
+    steps = 0
     for images, labels in pipeline.train_batches(head(train_split, 1000), 130, 0, 0, 1, 8):
         step(images, labels, tf.constant(0.1))
+        steps += 1
     first, *others = replicas.params
     for replica in others:
         for name, var in replica.items():
             np.testing.assert_array_equal(var.numpy(), first[name].numpy(), err_msg=name)
     moved = first["W3"].numpy() - start_params()["W3"]
     assert np.abs(moved).max() > 1e-4  # The steps did update the replicas.
+    # Every replica marks the whole steps it holds; one cut short mid-update is passed over.
+    assert [[int(m.numpy()) for m in marks] for marks in replicas.marks] == [[steps] * 2] * 4
+    assert replicas.survivor(set(DEVICES[:4])) == (0, steps)
+    replicas.marks[1][0].assign(steps + 1)
+    assert replicas.survivor(set(DEVICES[1:4])) == (2, steps)
+    assert replicas.survivor({DEVICES[1]}) == (None, None)
 
 
 @pytest.mark.slow

@@ -8,11 +8,13 @@ group re-forms without the user: the survivors are stopped at once (TensorFlow c
 worker out of a ``MultiWorkerMirroredStrategy`` group in place, and their collectives wait for
 the lost one; the from-scratch client's step runs on every server's devices and cannot finish
 without one), and the launcher starts the group again in the same run folder, from the newest
-backup every worker has (the client's, where a client keeps them: ``--backup_every`` bounds what
-is redone): with the lost worker started again while ``--max_restarts`` allows (torchrun's name:
-a worker that returns), else one worker fewer, while at least MIN are left; the from-scratch
-client itself, killed, is started again while ``--max_restarts`` allows (its servers hold
-nothing: the group re-forms at its size from the client's newest backup). On emulated hosts
+backup every worker has (the client's, where a client keeps them, which first backs up the
+newest whole step a surviving server's replica holds where it can read one; else
+``--backup_every`` bounds what is redone): with the lost worker started again while
+``--max_restarts`` allows (torchrun's name: a worker that returns), else one worker fewer,
+while at least MIN are left; the from-scratch client itself, killed, is started again while
+``--max_restarts`` allows (the group re-forms at its size, with fresh servers, from the
+client's newest backup). On emulated hosts
 (``--hosts``) a worker whose host's link is down is lost, ended or not (the launcher reads the
 links once its peers have lost contact), and the group re-forms on the hosts still up.
 SIGUSR1 to the launcher takes a worker in while the group trains, up to MAX (on emulated hosts,

@@ -124,7 +124,7 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
                     elastic.seed_the_joiner(run_dir, group.size - 1)
             elif isinstance(ended, supervise.ChiefLost):
                 say(group.start_the_chief_again(ended.code))
-                supervise.stop(procs, roles, grace=0)  # Its servers: they hold nothing.
+                supervise.stop(procs, roles, grace=0)  # Its servers: no new client reads them.
             elif not isinstance(ended, supervise.Left):
                 if ended == 0 and group.departed:
                     elastic.clear_departed(run_dir, group.size)

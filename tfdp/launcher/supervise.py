@@ -79,8 +79,8 @@ CUT_OFF = "cut off"
 
 class ChiefLost(NamedTuple):
     """The from-scratch client of a group that may start it again was killed (its exit code:
-    a signal's, -N): its servers hold nothing of the run, so the group re-forms from its
-    newest backup (``tfdp.launcher.elastic``)."""
+    a signal's, -N): a new client cannot take over its servers' replicas, so the group
+    re-forms from its newest backup (``tfdp.launcher.elastic``)."""
     code: int
 
 
@@ -125,6 +125,10 @@ def supervise(procs, poll_seconds, grace, going_on: int = 0, cut=None):
 # Seconds the workers that lost contact with a peer have to end likewise, before those still
 # running are taken to be the hung peers (each one's watchdog gave up at about the same time).
 HUNG_SETTLE = 5.0
+# Seconds the from-scratch client of a group that goes on has, once a server has ended, to
+# save the newest whole step its surviving replicas hold (``tfdp.paths.manual.trainer``) and
+# end: its next call fails at once (the server's connections closed).
+CLIENT_SAVES_WITHIN = 15.0
 
 
 def hung(procs) -> list:
@@ -151,11 +155,13 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
     group that regroups, and that many left): ``Left``, the servers' indexes among the
     workers; and where the client lost contact (its watchdog) while every server runs, one of
     them hung: ``Left`` with those stopped by a signal (``(i, None)``), else ``(None, None)``,
-    a server it cannot name. The servers hold nothing of the run (the client keeps its state),
-    so the group re-forms from fresh ones whichever it was. With ``chief_again``, a client
-    killed by a signal (from outside, or the kernel's out-of-memory killer; not an exit of its
-    own) is ``ChiefLost``: the group may start it again. ``cut()``: the processes (positions in
-    ``procs``) whose emulated host is cut off, the servers among them lost."""
+    a server it cannot name; a client still running when a server ends is given
+    ``CLIENT_SAVES_WITHIN`` to save what the surviving servers' replicas hold first. The group
+    re-forms from fresh servers whichever it was, from the client's newest backup. With
+    ``chief_again``, a client killed by a signal (from outside, or the kernel's out-of-memory
+    killer; not an exit of its own) is ``ChiefLost``: the group may start it again. ``cut()``:
+    the processes (positions in ``procs``) whose emulated host is cut off, the servers among
+    them lost."""
     reported, restarts = set(), {}
     while True:
         raise_if_signalled()
@@ -171,6 +177,11 @@ def supervise_client(procs, specs, poll_seconds, restart=None, going_on: int = 0
             down = cut() if cut and (ended or code is not None) else []
             # The client's own host cut off: no server is to blame, and the run ends.
             if ended and 0 not in down and len(procs) - 1 - len(ended) >= going_on:
+                if code is None:  # It saves the step its surviving replicas hold, then ends.
+                    try:
+                        procs[0].wait(CLIENT_SAVES_WITHIN)
+                    except subprocess.TimeoutExpired:
+                        pass
                 # A server cut off ends on its own too: its host says why.
                 return Left([(i, CUT_OFF if i + 1 in down else c) for i, c in ended])
             if not ended and code == LOST_CONTACT_EXIT_CODE and 0 not in down:

@@ -52,7 +52,8 @@ _COMMUNICATION_OPS = ("_Send", "_Recv", "_HostSend", "_HostRecv", "NcclAllReduce
 _HOST_WAITS = ("TFE_Py_ExecuteCancelable", "TFE_Py_Execute", "TFE_Py_TensorShapeSlice",
                "TFE_TensorHandleResolve")
 _PARAMETER = re.compile(r"(?:^|/)update(?:_\d+)?/(\w+?)(?:_\d+)?(?:/|$)")
-_UPDATE = re.compile(r"(?:^|/)(?:update|sgd|SGD)(?:_\d+)?(?:/|$)")
+# step_marks: the from-scratch replicas' marks of the step their update began and finished.
+_UPDATE = re.compile(r"(?:^|/)(?:update|step_marks|sgd|SGD)(?:_\d+)?(?:/|$)")
 _MODEL = re.compile(r"(?:^|/)(?:lenet|resnet)")  # Keras' layers, inside the model's scope
 _INPUT = re.compile(r"(?:^|/)input(?:_\d+)?/")
 _FORWARD = re.compile(r"(?:^|/)forward(?:_\d+)?(?:/|$)")

@@ -15,9 +15,11 @@ workers directly. This process, the client, holds no replica.
 3. Faults: SIGTERM to a worker's ``tfdp.server`` preempts the cluster: the chief finds its
    flag (``preempted_worker``, asked every second between calls), saves the step every replica
    finished and exits 75 (``tfdp.cluster.tf_server``). A worker that dies makes the next step
-   raise (``UnavailableError``); a worker cut off makes it wait, and TensorFlow sets no
-   deadline, so ``tfdp.cluster.stall.Stall`` ends the process when one call outlasts
-   ``--collective_timeout``. Both end in one line naming the unreachable workers.
+   raise (``UnavailableError``), and the client backs up the newest whole step a replica of
+   a worker still ``answering`` holds (``tfdp.paths.manual.trainer``); a worker cut off makes
+   it wait, and TensorFlow sets no deadline, so ``tfdp.cluster.stall.Stall`` ends the process
+   when one call outlasts ``--collective_timeout``. Both end in one line naming the
+   unreachable workers.
 """
 
 import dataclasses
@@ -111,7 +113,10 @@ class Cluster:
         answered = {}
 
         def ask(w):
-            self.ask(w)
+            try:
+                self.ask(w)
+            except tf.errors.OpError:  # Gone, or no longer readable from here.
+                return
             answered[w] = True
 
         askers = [threading.Thread(target=ask, args=(w,), daemon=True)
@@ -122,6 +127,13 @@ class Cluster:
         for asker in askers:
             asker.join(max(0.0, deadline - time.monotonic()))
         return [peer for w, peer in enumerate(self.stall.peers) if w not in answered]
+
+    def answering(self, seconds: float = 2.0) -> set:
+        """The devices whose worker runs a trivial op within ``seconds``, asked now: after a
+        loss, the replicas that may still be read."""
+        silent = set(self.unresponsive(seconds))
+        return {device for device, w in zip(self.devices, self.worker_of)
+                if self.stall.peers[w] not in silent}
 
     @staticmethod
     def ask(worker: int) -> None:

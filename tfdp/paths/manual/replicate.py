@@ -42,8 +42,10 @@ class Replicas:
     ``get_params``: every variable of the ``model``, ``tfdp.models.stateless``: its weights
     and its seed states), its optimizer's slots (``slots[d]``: {name: slot variables}) and
     its weight averages, the optimizer's step count (``iterations``, on the first device: the
-    global step, which Adam's bias correction reads), and whether a step has set the averages
-    yet (``averaged``, a bool variable)."""
+    global step, which Adam's bias correction reads), whether a step has set the averages
+    yet (``averaged``, a bool variable), and each replica's step marks (``marks[d]``: the
+    global step its update began and the one it finished; equal, the replica holds that
+    whole step, which a run that lost other replicas saves: ``survivor``)."""
     model: object
     devices: list
     params: list
@@ -51,6 +53,7 @@ class Replicas:
     averages: list
     averaged: tf.Variable
     iterations: tf.Variable
+    marks: list
 
     @classmethod
     def place(cls, params: dict, devices: list, optimizer: Optimizer = Optimizer(),
@@ -63,17 +66,19 @@ class Replicas:
         model is LeNet (or lenet_bn) unless given."""
         model = model or HandWrittenLeNet.of(params)
         replicas = replicate(params, devices)
-        kept, means = [], []
+        kept, means, marks = [], [], []
         for device, replica in zip(devices, replicas):
             trained = {name: replica[name] for name in model.trainable}
             with tf.device(device):
                 kept.append(optimizer.slots(trained, slots))
                 means.append(averaging.averages(trained, averages))
+                marks.append(tuple(tf.Variable(first_step, dtype=tf.int64, trainable=False,
+                                               name=name) for name in ("began", "finished")))
         with tf.device(devices[0]):
             averaged_yet = tf.Variable(first_step > 0, trainable=False, name="averaged")
             iterations = tf.Variable(first_step, dtype=tf.int64, trainable=False,
                                      name="iterations")
-        return cls(model, devices, replicas, kept, means, averaged_yet, iterations)
+        return cls(model, devices, replicas, kept, means, averaged_yet, iterations, marks)
 
     @property
     def dtype(self) -> tf.DType:
@@ -87,3 +92,18 @@ class Replicas:
     def evaluated(self) -> list:
         """Each replica's model as evaluated and exported: averaged under ``--ema``."""
         return [averaged(params, mine) for params, mine in zip(self.params, self.averages)]
+
+    def survivor(self, reachable: set) -> tuple:
+        """``(d, step)``: the replica holding the newest whole step among those on the devices
+        ``reachable``, its marks read once; ``(None, None)`` where none does (each began a
+        step it did not finish, cut short mid-update, or could not be read)."""
+        best = (None, None)
+        for d, (began, finished) in enumerate(self.marks):
+            if self.devices[d] in reachable:
+                try:
+                    began, finished = int(began.numpy()), int(finished.numpy())
+                except tf.errors.OpError:  # Its worker went while it was asked.
+                    continue
+                if began == finished and (best[1] is None or finished > best[1]):
+                    best = (d, finished)
+        return best

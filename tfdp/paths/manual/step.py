@@ -163,15 +163,27 @@ def update_replicas(replicas: Replicas, summed: list, statistics: dict, lr,
     statistics and seed states, then the weight averages."""
     step = replicas.iterations.read_value()
     for d, (params, g) in enumerate(zip(replicas.params, summed)):
-        with on_replica(replicas.devices, d), tf.name_scope("update"):
-            for (name, var), grad in zip(replicas.trainable(d).items(), g):
-                with tf.name_scope(name):  # update/<name>/: the trace names it.
-                    settings.optimizer.update(var, grad, lr, replicas.slots[d].get(name, ()),
-                                              step)
-            for name, value in statistics.items():
-                params[name].assign(tf.cast(value, params[name].dtype))
-            for name, average in replicas.averages[d].items():
-                settings.averaging.update(average, params[name], replicas.averaged)
+        began, finished = replicas.marks[d]
+        with on_replica(replicas.devices, d):
+            # Marked begun once all it needs has come (the exchanged gradients and statistics):
+            # from here the update is the replica's own, so a loss elsewhere leaves it whole.
+            with tf.name_scope("step_marks"), tf.control_dependencies([*g, *statistics.values()]):
+                begun = began.assign(step + 1)
+            with tf.name_scope("update"), tf.control_dependencies([begun]):
+                for (name, var), grad in zip(replicas.trainable(d).items(), g):
+                    with tf.name_scope(name):  # update/<name>/: the trace names it.
+                        settings.optimizer.update(var, grad, lr,
+                                                  replicas.slots[d].get(name, ()), step)
+                for name, value in statistics.items():
+                    params[name].assign(tf.cast(value, params[name].dtype))
+                for name, average in replicas.averages[d].items():
+                    settings.averaging.update(average, params[name], replicas.averaged)
+            # Reads come after the writes to the same variable (automatic control dependencies).
+            state = [*params.values(), *replicas.averages[d].values(),
+                     *(slot for slots in replicas.slots[d].values() for slot in slots)]
+            with tf.name_scope("step_marks"), tf.control_dependencies(
+                    [v.read_value() for v in state]):
+                finished.assign(step + 1)
     replicas.averaged.assign(True)
     replicas.iterations.assign_add(1)
 

@@ -10,7 +10,7 @@ model for the export. The run skeleton (``tfdp.training.lifecycle``) does the re
 
 import tensorflow as tf
 
-from tfdp.cluster.stall import watching
+from tfdp.cluster.stall import PEER_LOST, watching
 from tfdp.config.plan import global_batch_size
 from tfdp.data import pipeline
 from tfdp.models import stateless
@@ -26,6 +26,7 @@ from tfdp.training.path_contract import TrainingPath
 from tfdp.training.state import TrainingState
 from tfdp.util.devices import configure_devices
 from tfdp.util.errors import UserError
+from tfdp.util.logs import logger
 
 
 class FromScratchPath(TrainingPath):
@@ -72,7 +73,8 @@ class FromScratchPath(TrainingPath):
             feed = self.cluster.feed(self.config, run.plan)
             run.watch.listen(self.cluster.preempted_worker)
         start = TrainingState(self.model.initial(), states=self.model.initial_states())
-        params = train(run, self.model, state or start, feed, self.recorder)
+        params = train(run, self.model, state or start, feed, self.recorder,
+                       self.cluster.answering if self.cluster else None)
         self.weights = [params[name] for name in self.model.names]
         return self.weights
 
@@ -81,7 +83,7 @@ class FromScratchPath(TrainingPath):
 
 
 def train(run, model, state: TrainingState, feed: Feed = None,
-          arrivals: Arrivals = None) -> dict:
+          arrivals: Arrivals = None, answers=None) -> dict:
     """Train ``model`` (``tfdp.models.stateless``) data-parallel on ``run.devices`` by
     ``run.plan`` from ``run.first_step`` and ``state`` (its weights and seed states, and its
     optimizer's slots and averages where it has them: else the slots' zeros and the averages'
@@ -89,7 +91,9 @@ def train(run, model, state: TrainingState, feed: Feed = None,
     the trained parameters (numpy, by name). The examples come from ``run``'s splits unless a
     ``feed`` says otherwise; ``arrivals`` keeps the replicas' times
     (``tfdp.trace.arrivals``); the parameters returned are the averaged ones under ``--ema``,
-    what is evaluated and exported."""
+    what is evaluated and exported. On a cluster, ``answers()`` names the devices whose
+    workers still answer: a run that loses one first saves the newest whole step a surviving
+    replica holds (``ReplicaSteps.keep_survivors_step``), then raises."""
     config = run.config
     settings = StepSettings.of(config)
     with watching(run.stall, "placing the replicas"):
@@ -102,7 +106,12 @@ def train(run, model, state: TrainingState, feed: Feed = None,
                          feed or local_feed(config, run.plan, run.devices, run.train_split,
                                             run.eval_split, run.test_split),
                          arrivals or Arrivals(run.devices, config.workdir))
-    loop.train(run, steps)
+    try:
+        loop.train(run, steps)
+    except PEER_LOST:
+        if answers is not None:
+            steps.keep_survivors_step(answers)
+        raise
     return steps.trained()
 
 
@@ -153,15 +162,43 @@ class ReplicaSteps(loop.Steps):
         with watching(self.run.stall, "reading the trained parameters"):
             return {name: var.numpy() for name, var in self.replicas.evaluated()[0].items()}
 
-    def state(self) -> TrainingState:
+    def state(self, d: int = 0) -> TrainingState:
         """The live weights, the optimizer's slots, the averages and the seed states (replica
-        0's: every replica's are the same)."""
+        ``d``'s: every replica's are the same)."""
         model = self.replicas.model
         with watching(self.run.stall, "reading the trained parameters"):
-            live, slots = self.replicas.params[0], self.replicas.slots[0]
+            live, slots = self.replicas.params[d], self.replicas.slots[d]
             kinds = len(next(iter(slots.values()), ()))
             return TrainingState([live[name].numpy() for name in model.names],
                                  [slots[name][k].numpy() for k in range(kinds)
                                   for name in model.trainable],
-                                 [v.numpy() for v in self.replicas.averages[0].values()],
+                                 [v.numpy() for v in self.replicas.averages[d].values()],
                                  [live[name].numpy() for name in model.states])
+
+    def keep_survivors_step(self, answers) -> None:
+        """After a loss: back up the newest whole step a replica on a worker that still
+        answers holds, where it is newer than the newest backup (what the group re-forms
+        from); where none holds one, the newest backup stays the one to go on from. One line
+        says which."""
+        backups = self.run.backups
+        if backups is None:
+            return
+        with watching(self.run.stall, "reading the surviving replicas' step"):
+            d, step = self.replicas.survivor(answers())
+            newest = max(backups.steps(), default=self.run.first_step)
+            if d is None:
+                logger.info("no surviving replica can be read holding a whole step: the newest "
+                            "backup, of step %d, is the one to go on from", newest)
+                return
+            where = f"the replica on {self.replicas.devices[d]} holds step {step}"
+            if step <= newest:
+                logger.info("%s, no newer than the newest backup", where)
+                return
+            try:
+                state = self.state(d)
+            except tf.errors.OpError as e:
+                logger.info("%s, but could not be read (%s): the newest backup, of step %d, is "
+                            "the one to go on from", where, type(e).__name__, newest)
+                return
+            backups.save(step, state)
+        logger.info("%s: saved, the step to go on from", where)
