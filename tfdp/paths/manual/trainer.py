@@ -185,20 +185,20 @@ class ReplicaSteps(loop.Steps):
             return
         with watching(self.run.stall, "reading the surviving replicas' step"):
             d, step = self.replicas.survivor(answers())
-            newest = max(backups.steps(), default=self.run.first_step)
-            if d is None:
-                logger.info("no surviving replica can be read holding a whole step: the newest "
-                            "backup, of step %d, is the one to go on from", newest)
-                return
-            where = f"the replica on {self.replicas.devices[d]} holds step {step}"
-            if step <= newest:
-                logger.info("%s, no newer than the newest backup", where)
-                return
-            try:
-                state = self.state(d)
-            except tf.errors.OpError as e:
-                logger.info("%s, but could not be read (%s): the newest backup, of step %d, is "
-                            "the one to go on from", where, type(e).__name__, newest)
-                return
-            backups.save(step, state)
+        newest = max(backups.steps(), default=self.run.first_step)
+        if d is None:
+            logger.info("no surviving replica can be read holding a whole step: the newest "
+                        "backup, of step %d, is the one to go on from", newest)
+            return
+        where = f"the replica on {self.replicas.devices[d]} holds step {step}"
+        if step <= newest:
+            logger.info("%s, no newer than the newest backup", where)
+            return
+        try:
+            state = self.state(d)  # Watched there.
+        except tf.errors.OpError as e:
+            logger.info("%s, but could not be read (%s): the newest backup, of step %d, is the "
+                        "one to go on from", where, type(e).__name__, newest)
+            return
+        backups.save(step, state)
         logger.info("%s: saved, the step to go on from", where)
