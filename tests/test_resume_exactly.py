@@ -33,7 +33,7 @@ ZOO = os.path.join(REPO, "tests", "own_models", "zoo.py")
 DROPOUT = ZOO + ":dropout_cnn"
 # A subclassed model with Dropout and BatchNormalization, as Keras' guides write one.
 SUBCLASSED = ZOO + ":subclassed"
-STEPS = 96  # Steps per epoch; two epochs. The signal comes in the first 40 steps of one.
+STEPS = 64  # Steps per epoch; two epochs. The signal comes in the first 24 steps of one.
 FLAGS = ("--recipe=fast", "--precision=float64", "--epochs=2", f"--steps_per_epoch={STEPS}",
          "--batch_size=32", "--lr=0.1", "--eval_steps=1")
 EMA = "--ema=0.9"
@@ -59,7 +59,7 @@ PATHS = {
     # stop every 4 steps, not the path's 16: a progress line comes as a call's steps are read,
     # after the loop has issued the next call, so at 16 a line two calls from the epoch's end
     # left no check before it on a machine that trains an epoch in 0.4 s (the stop then came at
-    # the epoch's end: global step 192, asked at epoch 2, step 38).
+    # the epoch's end: global step 192 of 96-step epochs, asked at epoch 2, step 38).
     "manual-yours": ("train", ["--num_gpus=2", EMA, f"--model={SUBCLASSED}",
                                "--optimizer=adam", "--lr=0.002", "--sync_every=4"]),
     # Dropout and every other seeded layer (their seed states), with AdamW's moments, under fit.
@@ -160,7 +160,7 @@ def never_interrupted(tmp_path_factory, data_dir):
 def test_stopped_at_a_random_step_and_resumed_equals_never_interrupted(
         tmp_path, data_dir, test_split, never_interrupted, strategy):
     chosen = random.Random()
-    epoch, step = chosen.choice([1, 2]), chosen.randrange(1, 40)
+    epoch, step = chosen.choice([1, 2]), chosen.randrange(1, 24)
     moment = f"epoch {epoch}, step {step}"
     stopped_folder = tmp_path / "stopped"
     hard = strategy in HARD
