@@ -55,7 +55,7 @@ def test_mirrored_matches_manual_and_exports(tmp_path, data_dir, train_split, te
 
 
 @pytest.mark.parametrize("k, examples, batch", [
-    (3, 1000, 95),  # Every batch uneven (32 + 32 + 31); the last one 50 = 17 + 17 + 16.
+    (3, 335, 95),   # Every batch uneven (32 + 32 + 31); the last one 50 = 17 + 17 + 16.
     (4, 10, 4),     # Batches of 4, 4 and 2: the last one leaves two replicas empty.
     (3, 100, 7),    # Odd batch (3 + 2 + 2); the last batch of 2 leaves one replica empty.
 ])

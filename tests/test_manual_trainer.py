@@ -51,9 +51,9 @@ def test_replicas_stay_identical(train_split, allreduce):
 
 @pytest.mark.slow
 def test_same_model_on_any_device_count_and_every_allreduce(tmp_path, train_split):
-    """Exact in float64: 2,000 examples in batches of 95 (21 steps; shards of 32 + 32 + 31 on 3
+    """Exact in float64: 955 examples in batches of 95 (11 steps; shards of 32 + 32 + 31 on 3
     devices, 24 + 24 + 24 + 23 on 4; the last batch of 5 splits 2 + 1 + 1 + 1)."""
-    split = head(train_split, 2000)
+    split = head(train_split, 955)
     start = start_params(np.float64)
     one = train_params(tmp_path, split, 1, batch_size=95, dtype=np.float64)
     assert one["W1"].dtype == np.float64
