@@ -200,3 +200,16 @@ def test_auto_precision_measured_for_the_first_time_leaves_the_devices_to_the_ru
                      result.stderr), result.stderr[-2000:]
     assert "2 device(s)" in result.stderr + result.stdout
     assert list((tmp_path / "empty" / "tfdp").glob("bfloat16-speed-*.json"))
+
+
+def test_the_matmul_ceiling_takes_the_best_of_ten_or_of_three_past_its_time(monkeypatch):
+    """A dtype without units of its own (bf16 on most CPUs) runs a 2048 x 2048 matmul in about
+    0.3 s: ten of them were 7 CPU-seconds of every bench. Past ``seconds`` it stops at three."""
+    calls = []
+    matmul = tf.linalg.matmul
+    monkeypatch.setattr(tf.linalg, "matmul", lambda a, b: calls.append(1) or matmul(a, b))
+    assert devices.matmul_gflops("float32", n=64, seconds=1e9) > 0
+    assert len(calls) == 1 + 10  # The warm-up, then the timed ones.
+    calls.clear()
+    assert devices.matmul_gflops("float32", n=64, seconds=0) > 0
+    assert len(calls) == 1 + 3
