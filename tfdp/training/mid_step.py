@@ -34,9 +34,11 @@ def mid_step_signals(program: str):
     previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     thread = threading.Thread(target=_watch_signals, args=(read_end, program), daemon=True)
     thread.start()
+    preemption.SECOND_CTRL_C_EXITS.set()
     try:
         yield
     finally:
+        preemption.SECOND_CTRL_C_EXITS.clear()
         signal.set_wakeup_fd(previous)
         os.close(write_end)  # The thread reads the end of the pipe and returns.
         thread.join()

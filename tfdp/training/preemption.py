@@ -138,7 +138,10 @@ class Watch:
             files.away_from_a_closed_terminal()
         if self._finished:
             return
-        if self._requested and signum == signal.SIGINT and interrupting():
+        # Raised only where no thread ends the process instead: in a handler that Python runs
+        # inside TensorFlow's C++ (tracing), the exception came out as a SystemError.
+        if (self._requested and signum == signal.SIGINT and not SECOND_CTRL_C_EXITS.is_set()
+                and interrupting()):
             raise Interrupted()
         self._requested, self.signal = True, self.signal or NAMES[signum]
 
@@ -199,6 +202,8 @@ def stopped() -> bool:
 
 
 _INTERRUPTING = threading.Lock()  # Held by whichever acts on a second Ctrl-C first.
+# Set while a command line's thread ends the process on a second Ctrl-C (tfdp.training.mid_step).
+SECOND_CTRL_C_EXITS = threading.Event()
 
 
 def interrupting() -> bool:
