@@ -63,15 +63,18 @@ ROOT = os.geteuid() == 0 and sys.platform.startswith("linux")
 def pytest_collection_modifyitems(config, items):
     """A test marked ``root(why)`` skips, saying why, where this is not Linux run as root. The
     tests of an ``xdist_group`` come first (in their order): each group runs on one worker as one
-    unit, and a long unit started last would leave the other worker idle at the end. (All the
-    long tests first, too, made the run slower: three launched clusters at once on two cores
-    spent more CPU on the same work; docs/design.md#tests.)"""
+    unit, and a long unit started last would leave the other worker idle at the end; then the
+    tests marked ``early`` (long, and training in the test's own process: keras.applications'
+    models ended a whole run with one worker alone for 80 s). (All the long tests first made the
+    run slower: three launched clusters at once on two cores spent more CPU on the same work;
+    docs/design.md#tests.)"""
     for item in items:
         mark = item.get_closest_marker("root")
         if mark and not ROOT:
             why = mark.args[0] if mark.args else "network namespaces, mounts"
             item.add_marker(pytest.mark.skip(reason=f"needs Linux and root ({why})"))
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    items.sort(key=lambda item: (item.get_closest_marker("xdist_group") is None,
+                                 item.get_closest_marker("early") is None))
 
 
 @contextlib.contextmanager

@@ -140,6 +140,7 @@ def rgb32(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.early
 @pytest.mark.parametrize("function", APPLICATIONS)
 def test_keras_applications_train_on_both_paths_and_serve(tmp_path, rgb32, function):
     """keras.applications' models (weights=None, their softmax heads on) on 32 x 32 x 3
