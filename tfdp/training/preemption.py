@@ -56,8 +56,8 @@ def _taken(signum) -> bool:
 class Watch:
     """While entered, SIGTERM or SIGINT sets ``requested``: the training loop stops between
     steps (``stop``), the run elsewhere at its next ``check``; a second SIGINT raises
-    ``Interrupted`` (where no mid-step watch ends the process instead). The loop says which step it has reached (``reached``), so a signal outside
-    training names it."""
+    ``Interrupted`` (where no mid-step watch ends the process instead). The loop says which
+    step it has reached (``reached``), so a signal outside training names it."""
 
     def __init__(self):
         self._requested = False
