@@ -60,6 +60,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.geteuid() == 0 and sys.platform.startswith("linux")
 
 
+def pytest_configure(config):
+    # An order, not a tier (setup.cfg's markers are the tiers the README names).
+    config.addinivalue_line("markers", "early: long and in the test's own process: collected "
+                            "right after the groups (pytest_collection_modifyitems)")
+
+
 def pytest_collection_modifyitems(config, items):
     """A test marked ``root(why)`` skips, saying why, where this is not Linux run as root. The
     tests of an ``xdist_group`` come first (in their order): each group runs on one worker as one
