@@ -207,9 +207,9 @@ SECOND_CTRL_C_EXITS = threading.Event()
 
 
 def interrupting() -> bool:
-    """Whether the caller is the first to act on a second Ctrl-C (the run's handler and, on the
-    command line, the mid-step watch both see it): else the second could end the process after
-    the first had raised out of the run, in a line no longer naming the run folder to resume."""
+    """Whether the caller is the first to act on a second Ctrl-C of this run: the one that acts
+    (the mid-step watch on the command line, ``SECOND_CTRL_C_EXITS``; else the run's handler)
+    acts once, and a third Ctrl-C while the first is under way does nothing more."""
     return _INTERRUPTING.acquire(blocking=False)
 
 
