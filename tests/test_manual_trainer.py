@@ -2,6 +2,9 @@
 allreduce (exact in float64, step by step in float32), short final batches and empty shards
 trained, and a run that learns."""
 
+import logging
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,8 +14,11 @@ from same_model import comparable_start, head, train_manual, update_difference
 from tfdp.config.settings import Config
 from tfdp.data import pipeline
 from tfdp.paths.manual.replicate import Replicas, split_batch
+from tfdp.paths.manual.trainer import ReplicaSteps
 from tfdp.paths.manual.step import (StepSettings, exchange_gradients, make_train_step,
                               combined_statistics, replica_gradients, update_replicas)
+from tfdp.training.backups import Backups
+from tfdp.training.state import TrainingState
 
 
 def start_params(dtype=np.float32):
@@ -47,6 +53,42 @@ def test_replicas_stay_identical(train_split, allreduce):
     replicas.marks[1][0].assign(steps + 1)
     assert replicas.survivor(set(DEVICES[1:4])) == (2, steps)
     assert replicas.survivor({DEVICES[1]}) == (None, None)
+
+
+def test_a_loss_backs_up_the_survivors_newer_step_but_not_an_epoch_end_before_its_figures(
+        tmp_path):
+    """``keep_survivors_step`` with 10 steps an epoch: a step within the epoch newer than the
+    newest backup is saved; the one being written behind counts as written; an epoch's last
+    step is not saved (the worker was lost while the epoch was evaluated: not yet reported)."""
+    replicas = Replicas.place(start_params(), DEVICES[:2])
+    backups = Backups(str(tmp_path), 0, {})
+    state = TrainingState([np.arange(3.0)])
+    run = SimpleNamespace(backups=backups, stall=None, first_step=0,
+                          plan=SimpleNamespace(steps_per_epoch=10))
+    steps = SimpleNamespace(run=run, replicas=replicas, state=lambda d: state)
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("tfdp").addHandler(handler)
+
+    def lost_at(step, behind=None):
+        for marks in replicas.marks:
+            for mark in marks:
+                mark.assign(step)
+        if behind is not None:
+            backups.save_behind(behind, state)
+        ReplicaSteps.keep_survivors_step(steps, lambda: {DEVICES[1]})
+        return lines[-1], backups.steps()
+
+    try:
+        backups.save(4, state)
+        held = f"the replica on {DEVICES[1]} holds step"
+        assert lost_at(7) == (f"{held} 7: saved, the step to go on from", [4, 7])
+        assert lost_at(9, behind=9) == (f"{held} 9, no newer than the newest backup", [7, 9])
+        assert lost_at(20) == (f"{held} 20, the end of epoch 2 before its figures: the newest "
+                               "backup, of step 9, is the one to go on from", [7, 9])
+    finally:
+        logging.getLogger("tfdp").removeHandler(handler)
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ device, makes the step (``tfdp.paths.manual.step``) and runs the shared epoch lo
 model for the export. The run skeleton (``tfdp.training.lifecycle``) does the rest.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from tfdp.cluster.stall import PEER_LOST, watching
@@ -179,12 +181,20 @@ class ReplicaSteps(loop.Steps):
         """After a loss: back up the newest whole step a replica on a worker that still
         answers holds, where it is newer than the newest backup (what the group re-forms
         from); where none holds one, the newest backup stays the one to go on from. One line
-        says which."""
+        says which.
+
+        Never an epoch's last step before that epoch's end is backed up: a worker lost while
+        the epoch is evaluated leaves the replicas at its last step with the epoch not yet
+        reported, and a run resumed from there would go on past an epoch that has no record
+        (after the last, export without the test set's figures). The epoch's end writes that
+        backup itself once its figures are in (``tfdp.training.epoch_end``)."""
         backups = self.run.backups
         if backups is None:
             return
         with watching(self.run.stall, "reading the surviving replicas' step"):
             d, step = self.replicas.survivor(answers())
+        with contextlib.suppress(UserError):  # A backup that failed stays failed: the one before.
+            backups.wait()  # The one being written behind counts (its file is renamed last).
         newest = max(backups.steps(), default=self.run.first_step)
         if d is None:
             logger.info("no surviving replica can be read holding a whole step: the newest "
@@ -193,6 +203,11 @@ class ReplicaSteps(loop.Steps):
         where = f"the replica on {self.replicas.devices[d]} holds step {step}"
         if step <= newest:
             logger.info("%s, no newer than the newest backup", where)
+            return
+        if step % self.run.plan.steps_per_epoch == 0:
+            logger.info("%s, the end of epoch %d before its figures: the newest backup, of "
+                        "step %d, is the one to go on from", where,
+                        step // self.run.plan.steps_per_epoch, newest)
             return
         try:
             state = self.state(d)  # Watched there.
