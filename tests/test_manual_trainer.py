@@ -3,14 +3,18 @@ allreduce (exact in float64, step by step in float32), short final batches and e
 trained, and a run that learns."""
 
 import logging
+import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from conftest import DEVICES
 from same_model import comparable_start, head, train_manual, update_difference
+from tfdp.cluster.stall import clear_a_lost_peers_errors, read_after_a_loss
 from tfdp.config.settings import Config
 from tfdp.data import pipeline
 from tfdp.paths.manual.replicate import Replicas, split_batch
@@ -89,6 +93,36 @@ def test_a_loss_backs_up_the_survivors_newer_step_but_not_an_epoch_end_before_it
                                "backup, of step 9, is the one to go on from", [7, 9])
     finally:
         logging.getLogger("tfdp").removeHandler(handler)
+
+
+def test_after_a_loss_a_survivor_is_asked_again_and_the_lost_peers_errors_are_cleared(
+        monkeypatch):
+    """The lost peer's error comes back from the first ops sent to a worker that was receiving
+    its tensors: asked again, a survivor answers; one that is gone raises after 3 tries. The
+    executors' errors are cleared, in at most the seconds given (clearing waits for pending
+    operations, which a hung worker never finishes)."""
+    calls = []
+
+    def read(fails: int):
+        calls.append(fails)
+        if len(calls) <= fails:
+            raise tf.errors.UnavailableError(None, None, "failed to connect to the lost peer")
+        return "read"
+
+    assert read_after_a_loss(lambda: read(2), pause=0) == "read" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(tf.errors.UnavailableError):
+        read_after_a_loss(lambda: read(5), pause=0)
+    assert len(calls) == 3
+
+    clear_a_lost_peers_errors()  # The real one, on this process's context: nothing pending.
+    asked, release = threading.Event(), threading.Event()
+    monkeypatch.setattr(type(context.context()), "clear_executor_errors",
+                        lambda self: (asked.set(), release.wait()))
+    started = time.monotonic()
+    clear_a_lost_peers_errors(seconds=0.2)
+    assert asked.is_set() and time.monotonic() - started < 5
+    release.set()
 
 
 @pytest.mark.slow

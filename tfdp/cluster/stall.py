@@ -115,3 +115,39 @@ def watching(stall, doing: str):
     """``stall.watching(doing)``, or nothing where there is no cluster to watch (``stall`` is
     None)."""
     return stall.watching(doing) if stall is not None else contextlib.nullcontext()
+
+
+def read_after_a_loss(read, attempts: int = 3, pause: float = 0.2):
+    """``read()`` (of a surviving worker's variables, or a trivial op on it), asked again up to
+    ``attempts`` times in all. After a peer is lost, the first ops sent to a worker that was
+    exchanging tensors with it can fail with the lost peer's error ("remote address ...
+    poisoned", "failed to connect" to the lost one's address), and the same op asked again
+    succeeds (seen with TF 2.21 on the from-scratch path: the survivor's step was read on the
+    second try). A worker that is gone fails every time: its last error is raised."""
+    for attempt in range(attempts):
+        try:
+            return read()
+        except tf.errors.OpError:
+            if attempt + 1 == attempts:
+                raise
+            time.sleep(pause)
+
+
+def clear_a_lost_peers_errors(seconds: float = 2.0) -> None:
+    """After a peer is lost: clear the error this process's eager executors and the surviving
+    workers' keep of it (``Context.clear_executor_errors``). Kept, every later op sent to a
+    worker that was receiving the lost one's tensors fails with it, however often asked (seen
+    with TF 2.21 on the from-scratch path, ``add_n``: worker 0, once worker 1 was lost; cleared,
+    its replica was read). In a thread, waited for ``seconds`` at most: the clearing waits for
+    the operations still pending, which a hung worker may never finish."""
+    from tensorflow.python.eager import context
+
+    clearing = threading.Thread(target=_clear_quietly, args=(context.context(),), daemon=True,
+                                name="clearing a lost peer's errors")
+    clearing.start()
+    clearing.join(seconds)
+
+
+def _clear_quietly(eager_context) -> None:
+    with contextlib.suppress(tf.errors.OpError, ValueError):  # ValueError: no context yet.
+        eager_context.clear_executor_errors()

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from tfdp import paths
 from tfdp.cluster import tf_config
-from tfdp.cluster.stall import STARTING, Stall
+from tfdp.cluster.stall import STARTING, Stall, read_after_a_loss
 from tfdp.cluster.tf_server import LISTENING, PREEMPTED
 from tfdp.config.plan import shard_sizes
 from tfdp.data import array_cache, pipeline, sources
@@ -139,8 +139,11 @@ class Cluster:
     def ask(worker: int) -> None:
         """A trivial op on ``worker``, its answer waited for: it answers unless its process is
         stopped, hung or gone."""
-        with tf.device(_cpu(worker)):
-            tf.identity(tf.constant(0)).numpy()
+        def trivial():
+            with tf.device(_cpu(worker)):
+                tf.identity(tf.constant(0)).numpy()
+
+        read_after_a_loss(trivial)
 
     def describe(self) -> str:
         workers = ", ".join(f"worker {i} ({a})" for i, a in enumerate(self.task.cluster[JOB]))

@@ -5,6 +5,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfdp.cluster.stall import read_after_a_loss
 from tfdp.config.plan import shard_sizes
 from tfdp.models.averaging import Averaging, averaged
 from tfdp.models.optimizers import Optimizer
@@ -101,7 +102,8 @@ class Replicas:
         for d, (began, finished) in enumerate(self.marks):
             if self.devices[d] in reachable:
                 try:
-                    began, finished = int(began.numpy()), int(finished.numpy())
+                    began, finished = read_after_a_loss(
+                        lambda b=began, f=finished: (int(b.numpy()), int(f.numpy())))
                 except tf.errors.OpError:  # Its worker went while it was asked.
                     continue
                 if began == finished and (best[1] is None or finished > best[1]):

@@ -12,7 +12,7 @@ import contextlib
 
 import tensorflow as tf
 
-from tfdp.cluster.stall import PEER_LOST, watching
+from tfdp.cluster.stall import PEER_LOST, clear_a_lost_peers_errors, read_after_a_loss, watching
 from tfdp.config.plan import global_batch_size
 from tfdp.data import pipeline
 from tfdp.models import stateless
@@ -191,6 +191,7 @@ class ReplicaSteps(loop.Steps):
         backups = self.run.backups
         if backups is None:
             return
+        clear_a_lost_peers_errors()
         with watching(self.run.stall, "reading the surviving replicas' step"):
             d, step = self.replicas.survivor(answers())
         with contextlib.suppress(UserError):  # A backup that failed stays failed: the one before.
@@ -210,7 +211,7 @@ class ReplicaSteps(loop.Steps):
                         step // self.run.plan.steps_per_epoch, newest)
             return
         try:
-            state = self.state(d)  # Watched there.
+            state = read_after_a_loss(lambda: self.state(d))  # Watched there.
         except tf.errors.OpError as e:
             logger.info("%s, but could not be read (%s): the newest backup, of step %d, is the "
                         "one to go on from", where, type(e).__name__, newest)
