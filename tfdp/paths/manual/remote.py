@@ -113,8 +113,8 @@ class Cluster:
         answered = {}
 
         def ask(w):
-            try:
-                self.ask(w)
+            try:  # Asked again: the stall probe's single asks time steps, these follow a loss.
+                read_after_a_loss(lambda: self.ask(w))
             except tf.errors.OpError:  # Gone, or no longer readable from here.
                 return
             answered[w] = True
@@ -139,11 +139,8 @@ class Cluster:
     def ask(worker: int) -> None:
         """A trivial op on ``worker``, its answer waited for: it answers unless its process is
         stopped, hung or gone."""
-        def trivial():
-            with tf.device(_cpu(worker)):
-                tf.identity(tf.constant(0)).numpy()
-
-        read_after_a_loss(trivial)
+        with tf.device(_cpu(worker)):
+            tf.identity(tf.constant(0)).numpy()
 
     def describe(self) -> str:
         workers = ", ".join(f"worker {i} ({a})" for i, a in enumerate(self.task.cluster[JOB]))
