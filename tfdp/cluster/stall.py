@@ -117,18 +117,20 @@ def watching(stall, doing: str):
     return stall.watching(doing) if stall is not None else contextlib.nullcontext()
 
 
-def read_after_a_loss(read, attempts: int = 3, pause: float = 0.2):
-    """``read()`` (of a surviving worker's variables, or a trivial op on it), asked again up to
-    ``attempts`` times in all. After a peer is lost, the first ops sent to a worker that was
-    exchanging tensors with it can fail with the lost peer's error ("remote address ...
-    poisoned", "failed to connect" to the lost one's address), and the same op asked again
-    succeeds (seen with TF 2.21 on the from-scratch path: the survivor's step was read on the
-    second try). A worker that is gone fails every time: its last error is raised."""
-    for attempt in range(attempts):
+def read_after_a_loss(read, seconds: float = 2.0, pause: float = 0.2):
+    """``read()`` (of a surviving worker's variables, or a trivial op on it), asked again every
+    ``pause`` seconds until it succeeds or ``seconds`` have passed. After a peer is lost, the
+    first ops sent to a worker that was exchanging tensors with it can fail with the lost peer's
+    error ("remote address ... poisoned", "failed to connect" to the lost one's address), and
+    the same op asked again succeeds (seen with TF 2.21 on the from-scratch path: the survivor
+    answered on the second or third try, and under load later than a fixed 3 tries allowed). A
+    worker that is gone fails every time: its last error is raised."""
+    deadline = time.monotonic() + seconds
+    while True:
         try:
             return read()
         except tf.errors.OpError:
-            if attempt + 1 == attempts:
+            if time.monotonic() + pause > deadline:
                 raise
             time.sleep(pause)
 

@@ -114,7 +114,7 @@ class Cluster:
 
         def ask(w):
             try:  # Asked again: the stall probe's single asks time steps, these follow a loss.
-                read_after_a_loss(lambda: self.ask(w))
+                read_after_a_loss(lambda: self.ask(w), seconds)
             except tf.errors.OpError:  # Gone, or no longer readable from here.
                 return
             answered[w] = True
