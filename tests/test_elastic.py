@@ -79,7 +79,7 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
         assert re.search(rf"^tfdp\.launch: worker {index} left \({why}\); going on with 2 of "
                          r"--num_workers=1:3: the group re-forms from the newest backup every "
                          r"worker has, at the same global batch$", text, re.M), (
-            moment, text[-3000:])
+            f"{moment}:\n{_said(text)}")
     assert re.search(r"^tfdp\.launch: a worker joins \(SIGUSR1\): every worker saves one common "
                      r"step, and the group re-forms from it with 3 of --num_workers=1:3$", text,
                      re.M), text[-3000:]
@@ -288,6 +288,12 @@ def _resumed(run, out: list, times: int, reporter: str = "0") -> int:
     found = re.findall(pattern, "".join(out), re.M)
     assert len(found) >= times, "".join(out)[-3000:]
     return int(found[times - 1])
+
+
+def _said(text: str) -> str:
+    """For a failure's message: the launcher's and the workers' error lines, then the end."""
+    return "\n".join(re.findall(r"^(?:tfdp\.launch: |\[\d\] tfdp\.train: error: ).*$", text,
+                                 re.M) + [text[-2000:]])
 
 
 def _trained_again(text: str, reporter: str, after: str) -> float:

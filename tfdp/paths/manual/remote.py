@@ -109,7 +109,11 @@ class Cluster:
 
     def unresponsive(self, seconds: float = 10.0) -> list:
         """The workers ``[(name, address)]`` that do not run a trivial op within ``seconds``:
-        a stopped or hung process, whose port the kernel still answers."""
+        a stopped or hung process, whose port the kernel still answers. Each is asked again
+        for the whole ``seconds``: after a loss a survivor's first asks can fail with the lost
+        peer's error, for longer under load, and one named here is taken for hung (its replica
+        not read, ``answering``); so a worker that is gone takes the whole ``seconds`` to be
+        named, which the stall watchdog spends after its ``--collective_timeout``."""
         answered = {}
 
         def ask(w):
