@@ -142,9 +142,9 @@ def test_a_from_scratch_client_that_loses_a_server_goes_on_and_trains_the_same_m
     text = "".join(out)
     held = re.findall(r"^\[chief\] the replica on \S+ holds step (\d+)(?:: saved|, no newer)",
                       text, re.M)
-    unread = re.findall(r"^\[chief\] the replica on \S+ holds step \d+, the end of epoch \d+ "
-                        r"before its figures", text, re.M)
-    assert len(held + unread) == 1, text[-3000:]
+    epochs_end = re.findall(r"^\[chief\] the replica on \S+ holds step \d+, the end of epoch "
+                            r"\d+ before its figures", text, re.M)
+    assert len(held + epochs_end) == 1, text[-3000:]
     assert resumed == max([int(h) for h in held] + [seen]) if held else resumed >= seen, (
         seen, text[-3000:])
     wait_for(lambda: backed_up(tmp_path / "run") > resumed + 3 or run.poll() is not None, 300,
