@@ -103,8 +103,8 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    except (FileNotFoundError, ProcessLookupError):  # Gone before the open, or between it and
+        return False  # the read (ESRCH: reaped meanwhile).
 
 
 def children(pid) -> list:

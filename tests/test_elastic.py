@@ -17,7 +17,7 @@ from processes import backed_up, launch, task_pid, tasks, wait_for
 from same_model import serves_like_two_devices_never_interrupted
 from tfdp.launcher import regrouping
 
-STEPS = 24  # Steps per epoch, two epochs; backups every 4 steps.
+STEPS = 32  # Steps per epoch, two epochs; backups every 4 steps.
 SETTINGS = dict(precision="float64", epochs=2, steps_per_epoch=STEPS, batch_size=48, lr=0.1,
                 eval_steps=1, seed=4)
 
@@ -53,11 +53,17 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
 
     backed_up_after(step - 1, 3)
     seen = backed_up(tmp_path / "run", 3)
+    time.sleep(chosen.uniform(0, 0.25))  # Within the steps to the next backup, or at it.
     lost = [_kill_a_worker(run, chosen, 3)]  # Started again.
     killed = time.monotonic()
     resumed = _resumed(run, out, 1)
     took = time.monotonic() - killed
     assert resumed >= seen, (seen, "".join(out)[-3000:])
+    # Each survivor says which step it holds whole; the group goes on from the newest one
+    # saved, else (none newer than the backups, an epoch's last) from the newest backup.
+    held = _held("".join(out), [i for i in range(3) if i != lost[0]])
+    kept = [step for step, said in held if said == ": saved"]
+    assert not kept or resumed == max(kept), (held, resumed, _said("".join(out)))
     backed_up_after(resumed + 3, 3)
     lost.append(_kill_a_worker(run, chosen, 3, signal.SIGSTOP))  # Hung: on with two.
     backed_up_after(_resumed(run, out, 2) + 3, 2)
@@ -98,10 +104,11 @@ def test_a_group_that_loses_and_takes_workers_goes_on_and_trains_the_same_model(
                              "--max_restarts=1 re-forms the group" in line
                              for line in survivors), survivors
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert [r["epoch"] for r in metrics["epochs"]] == [1, 2]
+    assert [r["epoch"] for r in metrics["epochs"]] == [1, 2], _said(text)
     assert os.listdir(tmp_path / "export") == ["1"]
     assert not (tmp_path / "run" / "backup").exists()  # The departed workers' too.
-    print(f"re-formed and resuming {took:.1f} s after the first loss; the last at {moment}")
+    print(f"re-formed and resuming {took:.1f} s after the first loss, from step {resumed} (the "
+          f"survivors held {held}); joined at step {joined}; the last at {moment}")
 
     _serves_like_two_devices_never_interrupted(
         tmp_path, data_dir, test_split, "mirrored", f"workers {lost} killed from step {seen}, one "
@@ -276,10 +283,20 @@ def _serves_like_two_devices_never_interrupted(tmp_path, data_dir, test_split, s
                                               test_split.images[:256], strategy, SETTINGS, what)
 
 
+def _held(text: str, survivors: list) -> list:
+    """(step, what followed) of each of the ``survivors``' first line on the step it holds
+    whole after a loss (``tfdp.training.survivors``): saved, no newer than the newest backup,
+    or an epoch's last."""
+    found = [re.search(rf"^\[{i}\] worker {i} holds step (\d+)(: saved|, no newer|, the end "
+                       r"of epoch)", text, re.M) for i in survivors]
+    assert all(found), (survivors, _said(text))
+    return [(int(m[1]), m[2]) for m in found]
+
+
 def _resumed(run, out: list, times: int, reporter: str = "0") -> int:
     """The global step the group resumed at the ``times``-th time it re-formed (as its
     ``reporter`` says it: worker 0, or the client's ``chief``)."""
-    pattern = (rf"^\[{reporter}\] resuming (?:at epoch \d/2, step \d+/24 \(global step "
+    pattern = (rf"^\[{reporter}\] resuming (?:at epoch \d/2, step \d+/{STEPS} \(global step "
                r"|a run that finished training \()(\d+)")
     wait_for(lambda: len(re.findall(pattern, "".join(out), re.M)) >= times
              or run.poll() is not None, 300, "the group to re-form")
@@ -297,7 +314,7 @@ def _said(text: str) -> str:
 def _trained_again(text: str, reporter: str, after: str) -> float:
     """The seconds from what the launcher saw (``after``: "worker 1 left") to the re-formed
     group's first steps, as its ``reporter`` says them."""
-    found = re.findall(rf"^\[{reporter}\] epoch \d/2, step \d+/24: training again "
+    found = re.findall(rf"^\[{reporter}\] epoch \d/2, step \d+/{STEPS}: training again "
                        rf"(\d+\.\d) s after {after}$", text, re.M)
     assert found and 0 < float(found[0]) < 300, (after, text[-3000:])
     return float(found[0])

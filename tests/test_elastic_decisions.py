@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from processes import run_module
-from tfdp.launcher import regrouping
+from tfdp.launcher import elastic, regrouping
 from tfdp.launcher.elastic import Group
 
 
@@ -177,6 +177,31 @@ def test_a_group_starts_lost_workers_again_while_it_may_goes_on_with_fewer_and_g
                                       "has --num_workers=2:3's 3 already")
     assert Group((3, 3), 2, "3").survivors_needed() == 1  # A fixed group that restarts.
     assert not Group((3, 3), 0, "3").goes_on
+
+
+def test_a_group_re_formed_after_a_loss_goes_on_from_the_newest_step_a_survivor_saved(tmp_path):
+    """Every worker of the re-formed group gets the newest step a survivor saved as the step it
+    held whole, whichever index it had; a survivor's other backups (an epoch's end, which a
+    lost chief may not have recorded) and the lost worker's are never spread."""
+    from tfdp.training.backups import Backups, resume_step
+    from tfdp.training.state import TrainingState
+
+    def save(worker, step, held=False):
+        Backups(str(tmp_path), worker, {}).save(step, TrainingState([[float(step)]]), held)
+
+    for worker in range(3):
+        save(worker, 4)
+    save(0, 7, held=True)
+    save(2, 6, held=True)  # A step behind: its all-reduce had failed.
+    save(1, 9, held=True)  # The lost worker's.
+    save(2, 8)  # An epoch's end, say, the lost chief's record of which is not known.
+    elastic.seed_from_the_survivors(str(tmp_path), [0, 2], 2)
+    new = [Backups(str(tmp_path), i, {}) for i in range(2)]
+    assert [b.steps() for b in new] == [[4, 7], [4, 7, 9]]
+    assert resume_step(new[1], gather=lambda steps: [new[0].steps(), steps]) == 7
+    assert new[1].load(7).weights[0].tolist() == [7.0]
+    elastic.seed_from_the_survivors(str(tmp_path / "none"), [0], 2)  # No backup yet: nothing.
+    assert not (tmp_path / "none").exists()
 
 
 def test_a_group_re_formed_after_a_loss_or_a_join_says_how_soon_it_trains_again(

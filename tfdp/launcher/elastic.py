@@ -31,11 +31,13 @@ import os
 import re
 import shutil
 import time
+import zipfile
 from typing import Optional, Tuple
 
 from tfdp import paths
 from tfdp.config.checks import parse_interval
 from tfdp.config.settings import GROUP_GOES_ON_ENV, REGROUPED_ENV, Config
+from tfdp.launcher.regrouping import HELD
 from tfdp.launcher.rendezvous import LOST_AFTER
 from tfdp.launcher.supervise import CUT_OFF
 
@@ -200,17 +202,61 @@ def seed_the_joiner(run_dir: str, index: int) -> None:
     state), in place of any it left behind when it departed, so that the newest backup every
     worker has is the common step the group has just saved. Nothing to copy before worker 0's
     first backup: the group then starts from the beginning."""
-    folder = os.path.join(run_dir, "backup")
-    source = os.path.join(folder, "worker-0")
-    names = os.listdir(source) if os.path.isdir(source) else []
-    steps = sorted((int(m[1]), name) for name in names
-                   if (m := re.match(r"^step-(\d+)\.npz$", name)))
-    if not steps:
+    newest = _newest_backup(run_dir, 0)
+    if newest is None:
         return
-    joiner = os.path.join(folder, f"worker-{index}")
+    joiner = os.path.join(run_dir, "backup", f"worker-{index}")
     shutil.rmtree(joiner, ignore_errors=True)
-    os.makedirs(joiner)
-    shutil.copyfile(os.path.join(source, steps[-1][1]), os.path.join(joiner, steps[-1][1]))
+    _copy_backup(newest, joiner)
+
+
+def seed_from_the_survivors(run_dir: str, survivors: list, size: int) -> None:
+    """After a loss: every worker of the group re-formed with ``size`` holds the newest step a
+    survivor (a worker index of the group before) saved as the step it held whole
+    (``tfdp.training.survivors``), so that the newest backup every worker has is that step:
+    every replica holds the same state at a step, whichever index held it. Only such a save,
+    never an epoch's last step: a survivor's backup of an epoch's end says nothing of whether
+    the chief, if it was the one lost, had recorded that epoch."""
+    found = [path for path in (_newest_backup(run_dir, i) for i in survivors)
+             if path and _held(path)]
+    if not found:
+        return
+    newest = max(found, key=_step_of)
+    for index in range(size):
+        folder = os.path.join(run_dir, "backup", f"worker-{index}")
+        if not os.path.exists(os.path.join(folder, os.path.basename(newest))):
+            _copy_backup(newest, folder)
+
+
+_BACKUP = re.compile(r"^step-(\d+)\.npz$")  # tfdp.training.backups' names.
+
+
+def _step_of(path: str) -> int:
+    return int(_BACKUP.match(os.path.basename(path))[1])
+
+
+def _newest_backup(run_dir: str, index: int) -> Optional[str]:
+    folder = os.path.join(run_dir, "backup", f"worker-{index}")
+    names = [name for name in (os.listdir(folder) if os.path.isdir(folder) else [])
+             if _BACKUP.match(name)]
+    return max((os.path.join(folder, name) for name in names), key=_step_of, default=None)
+
+
+def _held(path: str) -> bool:
+    """Whether the backup at ``path`` is a survivor's step (``Backups.save(held=True)``)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return f"{HELD}.npy" in archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _copy_backup(path: str, folder: str) -> None:
+    """``path`` into ``folder`` under its name, renamed last: never half a file under it."""
+    os.makedirs(folder, exist_ok=True)
+    target = os.path.join(folder, os.path.basename(path))
+    shutil.copyfile(path, target + ".copying")
+    os.replace(target + ".copying", target)
 
 
 def clear_departed(run_dir: str, size: int) -> None:

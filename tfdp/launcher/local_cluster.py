@@ -132,8 +132,12 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
             else:
                 for line in group.lose(ended.failed):
                     say(line)
-                # Their collectives (the client's step) wait for the lost worker: nothing more
-                # to save.
+                if not client:  # The client saved already (supervise_client waits for it).
+                    lost = {i for i, _ in ended.failed}
+                    survivors = [i for i in range(len(procs)) if i not in lost]
+                    supervise.let_survivors_save([procs[i] for i in survivors])
+                    elastic.seed_from_the_survivors(run_dir, survivors, group.size)
+                # Those still running wait in a collective for the lost worker: nothing to save.
                 supervise.stop(procs, roles, grace=0)
             if emulated:  # On the hosts still reachable: one cut off keeps no worker.
                 placed[:] = emulated.reachable(placed[:client])[:group.size + client]

@@ -32,6 +32,8 @@ def form(table, generation: int, group, signals, run_dir: str):
         if enough and waiting[0] == table.me:
             members = table.make(generation, waiting[:group.most])
             if members[0] == table.me and generation:
+                elastic.seed_from_the_survivors(
+                    run_dir, [i for i, m in enumerate(before) if m in members], len(members))
                 for position in range(len(before), len(members)):
                     elastic.seed_the_joiner(run_dir, position)
             return members

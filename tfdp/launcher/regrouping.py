@@ -18,6 +18,10 @@ from typing import Optional, Tuple
 from tfdp.config.settings import GROUP_GOES_ON_ENV, REGROUPED_ENV
 
 MARK = ".tfdp-regrouping"
+# The array that marks a backup as the step a survivor of a loss held whole
+# (``tfdp.training.survivors``), which the launcher gives every worker of the group it re-forms
+# (``tfdp.launcher.elastic.seed_from_the_survivors``).
+HELD = "held_by_a_survivor"
 
 
 JOINS, LEAVES = "joins", "leaves"

@@ -131,6 +131,17 @@ HUNG_SETTLE = 5.0
 CLIENT_SAVES_WITHIN = 15.0
 
 
+# Seconds the survivors of a lost ``multi_worker`` worker have to back up the step each holds
+# whole and end (``tfdp.training.survivors``): a collective with a killed peer fails within a
+# second or so, and a survivor still in a long evaluation is stopped unsaved after them.
+SURVIVORS_SAVE_WITHIN = 10.0
+
+
+def let_survivors_save(survivors, seconds: float = SURVIVORS_SAVE_WITHIN) -> None:
+    """Wait until every one of ``survivors`` (processes) has ended, for at most ``seconds``."""
+    wait(survivors, seconds)
+
+
 def hung(procs) -> list:
     """Where every worker that ended lost contact with a peer and others still run: those
     others, once ``HUNG_SETTLE`` s have let the rest end likewise, ``(index, None)`` each: hung

@@ -36,6 +36,7 @@ import zipfile
 
 import numpy as np
 
+from tfdp.launcher import regrouping
 from tfdp.training.state import TrainingState
 from tfdp.util import errors, files
 from tfdp.util.errors import UserError
@@ -81,11 +82,16 @@ class Backups:
     def path(self, step: int) -> str:
         return os.path.join(self.folder, f"step-{step}.npz")
 
-    def save(self, step: int, state: TrainingState) -> str:
-        """Write the backup of ``step`` now (a preemption's: the process ends after it), after
-        the one being written behind, if any; keep the newest ``KEEP``."""
+    def save(self, step: int, state: TrainingState, held: bool = False) -> str:
+        """Write the backup of ``step`` now (a preemption's or a survivor's: the process ends
+        after it), after the one being written behind, if any; keep the newest ``KEEP``.
+        ``held``: the step a survivor of a loss held whole, marked so for the launcher
+        (``regrouping.HELD``)."""
         self.wait()
-        return self._write(step, self._arrays(step, state))
+        arrays = self._arrays(step, state)
+        if held:
+            arrays[regrouping.HELD] = np.bool_(True)
+        return self._write(step, arrays)
 
     def save_behind(self, step: int, state: TrainingState) -> str:
         """The backup of ``step`` written behind training: its arrays copied now (the step

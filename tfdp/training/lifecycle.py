@@ -205,6 +205,8 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
     export."""
     import tensorflow as tf
 
+    from tfdp.cluster.stall import PEER_LOST
+
     line = run.reporter.final_line()
     run.reporter.draw_chart()
     target = run.config.target_accuracy
@@ -216,6 +218,8 @@ def finish(run: Run, weights: list, export, backups: Backups = None) -> Result:
     run.watch.check()  # The last backup holds the trained state: nothing new to save.
     try:
         version = export()
+    except PEER_LOST:
+        raise  # A peer lost while the workers save together: lost contact, not the disk.
     except (OSError, tf.errors.OpError) as e:
         reason = _reason(e)
         kept = f"the trained weights are kept in {backups.folder}; " if backups else ""

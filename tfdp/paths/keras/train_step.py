@@ -59,9 +59,13 @@ class GlobalBatchModel(keras.Model):
     accumulate_steps = 1
     stamp_arrivals = False
     label_smoothing = 0.0
+    whole_step = None  # A group that goes on: which step a survivor holds (whole_step.py).
 
     def train_step(self, data):
         images, labels, weights = data
+        if self.whole_step is not None:
+            with tf.control_dependencies([self.whole_step.begins()]):  # The forward pass after.
+                images = tf.identity(images)
         real = tf.shape(labels)[0]
         k = self.accumulate_steps
         sizes = shard_sizes(real, k)
@@ -103,6 +107,8 @@ class GlobalBatchModel(keras.Model):
         logs = self.compute_metrics(images, labels, logits)
         if self.stamp_arrivals:
             logs[ARRIVALS] = _own_row(tf.stack([started, ready]))
+        if self.whole_step is not None:  # Keras all-reduces the logs: after the updates.
+            logs = self.whole_step.ends(logs)
         return logs
 
     def own_loss(self, dtype):

@@ -20,10 +20,12 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp.cluster import tf_config
+from tfdp.cluster.stall import PEER_LOST
 from tfdp.config import model_spec
 from tfdp.config.plan import steps_per_epoch
 from tfdp.data import pipeline
 from tfdp.export import saved_model
+from tfdp.launcher import regrouping
 from tfdp.models import catalog, lenet
 from tfdp.models.optimizers import Optimizer
 from tfdp.models.precision import input_dtype
@@ -33,6 +35,7 @@ from tfdp.paths.keras.callback import FitCallback, TraceSteps, restore_state
 from tfdp.paths.keras.distributed_input import distribute
 from tfdp.paths.keras.strategy import make_distribution
 from tfdp.paths.keras.train_step import global_batch_model
+from tfdp.paths.keras.whole_step import WholeStep, keeping_survivors_step
 from tfdp.trace.arrivals import Arrivals
 from tfdp.training.backups import KEEP
 from tfdp.training.path_contract import TrainingPath
@@ -144,6 +147,9 @@ class KerasFitPath(TrainingPath):
             if state is not None:  # A backup's, or a test's weights.
                 restore_state(model, state)
             model.optimizer.iterations.assign(run.first_step)  # The schedule goes on from here.
+            if self.distribution.num_workers > 1 and regrouping.launcher_re_forms():
+                model.whole_step = WholeStep(model, strategy)
+                model.whole_step.start_at(run.first_step)
         if self.distribution.num_workers > 1:
             run.reporter.add_facts(worker_precisions=self.worker_precisions)
         first_epoch, offset = run.first_epoch, run.offset
@@ -171,7 +177,7 @@ class KerasFitPath(TrainingPath):
             # the rest of that epoch alone, then the epochs after it.
             parts = ([(first_epoch, first_epoch + 1, offset)] if offset else []) + [
                 (first_epoch + (1 if offset else 0), config.epochs, 0)]
-            with run.watch.training(run.first_step):
+            with run.watch.training(run.first_step), keeping_survivors_step(model, run, self.worker_index):
                 for begin, end, skip in parts:
                     if begin >= end or run.reached:  # Reached: --target_accuracy.
                         continue
@@ -215,7 +221,10 @@ class KerasFitPath(TrainingPath):
                                      self.dataset.class_names)
             path = None
         if d.num_workers > 1:
-            _barrier_step(d.strategy)
+            try:
+                _barrier_step(d.strategy)
+            except PEER_LOST:  # This worker's part is saved (the chief's: the version).
+                logger.info("a peer was lost at the export's end, after this worker's part")
         return path
 
 

@@ -26,6 +26,7 @@ from tfdp.trace.arrivals import Arrivals
 from tfdp.training import loop
 from tfdp.training.path_contract import TrainingPath
 from tfdp.training.state import TrainingState
+from tfdp.training.survivors import keep_survivors_step
 from tfdp.util.devices import configure_devices
 from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
@@ -179,42 +180,19 @@ class ReplicaSteps(loop.Steps):
 
     def keep_survivors_step(self, answers) -> None:
         """After a loss: back up the newest whole step a replica on a worker that still
-        answers holds, where it is newer than the newest backup (what the group re-forms
-        from); where none holds one, the newest backup stays the one to go on from. One line
-        says which.
-
-        Never an epoch's last step before that epoch's end is backed up: a worker lost while
-        the epoch is evaluated leaves the replicas at its last step with the epoch not yet
-        reported, and a run resumed from there would go on past an epoch that has no record
-        (after the last, export without the test set's figures). The epoch's end writes that
-        backup itself once its figures are in (``tfdp.training.epoch_end``)."""
-        backups = self.run.backups
-        if backups is None:
+        answers holds (``tfdp.training.survivors``); where none holds one, the newest backup
+        stays the one to go on from. One line says which."""
+        if self.run.backups is None:
             return
         clear_a_lost_peers_errors()
         with watching(self.run.stall, "reading the surviving replicas' step"):
             d, step = self.replicas.survivor(answers())
-        with contextlib.suppress(UserError):  # A backup that failed stays failed: the one before.
-            backups.wait()  # The one being written behind counts (its file is renamed last).
-        newest = max(backups.steps(), default=self.run.first_step)
         if d is None:
+            with contextlib.suppress(UserError):
+                self.run.backups.wait()  # The one being written behind counts.
             logger.info("no surviving replica can be read holding a whole step: the newest "
-                        "backup, of step %d, is the one to go on from", newest)
+                        "backup, of step %d, is the one to go on from",
+                        max(self.run.backups.steps(), default=self.run.first_step))
             return
-        where = f"the replica on {self.replicas.devices[d]} holds step {step}"
-        if step <= newest:
-            logger.info("%s, no newer than the newest backup", where)
-            return
-        if step % self.run.plan.steps_per_epoch == 0:
-            logger.info("%s, the end of epoch %d before its figures: the newest backup, of "
-                        "step %d, is the one to go on from", where,
-                        step // self.run.plan.steps_per_epoch, newest)
-            return
-        try:
-            state = read_after_a_loss(lambda: self.state(d))  # Watched there.
-        except tf.errors.OpError as e:
-            logger.info("%s, but could not be read (%s): the newest backup, of step %d, is the "
-                        "one to go on from", where, type(e).__name__, newest)
-            return
-        backups.save(step, state)
-        logger.info("%s: saved, the step to go on from", where)
+        keep_survivors_step(self.run, step, lambda: read_after_a_loss(lambda: self.state(d)),
+                            f"the replica on {self.replicas.devices[d]}")
