@@ -26,7 +26,6 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp.cluster.stall import PEER_LOST
-
 from tfdp.models.stateless import state_variables
 from tfdp.paths.keras.callback import training_state
 from tfdp.training.state import TrainingState
