@@ -142,3 +142,31 @@ def test_a_stopped_member_tells_the_others_go_on_only_when_it_leaves_alone(tmp_p
     assert not go_on(Group((3, 3), 0, "3:3"))
     tables[1].leave_group(0)
     assert not go_on(Group((2, 3), 0, "2:3"))
+
+
+def test_a_survivors_worker_may_save_its_step_before_it_is_stopped(tmp_path, monkeypatch):
+    """Member 1 of ``--num_workers=1:2`` lost: member 0's worker, still running, is let end by
+    itself (it backs up the step it holds whole, exit 69) while its agent goes on beating, and
+    stopped only once ``SURVIVORS_SAVE_WITHIN`` seconds have passed; the group re-forms."""
+    import subprocess
+    import sys
+    import time
+
+    from tfdp.launcher import elastic, supervise
+    monkeypatch.setattr(supervise, "SURVIVORS_SAVE_WITHIN", 3.0)
+    monkeypatch.setattr(rendezvous, "BEAT", 0.0)
+    table = rendezvous.Table(str(tmp_path), 0)
+    table.announce(0)
+    lost = [(1, elastic.UNHEARD)]
+    for seconds, code in ((0.5, 69), (60, -9)):
+        worker = subprocess.Popen([sys.executable, "-c",
+                                   f"import time; time.sleep({seconds}); raise SystemExit(69)"])
+        record = tmp_path / "member-0.json"
+        os.utime(record, ns=(0, 0))
+        began = time.monotonic()
+        assert managed_group._depart(table, [0, 1], lost, worker, Group((1, 2), 0, "1:2")) == (
+            "regroup")
+        took = time.monotonic() - began
+        assert worker.returncode == code, (seconds, took)
+        assert took > 0.5 if code == 69 else 3.0 <= took < 10, took  # 69: ended by itself.
+        assert record.stat().st_mtime_ns > 0  # Beaten while it waited.

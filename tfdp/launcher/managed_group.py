@@ -6,11 +6,13 @@ No process of tfdp's own sees the whole group there, so every agent takes part i
 MAX, or at least MIN after ``managed_forming.SETTLE`` seconds); each agent starts its task's
 ``tfdp.train`` worker with that group's ``TF_CONFIG`` (its own address, the manager's, kept
 whatever the group) and watches it and the others. When a member is lost (its task killed, its
-node gone: nothing heard from its agent for ``rendezvous.LOST_AFTER`` seconds), the survivors
-stop their workers at once (TensorFlow cannot take a worker out of a
-``MultiWorkerMirroredStrategy`` group in place) and form the next group without it, which
-resumes from the newest backup every worker has, as ``tfdp.launch``'s own groups do
-(``tfdp.launcher.elastic``), while at least MIN are left; a member whose task is stopped
+node gone: nothing heard from its agent for ``rendezvous.LOST_AFTER`` seconds), the survivors'
+workers back up the step each holds whole and end, or are stopped after
+``supervise.SURVIVORS_SAVE_WITHIN`` seconds (TensorFlow cannot take a worker out of a
+``MultiWorkerMirroredStrategy`` group in place), and the survivors form the next group without
+it, which resumes from the newest step a survivor saved (``managed_forming.form`` copies it to
+every member), as ``tfdp.launch``'s own groups do (``tfdp.launcher.elastic``), while at least
+MIN are left; a member whose task is stopped
 (SIGTERM) saves its step with the others first (``managed_forming.others_go_on`` tells the
 workers' lines whether the others go on). A member that comes (a replaced pod, a task started
 again) waits; the group's chief asks the group to save one common step and stop, as for a
@@ -29,7 +31,8 @@ from typing import NamedTuple
 
 from tfdp import paths
 from tfdp.config.settings import GROUP_GOES_ON_ENV, RUN_STAMP_ENV
-from tfdp.launcher import elastic, managed_forming as forming, regrouping, rendezvous
+from tfdp.launcher import (elastic, managed_forming as forming, regrouping, rendezvous,
+                           supervise)
 from tfdp.launcher.children import prepare_child
 from tfdp.launcher.output import say
 from tfdp.util.errors import LOST_CONTACT_EXIT_CODE, PREEMPTED_EXIT_CODE, UserError
@@ -214,9 +217,15 @@ def _asks_to_join(table, members, group) -> bool:
 
 
 def _depart(table, members, departed: list, worker, group):
-    """Members ``departed`` ((id, why) each) have gone: this worker stopped at once if it still
-    runs (its collectives wait for them), the lowest survivor's lines said; "regroup" while at
-    least MIN are left, else the exit code."""
+    """Members ``departed`` ((id, why) each) have gone: this worker let end by itself within
+    ``supervise.SURVIVORS_SAVE_WITHIN`` s if it still runs (a survivor backs up the step it
+    holds whole, ``tfdp.training.survivors``), then stopped (its collectives wait for them),
+    the lowest survivor's lines said; "regroup" while at least MIN are left, else the exit
+    code."""
+    deadline = time.monotonic() + supervise.SURVIVORS_SAVE_WITHIN
+    while worker.poll() is None and time.monotonic() < deadline:
+        table.beat()  # Its agent is there: the other survivors must not take it for lost.
+        time.sleep(forming.POLL)
     if worker.poll() is None:
         worker.kill()
         worker.wait()
