@@ -28,7 +28,6 @@ epoch alone (``tfdp.data.pipeline``); the paths train the same model on any repl
 fixed global batch (tests/test_resume_exactly.py, tests/test_elastic.py)."""
 
 import os
-import re
 import shutil
 import time
 import zipfile
@@ -37,7 +36,7 @@ from typing import Optional, Tuple
 from tfdp import paths
 from tfdp.config.checks import parse_interval
 from tfdp.config.settings import GROUP_GOES_ON_ENV, REGROUPED_ENV, Config
-from tfdp.launcher.regrouping import HELD
+from tfdp.launcher.regrouping import BACKUP_FILE, BACKUPS, HELD, backup_folder
 from tfdp.launcher.rendezvous import LOST_AFTER
 from tfdp.launcher.supervise import CUT_OFF
 
@@ -205,7 +204,7 @@ def seed_the_joiner(run_dir: str, index: int) -> None:
     newest = _newest_backup(run_dir, 0)
     if newest is None:
         return
-    joiner = os.path.join(run_dir, "backup", f"worker-{index}")
+    joiner = backup_folder(run_dir, index)
     shutil.rmtree(joiner, ignore_errors=True)
     _copy_backup(newest, joiner)
 
@@ -223,22 +222,19 @@ def seed_from_the_survivors(run_dir: str, survivors: list, size: int) -> None:
         return
     newest = max(found, key=_step_of)
     for index in range(size):
-        folder = os.path.join(run_dir, "backup", f"worker-{index}")
+        folder = backup_folder(run_dir, index)
         if not os.path.exists(os.path.join(folder, os.path.basename(newest))):
             _copy_backup(newest, folder)
 
 
-_BACKUP = re.compile(r"^step-(\d+)\.npz$")  # tfdp.training.backups' names.
-
-
 def _step_of(path: str) -> int:
-    return int(_BACKUP.match(os.path.basename(path))[1])
+    return int(BACKUP_FILE.match(os.path.basename(path))[1])
 
 
 def _newest_backup(run_dir: str, index: int) -> Optional[str]:
-    folder = os.path.join(run_dir, "backup", f"worker-{index}")
+    folder = backup_folder(run_dir, index)
     names = [name for name in (os.listdir(folder) if os.path.isdir(folder) else [])
-             if _BACKUP.match(name)]
+             if BACKUP_FILE.match(name)]
     return max((os.path.join(folder, name) for name in names), key=_step_of, default=None)
 
 
@@ -262,7 +258,7 @@ def _copy_backup(path: str, folder: str) -> None:
 def clear_departed(run_dir: str, size: int) -> None:
     """The run is complete: the backups of workers beyond the group's last ``size`` are spent
     too (each worker clears its own; the last to finish removes ``backup/``)."""
-    folder = os.path.join(run_dir, "backup")
+    folder = os.path.join(run_dir, BACKUPS)
     if not os.path.isdir(folder):
         return
     for name in os.listdir(folder):

@@ -135,7 +135,8 @@ def launch(num_workers, train_args: list, isolate: bool = True, hosts: bool = Fa
                 if not client:  # The client saved already (supervise_client waits for it).
                     lost = {i for i, _ in ended.failed}
                     survivors = [i for i in range(len(procs)) if i not in lost]
-                    supervise.let_survivors_save([procs[i] for i in survivors])
+                    supervise.wait([procs[i] for i in survivors],
+                                   supervise.SURVIVORS_SAVE_WITHIN)
                     elastic.seed_from_the_survivors(run_dir, survivors, group.size)
                 # Those still running wait in a collective for the lost worker: nothing to save.
                 supervise.stop(procs, roles, grace=0)

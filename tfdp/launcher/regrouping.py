@@ -10,9 +10,12 @@ the others go on without it), and a worker that stops for a signal reads the mar
 (``unmark``), and any a killed launcher left when it starts again. ``launcher_re_forms`` is the
 one wording of what the launcher does next, for a join's line and a loss's
 (``tfdp.cluster.tf_config.lost_contact``). A group re-formed after a loss or a join has its
-chief say how soon it trains again (``after``)."""
+chief say how soon it trains again (``after``). Both sides also read the backups here: where
+each worker's lie in the run folder (``backup_folder``) and the array that marks a survivor's
+step (``HELD``)."""
 
 import os
+import re
 from typing import Optional, Tuple
 
 from tfdp.config.settings import GROUP_GOES_ON_ENV, REGROUPED_ENV
@@ -22,6 +25,18 @@ MARK = ".tfdp-regrouping"
 # (``tfdp.training.survivors``), which the launcher gives every worker of the group it re-forms
 # (``tfdp.launcher.elastic.seed_from_the_survivors``).
 HELD = "held_by_a_survivor"
+# Where worker ``index``'s backups lie in a run folder and what each is named: written by
+# ``tfdp.training.backups``, read and copied between workers by the launcher as a group re-forms.
+BACKUPS = "backup"
+BACKUP_FILE = re.compile(r"^step-(\d+)\.npz$")
+
+
+def backup_folder(run_dir: str, index: int) -> str:
+    return os.path.join(run_dir, BACKUPS, f"worker-{index}")
+
+
+def backup_name(step: int) -> str:
+    return f"step-{step}.npz"
 
 
 JOINS, LEAVES = "joins", "leaves"

@@ -137,11 +137,6 @@ CLIENT_SAVES_WITHIN = 15.0
 SURVIVORS_SAVE_WITHIN = 10.0
 
 
-def let_survivors_save(survivors, seconds: float = SURVIVORS_SAVE_WITHIN) -> None:
-    """Wait until every one of ``survivors`` (processes) has ended, for at most ``seconds``."""
-    wait(survivors, seconds)
-
-
 def hung(procs) -> list:
     """Where every worker that ended lost contact with a peer and others still run: those
     others, once ``HUNG_SETTLE`` s have let the rest end likewise, ``(index, None)`` each: hung

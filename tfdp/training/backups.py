@@ -29,7 +29,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import shutil
 import threading
 import zipfile
@@ -60,7 +59,6 @@ def identity(config) -> dict:
 
 
 KEEP = 2
-_FILE = re.compile(r"^step-(\d+)\.npz$")
 
 
 class Backups:
@@ -68,7 +66,7 @@ class Backups:
 
     def __init__(self, run_dir: str, worker_index: int, identity: dict):
         self.run_dir = run_dir
-        self.folder = os.path.join(run_dir, "backup", f"worker-{worker_index}")
+        self.folder = regrouping.backup_folder(run_dir, worker_index)
         self.identity = identity
         self._loaded = {}
         self._behind, self._failed = None, None  # The write behind training, its failure.
@@ -77,10 +75,11 @@ class Backups:
         """Steps with a backup file, oldest first (damaged or not)."""
         if not os.path.isdir(self.folder):
             return []
-        return sorted(int(m.group(1)) for m in map(_FILE.match, os.listdir(self.folder)) if m)
+        return sorted(int(m.group(1)) for m in map(regrouping.BACKUP_FILE.match,
+                                                      os.listdir(self.folder)) if m)
 
     def path(self, step: int) -> str:
-        return os.path.join(self.folder, f"step-{step}.npz")
+        return os.path.join(self.folder, regrouping.backup_name(step))
 
     def save(self, step: int, state: TrainingState, held: bool = False) -> str:
         """Write the backup of ``step`` now (a preemption's or a survivor's: the process ends

@@ -17,9 +17,10 @@ from tfdp.util.errors import UserError
 from tfdp.util.logs import logger
 
 
-def keep_survivors_step(run, step: int, read_state, holder: str, spread: bool = False) -> None:
+def keep_survivors_step(run, step, read_state, holder: str, spread: bool = False) -> None:
     """Back up ``step``, which ``holder`` (what the line names) holds whole, with the state
     ``read_state()`` reads, where it is newer than the newest backup; one line says which.
+    ``step`` None: no survivor holds a whole step that can be read (``holder`` names none).
     ``spread``: the launcher gives this worker's save to the whole re-formed group (a
     ``multi_worker`` survivor's), so a step this worker has backed up already is saved again,
     marked as held: the lost worker may not have finished its own backup of it.
@@ -33,6 +34,10 @@ def keep_survivors_step(run, step: int, read_state, holder: str, spread: bool = 
     with contextlib.suppress(UserError):  # A backup that failed stays failed: the one before.
         backups.wait()  # The one being written behind counts (its file is renamed last).
     newest = max(backups.steps(), default=run.first_step)
+    if step is None:
+        logger.info("%s can be read holding a whole step: the newest backup, of step %d, is the "
+                    "one to go on from", holder, newest)
+        return
     where = f"{holder} holds step {step}"
     if step < newest or (step == newest and not spread):
         logger.info("%s, no newer than the newest backup", where)

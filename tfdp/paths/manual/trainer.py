@@ -8,8 +8,6 @@ device, makes the step (``tfdp.paths.manual.step``) and runs the shared epoch lo
 model for the export. The run skeleton (``tfdp.training.lifecycle``) does the rest.
 """
 
-import contextlib
-
 import tensorflow as tf
 
 from tfdp.cluster.stall import PEER_LOST, clear_a_lost_peers_errors, read_after_a_loss, watching
@@ -29,7 +27,6 @@ from tfdp.training.state import TrainingState
 from tfdp.training.survivors import keep_survivors_step
 from tfdp.util.devices import configure_devices
 from tfdp.util.errors import UserError
-from tfdp.util.logs import logger
 
 
 class FromScratchPath(TrainingPath):
@@ -187,12 +184,6 @@ class ReplicaSteps(loop.Steps):
         clear_a_lost_peers_errors()
         with watching(self.run.stall, "reading the surviving replicas' step"):
             d, step = self.replicas.survivor(answers())
-        if d is None:
-            with contextlib.suppress(UserError):
-                self.run.backups.wait()  # The one being written behind counts.
-            logger.info("no surviving replica can be read holding a whole step: the newest "
-                        "backup, of step %d, is the one to go on from",
-                        max(self.run.backups.steps(), default=self.run.first_step))
-            return
         keep_survivors_step(self.run, step, lambda: read_after_a_loss(lambda: self.state(d)),
+                            "no surviving replica" if d is None else
                             f"the replica on {self.replicas.devices[d]}")
