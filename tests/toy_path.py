@@ -19,8 +19,8 @@ def training_path():
     from tfdp.paths.keras.trainer import KerasFitPath
 
     class ToyPath(KerasFitPath):
-        def __init__(self, config, backups):
-            super().__init__(config, backups)
+        def __init__(self, resolved, backups):
+            super().__init__(resolved, backups)
             self.engine = f"the toy path: {self.engine}"
 
     return ToyPath

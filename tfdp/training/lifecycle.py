@@ -4,9 +4,9 @@
 (the ``tfdp.training.path_contract.TrainingPath`` its description names), resumes, states the
 plan, trains, exports and returns the ``Result``::
 
-    path = Path(config, backups)          # devices or a strategy, replicas, chief, peers, data
+    path = Path(resolved, backups)        # devices or a strategy, replicas, chief, peers, data
     first_step = resume_step(backups)     # the newest step every worker backed up, or 0
-    run = start(config, path, ...)        # data, plan, reporter
+    run = start(resolved, path, ...)      # data, plan, reporter
     weights = path.train(run, state)      # the path's own training (the epoch loop, or fit)
     finish(run, weights, path.export)     # final line, export (written once), Result
 """
@@ -14,7 +14,6 @@ plan, trains, exports and returns the ``Result``::
 import dataclasses
 from typing import Optional
 
-from tfdp import paths
 from tfdp.cluster import tf_config
 from tfdp.config import recipes
 from tfdp.config.settings import Config
@@ -92,7 +91,7 @@ def run(resolved, start_weights=None, splits=None, export: bool = True) -> Resul
             raise Finished(config.workdir, done)
         backups = Backups(config.workdir, worker, identity(config))
         with preemption.Watch() as watch:
-            path = resolved.path.training_path()(config, backups)
+            path = resolved.path.training_path()(resolved, backups)
             watch.install()  # The path's set-up may have created TensorFlow's own handler.
             watch.workers = path.num_workers
             watch.peers, watch.backups = bool(path.peers), backups  # preemption.STOP_WITHIN
@@ -102,7 +101,7 @@ def run(resolved, start_weights=None, splits=None, export: bool = True) -> Resul
                 path.started()  # Every worker has answered (or this one gave up).
             watch.reached(first_step)
             watch.check()  # Signals wait for the ends of stages: see preemption.Watch.
-            started = start(config, path, first_step, backups, watch, splits, export)
+            started = start(resolved, path, first_step, backups, watch, splits, export)
             watch.check()
             state = (backups.load(first_step) if first_step else
                      TrainingState(start_weights) if start_weights is not None else None)
@@ -127,9 +126,9 @@ def run(resolved, start_weights=None, splits=None, export: bool = True) -> Resul
     return result
 
 
-def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Backups = None,
+def start(resolved, path: TrainingPath, first_step: int = 0, backups: Backups = None,
           watch: preemption.Watch = None, splits=None, export: bool = True) -> Run:
-    """Check the export folder (chief, when the run exports), load the data (unless it lives
+    """``resolved``'s run (``tfdp.training.entry.ResolvedRun``) started on ``path``: check the export folder (chief, when the run exports), load the data (unless it lives
     on the cluster's workers, or ``splits`` hold it already), make and state the plan, open the
     reporter (with the epochs an interrupted run already finished, when resuming from
     ``first_step``)."""
@@ -139,6 +138,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     from tfdp.export import saved_model
     from tfdp.util.devices import bfloat16_speed
 
+    config = resolved.config
     if path.is_chief and export:
         saved_model.check_export_root(config.export_root)
     clock = Clock()
@@ -160,7 +160,7 @@ def start(config: Config, path: TrainingPath, first_step: int = 0, backups: Back
     if changed:
         logger.info("--recipe=%s on --strategy=%s changes %s: %s (docs/time-to-accuracy.md)",
                     config.recipe, config.strategy, ", ".join(changed),
-                    paths.get(config.strategy).recipe_note)
+                    resolved.path.recipe_note)
     if "bfloat16" in (config.precision, config.allreduce_dtype):
         speed = bfloat16_speed()
         if speed < 1:

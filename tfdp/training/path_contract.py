@@ -19,9 +19,11 @@ from tfdp.training.state import TrainingState
 
 
 class TrainingPath(abc.ABC):
-    """Made with ``(config, backups)`` once the run folder is held. Its ``__init__`` sets up
-    the devices or the strategy and sets ``devices`` (names for the report), ``replicas``,
-    ``engine`` (what runs the replicas, for the plan line) and ``dataset``."""
+    """Made with ``(resolved, backups)`` once the run folder is held (``resolved``: the run's
+    ``tfdp.training.entry.ResolvedRun``, its config and its path's description). Its
+    ``__init__`` sets up the devices or the strategy and sets ``devices`` (names for the
+    report), ``replicas``, ``engine`` (what runs the replicas, for the plan line) and
+    ``dataset``."""
 
     devices: list
     replicas: int
@@ -47,7 +49,7 @@ class TrainingPath(abc.ABC):
     num_workers: int = 1
 
     @abc.abstractmethod
-    def __init__(self, config, backups):
+    def __init__(self, resolved, backups):
         """``backups``: the run's ``tfdp.training.backups.Backups`` (their steps name what a
         lost cluster's line says is kept)."""
 

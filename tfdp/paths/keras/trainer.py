@@ -11,7 +11,6 @@ cut into per-replica shards exactly like ``split_batch`` (``distributed_input``)
 equal starting weights the two paths train the same model.
 """
 
-import dataclasses
 import hashlib
 import tempfile
 
@@ -45,22 +44,17 @@ from tfdp.util.logs import logger
 PRECISIONS = ("float32", "float64", "bfloat16")  # As resolved: never "auto" here.
 
 
-def in_sync(config) -> bool:
-    """Whether ``--strategy`` keeps replicas in sync under a ``tf.distribute`` strategy: they
-    meet at an exchange each step (its arrivals say who is late)."""
-    return paths.get(config.strategy).keras_strategy != paths.KERAS_DEFAULT
-
-
-def build_model(config, dataset):
-    """The Keras model for ``dataset`` (``tfdp.data.sources.DatasetInfo``) in ``--precision``,
-    trained with tfdp's step (``train_step.py``), which stamps its replicas' arrival times under
-    a strategy. LeNet starts from the from-scratch path's weights for the same ``--init`` and
-    ``--seed``; any other model from Keras' initializers under ``--seed``."""
+def build_model(config, dataset, in_sync: bool, precision: str):
+    """The Keras model for ``dataset`` (``tfdp.data.sources.DatasetInfo``) in ``precision``,
+    trained with tfdp's step (``train_step.py``), which stamps its replicas' arrival times
+    where they are ``in_sync`` under a strategy. LeNet starts from the from-scratch path's
+    weights for the same ``--init`` and ``--seed``; any other model from Keras' initializers
+    under ``--seed``."""
     lenet_model = config.model in model_spec.LENETS
     model = global_batch_model(
-        catalog.build(config.model, dataset.image_shape, dataset.num_classes, config.precision,
+        catalog.build(config.model, dataset.image_shape, dataset.num_classes, precision,
                       config.sync_batch_norm, seed=None if lenet_model else config.seed),
-        config.accumulate_steps, in_sync(config), config.label_smoothing)
+        config.accumulate_steps, in_sync, config.label_smoothing)
     if lenet_model:
         model.set_weights(lenet.to_keras_weights(lenet.start_params(
             config.initializer, config.seed, batch_norm=config.model == "lenet_bn",
@@ -110,12 +104,16 @@ def run_optimizer(config, plan):
 class KerasFitPath(TrainingPath):
     """Keras ``fit`` under ``--strategy``'s ``tf.distribute`` strategy (``plain``: none)."""
 
-    def __init__(self, config, backups):
+    def __init__(self, resolved, backups):
         del backups  # The run skeleton keeps them; the run's EpochEnd saves through run.backups.
-        self.config = config
-        self.distribution = make_distribution(paths.get(config.strategy).keras_strategy,
-                                              config.num_gpus, config.collective_timeout)
-        if in_sync(config):
+        config = self.config = resolved.config
+        strategy = resolved.path.keras_strategy
+        # Replicas in sync under a tf.distribute strategy meet at an exchange each step (its
+        # arrivals say who is late).
+        self.in_sync = strategy != paths.KERAS_DEFAULT
+        self.distribution = make_distribution(strategy, config.num_gpus,
+                                              config.collective_timeout)
+        if self.in_sync:
             workarounds.apply()
         d = self.distribution
         self.devices = (d.devices if d.num_workers == 1 else
@@ -128,17 +126,36 @@ class KerasFitPath(TrainingPath):
         self.model = None
         self.dataset = pipeline.dataset_of(config)  # Every worker prepares it where it runs.
         # Stragglers, and the flight recorder a lost cluster's one-line error points to.
-        self.recorder = Arrivals(_replica_devices(d), config.workdir) if in_sync(config) else None
+        self.recorder = Arrivals(_replica_devices(d), config.workdir) if self.in_sync else None
 
     def started(self) -> None:
         self.distribution.started()
 
     def train(self, run, state=None) -> list:
-        config, plan, strategy = self.config, run.plan, self.distribution.strategy
-        replicas = self.distribution.replicas
+        model = self.model = self._compiled(run, state)
+        if self.distribution.num_workers > 1:
+            run.reporter.add_facts(worker_precisions=self.worker_precisions)
+        if not run.trained:
+            self._fit(run, model)
+        run.tracer.finish()  # A traced range past the last step ends with the run.
+        with self.distribution.strategy.scope():  # The averages in the weights' place (--ema).
+            model.optimizer.finalize(model.trainable_variables)
+        weights = model.get_weights()
+        if self.distribution.num_workers > 1:
+            # Every worker logs this: equal digests show the replicas really ended identical.
+            logger.info("final weights sha256 %s (worker %d)", hashlib.sha256(
+                b"".join(w.tobytes() for w in weights)).hexdigest()[:16],
+                self.distribution.worker_index)
+        return weights
+
+    def _compiled(self, run, state):
+        """The model built and compiled in the strategy's scope, from ``state`` where there is
+        one, its optimizer's step the run's first; where the launcher re-forms a group after a
+        loss, keeping which step it holds whole (``WholeStep``)."""
+        config, strategy = self.config, self.distribution.strategy
         with strategy.scope():
-            model = self.model = build_model(config, self.dataset)
-            model.compile(optimizer=run_optimizer(config, plan),
+            model = build_model(config, self.dataset, self.in_sync, config.precision)
+            model.compile(optimizer=run_optimizer(config, run.plan),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"], run_eagerly=config.eager,
                           steps_per_execution=config.steps_per_execution,
@@ -150,61 +167,54 @@ class KerasFitPath(TrainingPath):
             if self.distribution.num_workers > 1 and regrouping.launcher_re_forms():
                 model.whole_step = WholeStep(model, strategy)
                 model.whole_step.start_at(run.first_step)
-        if self.distribution.num_workers > 1:
-            run.reporter.add_facts(worker_precisions=self.worker_precisions)
+        return model
+
+    def _fit(self, run, model) -> None:
+        """``fit`` the epochs left, evaluated by tfdp's callback with one iterator for the run,
+        not by fit (``evaluation.py``). fit's epochs all have ``steps_per_epoch`` steps: a
+        resume within an epoch first fits the rest of that epoch alone, then the epochs after
+        it."""
+        config, plan, strategy = self.config, run.plan, self.distribution.strategy
+        dtype, replicas = input_dtype(config.precision), self.distribution.replicas
+
+        def evaluator(split, examples):
+            batches = pipeline.eval_batches(split, plan.micro_batch, config.eval_steps)
+            return evaluation.Evaluator(
+                model, strategy, distribute(strategy, batches, replicas, dtype),
+                steps=steps_per_epoch(examples, plan.micro_batch), eval_flip=config.eval_flip,
+                num_classes=self.dataset.num_classes)
+
+        after_epochs = evaluator(run.eval_split, plan.eval_examples).evaluate
+
+        def evaluate(final=False):  # The test set once after training: plan.tested.
+            return (evaluator(run.test_split, plan.test_examples).evaluate() if final
+                    else after_epochs())
+
+        callbacks = [FitCallback(run, self.distribution, evaluate, self.recorder)]
+        if run.tracer.on:
+            callbacks.append(TraceSteps(run.tracer, run.first_step))
         first_epoch, offset = run.first_epoch, run.offset
-        if not run.trained:
-            # Evaluated by tfdp's callback with one iterator for the run, not by fit
-            # (evaluation.py).
-            def evaluator(split, examples):
-                batches = pipeline.eval_batches(split, plan.micro_batch, config.eval_steps)
-                return evaluation.Evaluator(
-                    model, strategy,
-                    distribute(strategy, batches, replicas, input_dtype(config.precision)),
-                    steps=steps_per_epoch(examples, plan.micro_batch), eval_flip=config.eval_flip,
-                    num_classes=self.dataset.num_classes)
-
-            after_epochs = evaluator(run.eval_split, plan.eval_examples).evaluate
-
-            def evaluate(final=False):  # The test set once after training: plan.tested.
-                return (evaluator(run.test_split, plan.test_examples).evaluate() if final
-                        else after_epochs())
-
-            callbacks = [FitCallback(run, self.distribution, evaluate, self.recorder)]
-            if run.tracer.on:
-                callbacks.append(TraceSteps(run.tracer, run.first_step))
-            # fit's epochs all have steps_per_epoch steps: a resume within an epoch first fits
-            # the rest of that epoch alone, then the epochs after it.
-            parts = ([(first_epoch, first_epoch + 1, offset)] if offset else []) + [
-                (first_epoch + (1 if offset else 0), config.epochs, 0)]
-            with run.watch.training(run.first_step), keeping_survivors_step(model, run, self.worker_index):
-                for begin, end, skip in parts:
-                    if begin >= end or run.reached:  # Reached: --target_accuracy.
-                        continue
-                    train = pipeline.train_batches(run.train_split, plan.global_batch, config.seed,
+        parts = ([(first_epoch, first_epoch + 1, offset)] if offset else []) + [
+            (first_epoch + (1 if offset else 0), config.epochs, 0)]
+        with run.watch.training(run.first_step), \
+                keeping_survivors_step(model, run, self.worker_index):
+            for begin, end, skip in parts:
+                if begin >= end or run.reached:  # Reached: --target_accuracy.
+                    continue
+                train = pipeline.train_batches(run.train_split, plan.global_batch, config.seed,
                                                begin, end, plan.steps_per_epoch,
                                                config.augment == "flip").skip(skip)
-                    model.fit(distribute(strategy, train, replicas, input_dtype(config.precision)),
-                              epochs=end, initial_epoch=begin,
-                              steps_per_epoch=plan.steps_per_epoch - skip, shuffle=False,
-                              verbose=0,  # Shuffled already; tfdp's reporter draws progress.
-                              callbacks=callbacks)
-        run.tracer.finish()  # A traced range past the last step ends with the run.
-        with strategy.scope():  # The averages in the weights' place (--ema), once.
-            model.optimizer.finalize(model.trainable_variables)
-        weights = model.get_weights()
-        if self.distribution.num_workers > 1:
-            # Every worker logs this: equal digests show the replicas really ended identical.
-            logger.info("final weights sha256 %s (worker %d)", hashlib.sha256(
-                b"".join(w.tobytes() for w in weights)).hexdigest()[:16],
-                self.distribution.worker_index)
-        return weights
+                model.fit(distribute(strategy, train, replicas, dtype),
+                          epochs=end, initial_epoch=begin,
+                          steps_per_epoch=plan.steps_per_epoch - skip, shuffle=False,
+                          verbose=0,  # Shuffled already; tfdp's reporter draws progress.
+                          callbacks=callbacks)
 
     def serving_model(self, precision: str):
         """The trained model; in another precision, its layers and weights computing in it."""
         if precision == self.config.precision:
             return self.model
-        twin = build_model(dataclasses.replace(self.config, precision=precision), self.dataset)
+        twin = build_model(self.config, self.dataset, self.in_sync, precision)
         twin.set_weights(self.model.get_weights())
         return twin
 

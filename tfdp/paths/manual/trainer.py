@@ -32,8 +32,8 @@ from tfdp.util.errors import UserError
 class FromScratchPath(TrainingPath):
     """The devices to train on: here, or a cluster's workers when ``TF_CONFIG`` names them."""
 
-    def __init__(self, config, backups):
-        self.config = config
+    def __init__(self, resolved, backups):
+        config = self.config = resolved.config
         task = remote.task_of(config.collective_timeout)
         self.cluster = remote.connect(task, config, backups.steps) if task else None
         if self.cluster:

@@ -81,8 +81,8 @@ def task_of(config) -> tf_config.Task:
 class ParameterServerPath(TrainingPath):
     """The coordinator of a cluster of workers and parameter servers (``TF_CONFIG``)."""
 
-    def __init__(self, config, backups):
-        self.config = config
+    def __init__(self, resolved, backups):
+        config = self.config = resolved.config
         task = task_of(config)
         self.peers = self.servers_traced = tf_config.job_peers(task, JOBS)
         self.servers = len(task.cluster["ps"])
