@@ -26,7 +26,7 @@ from tfdp.training.path_contract import TrainingPath
 from tfdp.training.result import Result
 from tfdp.training.state import TrainingState
 from tfdp.util import errors, logs
-from tfdp.util.errors import Finished, LostContact, UserError
+from tfdp.util.errors import LostContact, UserError
 from tfdp.util.logs import logger
 
 
@@ -86,9 +86,6 @@ def run(resolved, start_weights=None, splits=None, export: bool = True) -> Resul
     config, worker = resolved.config, resolved.worker  # Each task that trains keeps backups.
     with run_folder.claim(config.workdir, worker), \
             errors.naming_the_run(None if resolved.folder_named else config.workdir):
-        done = report.exported(config.workdir)
-        if done:
-            raise Finished(config.workdir, done)
         backups = Backups(config.workdir, worker, identity(config))
         with preemption.Watch() as watch:
             path = resolved.path.training_path()(resolved, backups)

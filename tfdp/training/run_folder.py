@@ -4,7 +4,8 @@
 ``claim`` takes an exclusive lock per worker (``.lock-worker-<i>``, a ``tfdp.util.files.locked``
 ``flock`` the kernel drops when the process dies, however it dies; the file is removed when the
 run ends, and a killed run's is taken over), so a second run given the same ``--workdir`` is
-refused in one line instead of colliding with the first or silently resuming from its backups.
+refused in one line instead of colliding with the first or silently resuming from its backups;
+a folder whose run finished and exported is refused too (``Finished``: nothing is left to do).
 """
 
 import contextlib
@@ -14,7 +15,8 @@ import time
 
 from tfdp.cluster import tf_config
 from tfdp.config.settings import RUN_STAMP_ENV, Config
-from tfdp.util.errors import UserError
+from tfdp.training import report
+from tfdp.util.errors import Finished, UserError
 from tfdp.util.files import locked, read_start, unlock
 from tfdp.util.logs import logger
 
@@ -26,7 +28,8 @@ NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 @contextlib.contextmanager
 def claim(run_dir: str, worker_index: int = 0):
     """Hold ``run_dir`` for this run (worker ``worker_index``) until the block ends; a folder
-    made here and left empty (a run refused before it wrote anything) is removed then."""
+    made here and left empty (a run refused before it wrote anything) is removed then.
+    ``Finished`` where the run in it has finished and exported."""
     path = os.path.join(run_dir, f".lock-worker-{worker_index}")
     made = not os.path.exists(run_dir)
     try:
@@ -51,6 +54,9 @@ def claim(run_dir: str, worker_index: int = 0):
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         _HELD[path] = fd
     try:
+        done = report.exported(run_dir)
+        if done:
+            raise Finished(run_dir, done)
         yield
     finally:
         _HELD.pop(path, None)
