@@ -16,11 +16,13 @@ from tfdp.util.errors import UserError
 def test_the_bench_measures_what_a_group_costs_and_how_soon_it_trains_again(tmp_path, data_dir):
     """``python -m tfdp.bench --elastic`` (tiny sizes: not a timing test): groups of two that
     lose nothing, fixed and elastic, and an elastic one that loses a worker; the table and the
-    JSON hold every figure, the times after the kill in the order they happen."""
+    JSON hold every figure, the times after the kill in the order they happen, and the CPU an
+    example costs the step with a survivor's marks and without."""
     # Steps enough for a worker to be lost while the second epoch trains (an epoch of 8 small
     # ones ended before the kill).
     result = run_module("tfdp.bench", "--elastic", "--workers=2", "--rounds=1", "--steps=40",
-                        "--epochs=2", "--batch_size=256", f"--data_dir={data_dir}",
+                        "--epochs=2", "--batch_size=256", "--elastic_step_rounds=1",
+                        f"--data_dir={data_dir}",
                         f"--workdir={tmp_path}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     row, = json.loads((tmp_path / "elastic.json").read_text())
@@ -29,9 +31,15 @@ def test_the_bench_measures_what_a_group_costs_and_how_soon_it_trains_again(tmp_
     assert row["fixed"] > 0 and row["elastic"] > 0, row
     assert 0 < row["to_left"] <= row["to_resumed"] <= row["to_training"] < 120, row
     assert 0 <= row["steps_again"] <= elastic.BACKUP_EVERY, row
+    marks = row["marks"]  # The step with a survivor's marks, against without, by CPU.
+    assert marks["rounds"] == 1 and marks["steps"] == 40 and marks["model"] == "lenet", marks
+    assert marks["plain_us"] > 0 and marks["marked_us"] > 0, marks
+    assert marks["ratio_range"][0] <= marks["ratio"] <= marks["ratio_range"][1], marks
     table = (tmp_path / "elastic.md").read_text()
     assert table.splitlines()[2].startswith(
         f"| multi_worker | 2 | {row['fixed']:.0f} | {row['elastic']:.0f} | ")
+    assert (f"{marks['marked_us']:.0f} CPU-microseconds an example against "
+            f"{marks['plain_us']:.0f}, ratio {marks['ratio']:.3f}") in table, table
 
 
 @pytest.mark.parametrize("workers, settings, paths, words", [

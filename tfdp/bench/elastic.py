@@ -19,7 +19,11 @@ real launches (``--model``, ``--batch_size``, ``--steps`` per epoch, ``--epochs`
   the steps trained again (at least: the last step the line showed before the kill minus the
   one resumed at).
 
-Medians over the rounds, written as elastic.md and .json in ``--workdir``.
+Medians over the rounds, written as elastic.md and .json in ``--workdir``. Beside them, for
+``multi_worker`` (``--elastic_step_rounds``, 0: not measured), what its workers do more each
+step in an elastic group, by CPU per example in a process of its own
+(``tfdp.bench.whole_step_cost``): the launches' examples/s spread too much here to show a few
+percent.
 """
 
 import json
@@ -58,10 +62,17 @@ def _resumed(path: str):
 def main(flags) -> None:
     """``python -m tfdp.bench --elastic``: the table, written as elastic.md and .json in
     ``flags.workdir``."""
+    say = lambda line: print(f"tfdp.bench: {line}", flush=True)  # noqa: E731
     try:
         rows = measure([int(k) for k in flags.workers if k.strip()], flags.rounds, flags,
-                       say=lambda line: print(f"tfdp.bench: {line}", flush=True),
-                       paths=[p.strip() for p in flags.elastic_paths if p.strip()])
+                       say=say, paths=[p.strip() for p in flags.elastic_paths if p.strip()])
+        if flags.elastic_step_rounds and any(r["path"] == "multi_worker" for r in rows):
+            say(f"multi_worker's step with and without a survivor's marks, "
+                f"{flags.elastic_step_rounds} rounds ...")
+            marks = _step_cost(flags)
+            for r in rows:
+                if r["path"] == "multi_worker":
+                    r["marks"] = marks
     except (UserError, ValueError) as e:
         sys.exit(f"tfdp.bench: error: {e}")
     os.makedirs(flags.workdir, exist_ok=True)
@@ -118,8 +129,17 @@ def format_rows(rows: list) -> str:
                      f"{r['to_resumed']:.1f} | {r['to_training']:.1f} | "
                      f"{r['steps_again']:.0f} |")
     rounds = rows[0]["rounds"] if rows else 0
-    return ("\n".join(lines) + f"\n\nMedians of {rounds} round(s); a loss: one worker "
+    text = ("\n".join(lines) + f"\n\nMedians of {rounds} round(s); a loss: one worker "
             f"SIGKILLed in the second epoch, backups every {BACKUP_EVERY} steps.")
+    marks = next((r["marks"] for r in rows if "marks" in r), None)
+    if marks:
+        low, high = marks["ratio_range"]
+        text += (f"\n\n`multi_worker`'s step in an elastic group (the marks of a survivor's "
+                 f"step), {marks['model']}, global batch {marks['batch_size']}, 2 replicas in "
+                 f"one process: {marks['marked_us']:.0f} CPU-microseconds an example against "
+                 f"{marks['plain_us']:.0f}, ratio {marks['ratio']:.3f} ({low:.3f}-{high:.3f} "
+                 f"over {marks['rounds']} rounds).")
+    return text
 
 
 def _command(asked: str, flags, workdir: str, path: str) -> list:
@@ -131,6 +151,18 @@ def _command(asked: str, flags, workdir: str, path: str) -> list:
     train += [f"--data_dir={flags.data_dir}"] * bool(flags.data_dir)
     train += [f"--manual_dir={flags.manual_dir}"] * bool(flags.manual_dir)
     return [sys.executable, "-m", "tfdp.launch", f"--num_workers={asked}", "--", *train]
+
+
+def _step_cost(flags) -> dict:
+    """``tfdp.bench.whole_step_cost``'s figures, measured in a process of its own (its two
+    logical devices are set before TensorFlow starts)."""
+    done = subprocess.run([sys.executable, "-m", "tfdp.bench.whole_step_cost",
+                           f"--rounds={flags.elastic_step_rounds}", f"--steps={flags.steps}",
+                           f"--batch_size={flags.batch_size}", f"--model={flags.model}"],
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise UserError(f"measuring the step's marks failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def _launch(asked: str, flags, path: str) -> dict:

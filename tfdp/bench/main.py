@@ -81,6 +81,9 @@ flags.DEFINE_boolean("hosts", False, "Across emulated hosts (Linux, root) instea
 flags.DEFINE_list("workers", ["2", "3", "4"], "--hosts, --elastic: worker counts k to try.")
 flags.DEFINE_boolean("elastic", False, "Measure what tfdp.launch --num_workers=1:k costs, with "
                      "nothing lost and with a worker lost (tfdp.bench.elastic; elastic.md, .json).")
+flags.DEFINE_integer("elastic_step_rounds", 15, "--elastic: rounds of the CPU each example "
+                     "costs multi_worker's step with and without a survivor's marks "
+                     "(tfdp.bench.whole_step_cost); 0: not measured.")
 flags.DEFINE_list("elastic_paths", ["multi_worker"], "--elastic: the paths to measure "
                   "(multi_worker, manual: the from-scratch client's servers).")
 flags.DEFINE_list("sizes", ["0.5MB", "4MB"], "--hosts: gradient sizes (0.43MB, 4MB, 45MB ...).")
