@@ -137,8 +137,9 @@ def format_rows(rows: list) -> str:
         text += (f"\n\n`multi_worker`'s step in an elastic group (the marks of a survivor's "
                  f"step), {marks['model']}, global batch {marks['batch_size']}, 2 replicas in "
                  f"one process: {marks['marked_us']:.0f} CPU-microseconds an example against "
-                 f"{marks['plain_us']:.0f}, ratio {marks['ratio']:.3f} ({low:.3f}-{high:.3f} "
-                 f"over {marks['rounds']} rounds).")
+                 f"{marks['plain_us']:.0f} (medians: {marks['medians_ratio']:.3f}); the rounds' "
+                 f"ratios {marks['ratio']:.3f} ({low:.3f}-{high:.3f}, {marks['rounds']} "
+                 "rounds).")
     return text
 
 

@@ -7,8 +7,8 @@ the marks and the copy by which a survivor knows which step it holds whole
 Two copies of one Keras model under ``MirroredStrategy`` on two logical CPU devices in this
 process, one with the marks, each fitted ``--steps`` steps of random images per round, the
 order alternating by round; the CPU time of each fit (``time.process_time``: every thread of the
-process, and not the time the machine gave others) per example. Its median ratio, with the
-range of the rounds' ratios, printed as one JSON line. CPU, not examples per second: a 2-core
+process, and not the time the machine gave others) per example. The medians' ratio, and the
+median and range of the rounds' ratios, printed as one JSON line. CPU, not examples per second: a 2-core
 virtual machine's wall clock spreads by tenths between runs of the same work, which hides a cost
 of a few percent (docs/benchmarks.md). ``tfdp.bench --elastic`` runs it beside its launches.
 """
@@ -27,8 +27,8 @@ FLAGS = flags.FLAGS
 
 
 def measure(rounds: int, steps: int, batch: int, model: str) -> dict:
-    """CPU-microseconds an example with and without the marks (medians), their ratio's median
-    and range over ``rounds``."""
+    """CPU-microseconds an example with and without the marks (medians) and their ratio; the
+    median and range of the rounds' ratios."""
     from tfdp.util.devices import configure_devices
 
     devices = configure_devices(2)
@@ -70,9 +70,9 @@ def measure(rounds: int, steps: int, batch: int, model: str) -> dict:
             models[marked].fit(data, epochs=1, verbose=0, shuffle=False)
             cost[marked].append(1e6 * (time.process_time() - began) / examples)
     ratios = [m / p for p, m in zip(cost[False], cost[True])]
+    plain, marked = statistics.median(cost[False]), statistics.median(cost[True])
     return {"model": model, "rounds": rounds, "steps": steps, "batch_size": batch,
-            "plain_us": statistics.median(cost[False]),
-            "marked_us": statistics.median(cost[True]),
+            "plain_us": plain, "marked_us": marked, "medians_ratio": marked / plain,
             "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)]}
 
 
