@@ -13,17 +13,10 @@ virtual machine's wall clock spreads by tenths between runs of the same work, wh
 of a few percent (docs/benchmarks.md). ``tfdp.bench --elastic`` runs it beside its launches.
 """
 
+import argparse
 import json
 import statistics
 import time
-
-from absl import app, flags
-
-flags.DEFINE_integer("rounds", 15, "Rounds, each fitting both models once.")
-flags.DEFINE_integer("steps", 60, "Steps a fit.")
-flags.DEFINE_integer("batch_size", 256, "Global batch.")
-flags.DEFINE_string("model", "lenet", "A built-in model (tfdp.models.catalog).")
-FLAGS = flags.FLAGS
 
 
 def measure(rounds: int, steps: int, batch: int, model: str) -> dict:
@@ -76,10 +69,16 @@ def measure(rounds: int, steps: int, batch: int, model: str) -> dict:
             "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)]}
 
 
-def main(argv) -> None:
-    del argv
-    print(json.dumps(measure(FLAGS.rounds, FLAGS.steps, FLAGS.batch_size, FLAGS.model)))
+def main(argv=None) -> None:
+    # argparse, not absl's flags: tfdp.bench's own flags have these names in the same package.
+    parser = argparse.ArgumentParser(prog="python -m tfdp.bench.whole_step_cost")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds, each fitting both once")
+    parser.add_argument("--steps", type=int, default=60, help="steps a fit")
+    parser.add_argument("--batch_size", type=int, default=256, help="global batch")
+    parser.add_argument("--model", default="lenet", help="a built-in model (tfdp.models.catalog)")
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.rounds, args.steps, args.batch_size, args.model)))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    main()
