@@ -36,7 +36,8 @@ from typing import Optional, Tuple
 from tfdp import paths
 from tfdp.config.checks import parse_interval
 from tfdp.config.settings import GROUP_GOES_ON_ENV, REGROUPED_ENV, Config
-from tfdp.launcher.regrouping import BACKUP_FILE, BACKUPS, HELD, backup_folder
+from tfdp.launcher.regrouping import (BACKUP_FILE, BACKUPS, HELD, backup_folder, backup_name,
+                                      backup_steps)
 from tfdp.launcher.rendezvous import LOST_AFTER
 from tfdp.launcher.supervise import CUT_OFF
 
@@ -233,9 +234,8 @@ def _step_of(path: str) -> int:
 
 def _newest_backup(run_dir: str, index: int) -> Optional[str]:
     folder = backup_folder(run_dir, index)
-    names = [name for name in (os.listdir(folder) if os.path.isdir(folder) else [])
-             if BACKUP_FILE.match(name)]
-    return max((os.path.join(folder, name) for name in names), key=_step_of, default=None)
+    steps = backup_steps(folder)
+    return os.path.join(folder, backup_name(steps[-1])) if steps else None
 
 
 def _held(path: str) -> bool:

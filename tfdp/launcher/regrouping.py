@@ -39,6 +39,13 @@ def backup_name(step: int) -> str:
     return f"step-{step}.npz"
 
 
+def backup_steps(folder: str) -> list:
+    """The steps with a backup file in ``folder`` (a ``backup_folder``), oldest first."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(int(m[1]) for m in map(BACKUP_FILE.match, os.listdir(folder)) if m)
+
+
 JOINS, LEAVES = "joins", "leaves"
 
 

@@ -73,10 +73,7 @@ class Backups:
 
     def steps(self) -> list:
         """Steps with a backup file, oldest first (damaged or not)."""
-        if not os.path.isdir(self.folder):
-            return []
-        return sorted(int(m.group(1)) for m in map(regrouping.BACKUP_FILE.match,
-                                                      os.listdir(self.folder)) if m)
+        return regrouping.backup_steps(self.folder)
 
     def path(self, step: int) -> str:
         return os.path.join(self.folder, regrouping.backup_name(step))

@@ -125,8 +125,9 @@ def run(resolved, start_weights=None, splits=None, export: bool = True) -> Resul
 
 def start(resolved, path: TrainingPath, first_step: int = 0, backups: Backups = None,
           watch: preemption.Watch = None, splits=None, export: bool = True) -> Run:
-    """``resolved``'s run (``tfdp.training.entry.ResolvedRun``) started on ``path``: check the export folder (chief, when the run exports), load the data (unless it lives
-    on the cluster's workers, or ``splits`` hold it already), make and state the plan, open the
+    """``resolved``'s run (``tfdp.training.entry.ResolvedRun``) started on ``path``: check the
+    export folder (chief, when the run exports), load the data (unless it lives on the
+    cluster's workers, or ``splits`` hold it already), make and state the plan, open the
     reporter (with the epochs an interrupted run already finished, when resuming from
     ``first_step``)."""
     from tfdp.config import dataset_spec
